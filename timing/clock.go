@@ -1,0 +1,52 @@
+// Package timing holds a request's clock marks and turns them, with the
+// engine's token counts, into the per-request metrics object.
+package timing
+
+import "time"
+
+// Clock holds the marks of one request, all read from the monotonic clock.
+// The zero time means "not marked". A Clock is owned by one goroutine at a
+// time; it does no locking.
+type Clock struct {
+	// Arrival is when the sidecar held the complete client request
+	// (the external twin of the engine's "queued").
+	Arrival time.Time
+	// Accepted is when the upstream's status line and headers arrived
+	// (the external twin of the engine's "scheduled").
+	Accepted time.Time
+	// FirstToken is when the first event carrying generated output arrived.
+	FirstToken time.Time
+	// LastToken is when the latest event carrying generated output arrived.
+	LastToken time.Time
+	// Done is when the last upstream byte the metrics describe had arrived:
+	// the whole body of a non-streaming response, or the event that carries
+	// the metrics in a stream.
+	Done time.Time
+
+	// maxGap is the largest gap between two consecutive token events.
+	maxGap time.Duration
+	// tokenEvents counts token-bearing events; it is not a token count.
+	tokenEvents int
+}
+
+// MarkToken records an event that carries generated output.
+func (c *Clock) MarkToken(now time.Time) {
+	if c.tokenEvents == 0 {
+		c.FirstToken = now
+	} else if gap := now.Sub(c.LastToken); gap > c.maxGap {
+		c.maxGap = gap
+	}
+	c.LastToken = now
+	c.tokenEvents++
+}
+
+// span returns to − from in milliseconds, or false when either mark is
+// missing or the marks are out of order: a negative time is never reported.
+func span(from, to time.Time) (float64, bool) {
+	if from.IsZero() || to.IsZero() || to.Before(from) {
+		return 0, false
+	}
+	return ms(to.Sub(from)), true
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -1,0 +1,110 @@
+package timing
+
+import "strconv"
+
+// Number is a metric that may not have been measurable; unset encodes as
+// JSON null, never as 0.
+type Number struct {
+	Value float64
+	Set   bool
+}
+
+// Count is a token count the engine may not have reported.
+type Count struct {
+	Value int64
+	Set   bool
+}
+
+// Usage is the token counts from the engine's "usage" object.
+type Usage struct {
+	PromptTokens     Count
+	CompletionTokens Count
+}
+
+// Metrics is the per-request metrics object. The first five fields mirror
+// vLLM's --enable-per-request-metrics with the sidecar's external marks.
+type Metrics struct {
+	TimeToFirstToken Number // first token − accepted (streams)
+	GenerationTime   Number // last token − first token (streams)
+	QueueTime        Number // accepted − arrival (streams)
+	MeanITL          Number // generation time / (completion tokens − 1) (streams)
+	TokensPerSecond  Number // completion tokens / (last token − accepted), or / e2e when not streamed
+	E2ELatency       Number // done − arrival
+	MaxITL           Number // largest gap between consecutive token events (streams)
+	PromptTokens     Count
+	CompletionTokens Count
+}
+
+// Compute derives the metrics from a clock and the engine's usage.
+// streamed says whether the response was an event stream: a non-streaming
+// response shows nothing before it is complete, so the stream-only fields
+// stay null.
+func Compute(c *Clock, u Usage, streamed bool) Metrics {
+	m := Metrics{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens}
+	m.E2ELatency = number(span(c.Arrival, c.Done))
+	tokens := u.CompletionTokens
+	if !streamed {
+		if tokens.Set && m.E2ELatency.Set && m.E2ELatency.Value > 0 {
+			m.TokensPerSecond = Number{float64(tokens.Value) / (m.E2ELatency.Value / 1000), true}
+		}
+		return m
+	}
+	m.QueueTime = number(span(c.Arrival, c.Accepted))
+	if c.tokenEvents == 0 {
+		return m
+	}
+	m.TimeToFirstToken = number(span(c.Accepted, c.FirstToken))
+	m.GenerationTime = number(span(c.FirstToken, c.LastToken))
+	if c.tokenEvents > 1 {
+		m.MaxITL = Number{ms(c.maxGap), true}
+	}
+	if tokens.Set && tokens.Value > 1 && m.GenerationTime.Set {
+		m.MeanITL = Number{m.GenerationTime.Value / float64(tokens.Value-1), true}
+	}
+	if decode, ok := span(c.Accepted, c.LastToken); ok && tokens.Set && decode > 0 {
+		m.TokensPerSecond = Number{float64(tokens.Value) / (decode / 1000), true}
+	}
+	return m
+}
+
+func number(v float64, ok bool) Number { return Number{v, ok} }
+
+// AppendJSON appends the metrics as a compact JSON object. It allocates
+// nothing when dst has room, so it can run on the per-event path.
+func (m *Metrics) AppendJSON(dst []byte) []byte {
+	dst = append(dst, `{"time_to_first_token_ms":`...)
+	dst = m.TimeToFirstToken.appendJSON(dst)
+	dst = append(dst, `,"generation_time_ms":`...)
+	dst = m.GenerationTime.appendJSON(dst)
+	dst = append(dst, `,"queue_time_ms":`...)
+	dst = m.QueueTime.appendJSON(dst)
+	dst = append(dst, `,"mean_itl_ms":`...)
+	dst = m.MeanITL.appendJSON(dst)
+	dst = append(dst, `,"tokens_per_second":`...)
+	dst = m.TokensPerSecond.appendJSON(dst)
+	dst = append(dst, `,"e2e_latency_ms":`...)
+	dst = m.E2ELatency.appendJSON(dst)
+	dst = append(dst, `,"max_itl_ms":`...)
+	dst = m.MaxITL.appendJSON(dst)
+	dst = append(dst, `,"prompt_tokens":`...)
+	dst = m.PromptTokens.appendJSON(dst)
+	dst = append(dst, `,"completion_tokens":`...)
+	dst = m.CompletionTokens.appendJSON(dst)
+	return append(dst, '}')
+}
+
+// Three decimals: microsecond resolution for milliseconds, which is as fine
+// as a proxy's marks mean anything.
+func (n Number) appendJSON(dst []byte) []byte {
+	if !n.Set {
+		return append(dst, "null"...)
+	}
+	return strconv.AppendFloat(dst, n.Value, 'f', 3, 64)
+}
+
+func (c Count) appendJSON(dst []byte) []byte {
+	if !c.Set {
+		return append(dst, "null"...)
+	}
+	return strconv.AppendInt(dst, c.Value, 10)
+}

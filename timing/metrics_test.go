@@ -1,0 +1,136 @@
+package timing
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func at(msec float64) time.Time { return t0.Add(time.Duration(msec * float64(time.Millisecond))) }
+
+func count(v int64) Count { return Count{v, true} }
+
+// streamClock builds a clock: arrival at 0, accepted, then token events.
+func streamClock(accepted float64, tokens []float64, done float64) *Clock {
+	c := &Clock{Arrival: at(0), Accepted: at(accepted), Done: at(done)}
+	for _, tok := range tokens {
+		c.MarkToken(at(tok))
+	}
+	return c
+}
+
+func TestCompute(t *testing.T) {
+	null := Number{}
+	n := func(v float64) Number { return Number{v, true} }
+	tests := []struct {
+		name     string
+		clock    *Clock
+		usage    Usage
+		streamed bool
+		want     Metrics
+	}{{
+		name:     "stream with several tokens",
+		clock:    streamClock(10, []float64{60, 80, 100, 160}, 170),
+		usage:    Usage{count(12), count(5)},
+		streamed: true,
+		want: Metrics{
+			TimeToFirstToken: n(50), GenerationTime: n(100), QueueTime: n(10),
+			MeanITL: n(25), TokensPerSecond: n(5 / 0.150), E2ELatency: n(170), MaxITL: n(60),
+			PromptTokens: count(12), CompletionTokens: count(5),
+		},
+	}, {
+		name:     "one event carrying several tokens has no gap",
+		clock:    streamClock(10, []float64{60}, 61),
+		usage:    Usage{count(3), count(4)},
+		streamed: true,
+		want: Metrics{
+			TimeToFirstToken: n(50), GenerationTime: n(0), QueueTime: n(10),
+			MeanITL: n(0), TokensPerSecond: n(4 / 0.050), E2ELatency: n(61), MaxITL: null,
+			PromptTokens: count(3), CompletionTokens: count(4),
+		},
+	}, {
+		name:     "single token: no mean inter-token latency",
+		clock:    streamClock(5, []float64{25}, 26),
+		usage:    Usage{count(3), count(1)},
+		streamed: true,
+		want: Metrics{
+			TimeToFirstToken: n(20), GenerationTime: n(0), QueueTime: n(5),
+			MeanITL: null, TokensPerSecond: n(1 / 0.020), E2ELatency: n(26), MaxITL: null,
+			PromptTokens: count(3), CompletionTokens: count(1),
+		},
+	}, {
+		name:     "stream without usage: times but no token counts",
+		clock:    streamClock(10, []float64{30, 40}, 45),
+		streamed: true,
+		want: Metrics{
+			TimeToFirstToken: n(20), GenerationTime: n(10), QueueTime: n(10),
+			E2ELatency: n(45), MaxITL: n(10),
+		},
+	}, {
+		name:     "stream without tokens",
+		clock:    streamClock(10, nil, 12),
+		usage:    Usage{count(3), count(0)},
+		streamed: true,
+		want: Metrics{
+			QueueTime: n(10), E2ELatency: n(12),
+			PromptTokens: count(3), CompletionTokens: count(0),
+		},
+	}, {
+		name:  "non-streaming: only end-to-end figures",
+		clock: &Clock{Arrival: at(0), Accepted: at(400), Done: at(400)},
+		usage: Usage{count(7), count(64)},
+		want: Metrics{
+			TokensPerSecond: n(64 / 0.400), E2ELatency: n(400),
+			PromptTokens: count(7), CompletionTokens: count(64),
+		},
+	}, {
+		name:     "marks out of order are null, not negative",
+		clock:    &Clock{Arrival: at(50), Accepted: at(10), Done: at(5)},
+		usage:    Usage{count(1), count(2)},
+		streamed: true,
+		want:     Metrics{PromptTokens: count(1), CompletionTokens: count(2)},
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := Compute(tt.clock, tt.usage, tt.streamed)
+			if !closeEnough(got, tt.want) {
+				t.Errorf("Compute =\n%+v\nwant\n%+v", got, tt.want)
+			}
+		})
+	}
+}
+
+func closeEnough(a, b Metrics) bool {
+	eq := func(x, y Number) bool {
+		d := x.Value - y.Value
+		return x.Set == y.Set && d < 1e-9 && d > -1e-9
+	}
+	return eq(a.TimeToFirstToken, b.TimeToFirstToken) && eq(a.GenerationTime, b.GenerationTime) &&
+		eq(a.QueueTime, b.QueueTime) && eq(a.MeanITL, b.MeanITL) &&
+		eq(a.TokensPerSecond, b.TokensPerSecond) && eq(a.E2ELatency, b.E2ELatency) &&
+		eq(a.MaxITL, b.MaxITL) && a.PromptTokens == b.PromptTokens && a.CompletionTokens == b.CompletionTokens
+}
+
+func TestAppendJSON(t *testing.T) {
+	m := Compute(streamClock(10, []float64{60.0005, 80}, 90), Usage{count(12), Count{}}, true)
+	got := string(m.AppendJSON(nil))
+	want := `{"time_to_first_token_ms":50.001,"generation_time_ms":20.000,"queue_time_ms":10.000,` +
+		`"mean_itl_ms":null,"tokens_per_second":null,"e2e_latency_ms":90.000,"max_itl_ms":20.000,` +
+		`"prompt_tokens":12,"completion_tokens":null}`
+	if got != want {
+		t.Fatalf("AppendJSON =\n%s\nwant\n%s", got, want)
+	}
+	if !json.Valid([]byte(got)) {
+		t.Fatal("AppendJSON produced invalid JSON")
+	}
+}
+
+func TestAppendJSONAllocatesNothing(t *testing.T) {
+	m := Compute(streamClock(10, []float64{60, 80}, 90), Usage{count(12), count(2)}, true)
+	buf := make([]byte, 0, 512)
+	if allocs := testing.AllocsPerRun(100, func() { buf = m.AppendJSON(buf[:0]) }); allocs != 0 {
+		t.Fatalf("AppendJSON allocates %v times per call, want 0", allocs)
+	}
+}
