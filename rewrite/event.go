@@ -1,0 +1,156 @@
+package rewrite
+
+import (
+	"bytes"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/timing-sidecar/timing-sidecar/timing"
+)
+
+// EventKind is what an event means for the clock.
+type EventKind uint8
+
+const (
+	// EventOther is anything that carries no generated output: a comment, a
+	// role announcement ("content":""), a finish event with an empty delta,
+	// a running-usage-only event, or data that is not JSON.
+	EventOther EventKind = iota
+	// EventToken carries generated output for at least one choice.
+	EventToken
+	// EventUsage is the final usage event: "choices":[] and a "usage" object.
+	EventUsage
+	// EventError is an in-stream error: {"error":{...}} or {"object":"error"}.
+	EventError
+	// EventDone is "data: [DONE]".
+	EventDone
+)
+
+// Event is a classified event.
+type Event struct {
+	Kind EventKind
+	// Data is the JSON payload of the event's single data line, a sub-slice
+	// of the raw event; nil for an event without exactly one data line.
+	Data []byte
+	// Usage holds the token counts of an EventUsage.
+	Usage timing.Usage
+}
+
+var dataField = []byte("data:")
+
+// ClassifyEvent classifies one raw event (as returned whole by
+// EventReader.Next). It reads only the keys it needs and allocates nothing.
+//
+// An event whose data spans several data lines is classified EventOther:
+// LLM engines send one line of compact JSON per event.
+func ClassifyEvent(raw []byte) Event {
+	data := dataLine(raw)
+	if data == nil {
+		return Event{}
+	}
+	ev := Event{Data: data}
+	if string(data) == "[DONE]" {
+		ev.Kind = EventDone
+		return ev
+	}
+	s := view(data)
+	choices := gjson.Get(s, "choices")
+	if !choices.IsArray() {
+		if gjson.Get(s, "error").Exists() || gjson.Get(s, "object").Str == "error" {
+			ev.Kind = EventError
+		}
+		return ev
+	}
+	if isEmptyArray(choices.Raw) {
+		if usage := gjson.Get(s, "usage"); usage.IsObject() {
+			ev.Kind = EventUsage
+			ev.Usage = ParseUsage(usage)
+		}
+		return ev
+	}
+	choices.ForEach(func(_, choice gjson.Result) bool {
+		if carriesOutput(choice) {
+			ev.Kind = EventToken
+			return false
+		}
+		return true
+	})
+	return ev
+}
+
+// carriesOutput reports whether one choice of a chunk holds generated
+// output: non-empty delta content, reasoning or tool calls (chat), or
+// non-empty text (completions).
+func carriesOutput(choice gjson.Result) bool {
+	if delta := choice.Get("delta"); delta.IsObject() {
+		found := false
+		delta.ForEach(func(key, v gjson.Result) bool {
+			switch key.Str {
+			case "content", "reasoning_content", "reasoning":
+				found = v.Type == gjson.String && len(v.Raw) > 2
+			case "tool_calls":
+				found = v.IsArray() && !isEmptyArray(v.Raw)
+			}
+			return !found
+		})
+		return found
+	}
+	text := choice.Get("text")
+	return text.Type == gjson.String && len(text.Raw) > 2
+}
+
+// ParseUsage reads the token counts of a "usage" object; a count that is
+// missing or not a number stays unset.
+func ParseUsage(usage gjson.Result) timing.Usage {
+	var u timing.Usage
+	usage.ForEach(func(key, v gjson.Result) bool {
+		if v.Type != gjson.Number {
+			return true
+		}
+		switch key.Str {
+		case "prompt_tokens":
+			u.PromptTokens = timing.Count{Value: v.Int(), Set: true}
+		case "completion_tokens":
+			u.CompletionTokens = timing.Count{Value: v.Int(), Set: true}
+		}
+		return true
+	})
+	return u
+}
+
+func isEmptyArray(raw string) bool {
+	for i := 1; i < len(raw)-1; i++ {
+		if !isSpace(raw[i]) {
+			return false
+		}
+	}
+	return len(raw) >= 2
+}
+
+// dataLine returns the value of the event's only data field, with the one
+// optional space after "data:" removed and the line ending trimmed; nil if
+// the event has no data line or more than one.
+func dataLine(raw []byte) []byte {
+	var data []byte
+	for len(raw) > 0 {
+		line := raw
+		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
+			line, raw = raw[:i], raw[i+1:]
+		} else {
+			raw = nil
+		}
+		line = bytes.TrimSuffix(line, []byte{'\r'})
+		if !bytes.HasPrefix(line, dataField) {
+			continue
+		}
+		if data != nil {
+			return nil
+		}
+		data = line[len(dataField):]
+		if len(data) > 0 && data[0] == ' ' {
+			data = data[1:]
+		}
+		data = data[:len(data):len(data)]
+	}
+	return data
+}

@@ -1,0 +1,122 @@
+package rewrite
+
+import (
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
+)
+
+// Request is what the sidecar reads of a chat or completions request body.
+type Request struct {
+	// Understood is false when the body is not a JSON object or a field the
+	// sidecar reads has an unexpected type. Such a request is forwarded
+	// unchanged and measured without metrics: the upstream answers it as it
+	// would without the sidecar.
+	Understood bool
+	// HasIncludeMetrics says the body has a boolean "include_metrics" field,
+	// the sidecar's (and vLLM's) opt-in; IncludeMetrics is its value.
+	HasIncludeMetrics bool
+	IncludeMetrics    bool
+	// Stream is "stream": true.
+	Stream bool
+	// IncludeUsage is "stream_options": {"include_usage": true}.
+	IncludeUsage bool
+	// MultipleChoices is n > 1 or several prompts in one completions
+	// request: one metrics object cannot describe them, so it is null.
+	MultipleChoices bool
+}
+
+// InspectRequest reads the top-level fields the sidecar needs in one pass.
+// Where a key repeats, the last one counts, as in the engine's JSON parser.
+func InspectRequest(body []byte) Request {
+	s := view(body)
+	if !gjson.Valid(s) {
+		return Request{}
+	}
+	doc := gjson.Parse(s)
+	if !doc.IsObject() {
+		return Request{}
+	}
+	r := Request{Understood: true}
+	doc.ForEach(func(key, value gjson.Result) bool {
+		switch key.Str {
+		case "include_metrics":
+			r.HasIncludeMetrics, r.IncludeMetrics = false, false
+			switch {
+			case value.IsBool():
+				r.HasIncludeMetrics, r.IncludeMetrics = true, value.Bool()
+			case value.Type != gjson.Null:
+				r.Understood = false
+			}
+		case "stream":
+			r.Stream = value.Type == gjson.True
+			if !value.IsBool() && value.Type != gjson.Null {
+				r.Understood = false
+			}
+		case "stream_options":
+			r.IncludeUsage = false
+			switch {
+			case value.IsObject():
+				r.IncludeUsage = value.Get("include_usage").Type == gjson.True
+			case value.Type != gjson.Null:
+				r.Understood = false
+			}
+		case "n":
+			switch value.Type {
+			case gjson.Number:
+				r.MultipleChoices = r.MultipleChoices || value.Int() > 1
+			case gjson.Null:
+			default:
+				r.Understood = false
+			}
+		case "prompt":
+			r.MultipleChoices = r.MultipleChoices || multiplePrompts(value)
+		}
+		return r.Understood
+	})
+	if !r.Understood {
+		return Request{}
+	}
+	return r
+}
+
+// multiplePrompts tells whether a completions prompt holds several prompts:
+// an array of strings or of token arrays with more than one element. An
+// array of numbers is one tokenised prompt.
+func multiplePrompts(p gjson.Result) bool {
+	if !p.IsArray() {
+		return false
+	}
+	n, several := 0, false
+	p.ForEach(func(_, v gjson.Result) bool {
+		n++
+		several = n > 1 && (v.Type == gjson.String || v.IsArray())
+		return !several
+	})
+	return several
+}
+
+// UpstreamBody returns the body to send upstream. It removes the sidecar's
+// "include_metrics" field (strict OpenAI-compatible servers reject unknown
+// fields) and, for a measured stream that did not ask for usage, sets
+// stream_options.include_usage so the engine reports exact token counts.
+// The client's other stream_options are kept. body is not modified.
+func UpstreamBody(body []byte, r Request, measured bool) ([]byte, error) {
+	var err error
+	out := body
+	if r.HasIncludeMetrics {
+		if out, err = sjson.DeleteBytes(out, "include_metrics"); err != nil {
+			return body, err
+		}
+	}
+	if measured && r.Stream && !r.IncludeUsage {
+		if gjson.GetBytes(out, "stream_options").Type == gjson.Null {
+			out, err = sjson.SetRawBytesOptions(out, "stream_options", []byte(`{"include_usage":true}`), sjsonOptions)
+		} else {
+			out, err = sjson.SetRawBytesOptions(out, "stream_options.include_usage", []byte("true"), sjsonOptions)
+		}
+		if err != nil {
+			return body, err
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,102 @@
+package rewrite
+
+import (
+	"encoding/json"
+	"reflect"
+	"testing"
+)
+
+func TestInspectRequest(t *testing.T) {
+	tests := []struct {
+		name string
+		body string
+		want Request
+	}{
+		{"plain chat", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, Request{Understood: true}},
+		{"opted-in stream", `{"model":"m","stream":true,"include_metrics":true}`,
+			Request{Understood: true, HasIncludeMetrics: true, IncludeMetrics: true, Stream: true}},
+		{"include_metrics false", `{"include_metrics":false}`, Request{Understood: true, HasIncludeMetrics: true}},
+		{"include_metrics null is not ours", `{"include_metrics":null}`, Request{Understood: true}},
+		{"stream with usage", `{"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}}`,
+			Request{Understood: true, Stream: true, IncludeUsage: true}},
+		{"stream_options null", `{"stream":true,"stream_options":null}`, Request{Understood: true, Stream: true}},
+		{"n=2", `{"n":2}`, Request{Understood: true, MultipleChoices: true}},
+		{"n=1", `{"n":1}`, Request{Understood: true}},
+		{"several prompts", `{"prompt":["a","b"]}`, Request{Understood: true, MultipleChoices: true}},
+		{"several token prompts", `{"prompt":[[1,2],[3]]}`, Request{Understood: true, MultipleChoices: true}},
+		{"one prompt in an array", `{"prompt":["a"]}`, Request{Understood: true}},
+		{"one token prompt", `{"prompt":[1,2,3]}`, Request{Understood: true}},
+		{"last duplicate key wins", `{"stream":true,"stream":false}`, Request{Understood: true}},
+		{"not JSON", `{"model":`, Request{}},
+		{"not an object", `[1,2]`, Request{}},
+		{"include_metrics of the wrong type", `{"include_metrics":"yes"}`, Request{}},
+		{"stream of the wrong type", `{"stream":"true","include_metrics":true}`, Request{}},
+		{"n of the wrong type", `{"n":"2"}`, Request{}},
+		{"stream_options of the wrong type", `{"stream":true,"stream_options":true}`, Request{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := InspectRequest([]byte(tt.body)); got != tt.want {
+				t.Fatalf("InspectRequest = %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestUpstreamBody(t *testing.T) {
+	tests := []struct {
+		name     string
+		body     string
+		measured bool
+		want     string // compared as JSON values
+	}{
+		{"removes include_metrics", `{"model":"m","include_metrics":true,"stream":false}`, true, `{"model":"m","stream":false}`},
+		{"removes include_metrics false", `{"model":"m","include_metrics":false}`, false, `{"model":"m"}`},
+		{"asks for usage on a measured stream", `{"model":"m","stream":true,"include_metrics":true}`, true,
+			`{"model":"m","stream":true,"stream_options":{"include_usage":true}}`},
+		{"keeps the client's stream options", `{"stream":true,"stream_options":{"continuous_usage_stats":true}}`, true,
+			`{"stream":true,"stream_options":{"continuous_usage_stats":true,"include_usage":true}}`},
+		{"overrides include_usage false", `{"stream":true,"stream_options":{"include_usage":false}}`, true,
+			`{"stream":true,"stream_options":{"include_usage":true}}`},
+		{"replaces null stream options", `{"stream":true,"stream_options":null}`, true,
+			`{"stream":true,"stream_options":{"include_usage":true}}`},
+		{"unmeasured stream untouched", `{"stream":true}`, false, `{"stream":true}`},
+		{"usage already asked", `{"stream":true,"stream_options":{"include_usage":true}}`, true,
+			`{"stream":true,"stream_options":{"include_usage":true}}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			body := []byte(tt.body)
+			got, err := UpstreamBody(body, InspectRequest(body), tt.measured)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(body) != tt.body {
+				t.Fatalf("input modified: %s", body)
+			}
+			if !jsonEqual(t, got, []byte(tt.want)) {
+				t.Fatalf("UpstreamBody = %s, want %s", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestUpstreamBodyUntouchedIsSameBytes(t *testing.T) {
+	body := []byte(`{ "model" : "m",  "stream": true }`)
+	got, err := UpstreamBody(body, InspectRequest(body), false)
+	if err != nil || string(got) != string(body) {
+		t.Fatalf("UpstreamBody = %q, %v; want the input bytes", got, err)
+	}
+}
+
+func jsonEqual(t *testing.T, a, b []byte) bool {
+	t.Helper()
+	var x, y any
+	if err := json.Unmarshal(a, &x); err != nil {
+		t.Fatalf("invalid JSON %s: %v", a, err)
+	}
+	if err := json.Unmarshal(b, &y); err != nil {
+		t.Fatalf("invalid JSON %s: %v", b, err)
+	}
+	return reflect.DeepEqual(x, y)
+}

@@ -1,0 +1,61 @@
+package rewrite
+
+import (
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
+)
+
+// metricsKey is where the metrics object goes, as in vLLM's responses.
+const metricsKey = "metrics"
+
+// AppendWithMetrics appends to dst the JSON object obj with the member
+// "metrics": metrics added at its end, and reports whether it could: obj
+// must be a valid JSON object (surrounding whitespace allowed). When obj has
+// no "metrics" key, the common case, the member is inserted before the
+// closing brace without allocating (given room in dst); when it has one, its
+// value is replaced. On false, dst is returned unchanged and the caller
+// forwards obj as it was, so the sidecar never emits invalid JSON.
+func AppendWithMetrics(dst, obj, metrics []byte) ([]byte, bool) {
+	s := view(obj)
+	if !gjson.Valid(s) {
+		return dst, false
+	}
+	open, close := firstNonSpace(obj), lastNonSpace(obj)
+	if open < 0 || obj[open] != '{' || obj[close] != '}' {
+		return dst, false
+	}
+	if gjson.Get(s, metricsKey).Exists() {
+		out, err := sjson.SetRawBytesOptions(append([]byte(nil), obj...), metricsKey, metrics, sjsonOptions)
+		if err != nil {
+			return dst, false
+		}
+		return append(dst, out...), true
+	}
+	dst = append(dst, obj[:close]...)
+	if lastNonSpace(obj[:close]) != open {
+		dst = append(dst, ',')
+	}
+	dst = append(dst, `"`+metricsKey+`":`...)
+	dst = append(dst, metrics...)
+	return append(dst, obj[close:]...), true
+}
+
+func firstNonSpace(b []byte) int {
+	for i, c := range b {
+		if !isSpace(c) {
+			return i
+		}
+	}
+	return -1
+}
+
+func lastNonSpace(b []byte) int {
+	for i := len(b) - 1; i >= 0; i-- {
+		if !isSpace(b[i]) {
+			return i
+		}
+	}
+	return -1
+}
+
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }

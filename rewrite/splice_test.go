@@ -1,0 +1,54 @@
+package rewrite
+
+import (
+	"encoding/json"
+	"testing"
+)
+
+const metricsJSON = `{"time_to_first_token_ms":1.500,"completion_tokens":3}`
+
+func TestAppendWithMetrics(t *testing.T) {
+	tests := []struct {
+		name string
+		obj  string
+		want string // exact bytes; "" means "not spliced"
+	}{
+		{"compact object", `{"a":1}`, `{"a":1,"metrics":` + metricsJSON + `}`},
+		{"empty object", `{}`, `{"metrics":` + metricsJSON + `}`},
+		{"empty object with space", `{ }`, `{ "metrics":` + metricsJSON + `}`},
+		{"trailing whitespace kept", "{\"a\":1}\n", `{"a":1,"metrics":` + metricsJSON + "}\n"},
+		{"pretty object", "{\n  \"a\": 1\n}", "{\n  \"a\": 1\n,\"metrics\":" + metricsJSON + "}"},
+		{"existing metrics replaced", `{"metrics":null,"a":1}`, `{"metrics":` + metricsJSON + `,"a":1}`},
+		{"array", `[1]`, ""},
+		{"invalid", `{"a":`, ""},
+		{"string", `"x"`, ""},
+		{"empty", ``, ""},
+		{"two objects", `{"a":1}{"b":2}`, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			prefix := []byte("data: ")
+			got, ok := AppendWithMetrics(prefix, []byte(tt.obj), []byte(metricsJSON))
+			if tt.want == "" {
+				if ok || string(got) != "data: " {
+					t.Fatalf("spliced %q into invalid input: %q", tt.obj, got)
+				}
+				return
+			}
+			if !ok || string(got) != "data: "+tt.want {
+				t.Fatalf("AppendWithMetrics = %q, %v; want %q", got, ok, "data: "+tt.want)
+			}
+			if !json.Valid(got[len(prefix):]) {
+				t.Fatalf("result is not valid JSON: %s", got)
+			}
+		})
+	}
+}
+
+func TestAppendWithMetricsAllocatesNothing(t *testing.T) {
+	obj, m := []byte(chatUsage), []byte(metricsJSON)
+	buf := make([]byte, 0, 1024)
+	if allocs := testing.AllocsPerRun(100, func() { buf, _ = AppendWithMetrics(buf[:0], obj, m) }); allocs != 0 {
+		t.Fatalf("AppendWithMetrics allocates %v times, want 0", allocs)
+	}
+}

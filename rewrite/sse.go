@@ -1,0 +1,99 @@
+package rewrite
+
+import (
+	"bytes"
+	"io"
+)
+
+// EventReader splits a server-sent-events byte stream into events. It
+// survives arbitrary splits of the stream into reads: it returns an event
+// only once its terminating blank line has arrived, and it never blocks on
+// the underlying reader while a complete event is buffered.
+//
+// Lines may end in LF or CRLF. A lone CR as a line ending (allowed by the
+// SSE specification, sent by no LLM engine) is not recognised; such a stream
+// still passes through intact, as pieces.
+type EventReader struct {
+	src   io.Reader
+	buf   []byte // fixed size: the largest event that can be inspected
+	start int    // buf[start:end] holds bytes not yet returned
+	end   int
+	scan  int   // bytes of buf[start:end] already searched for an event end
+	large bool  // inside an event larger than buf
+	err   error // sticky error from src, reported once the buffer is drained
+}
+
+// NewEventReader reads events from src. Events longer than maxEvent bytes
+// are returned in pieces (whole == false) and cannot be inspected.
+func NewEventReader(src io.Reader, maxEvent int) *EventReader {
+	return &EventReader{src: src, buf: make([]byte, max(maxEvent, 64))}
+}
+
+// Reset makes r read a new stream, keeping its buffer.
+func (r *EventReader) Reset(src io.Reader) {
+	*r = EventReader{src: src, buf: r.buf}
+}
+
+// Next returns the next event, terminator included, with whole == true; or,
+// for an event larger than the buffer or bytes left unterminated when the
+// stream ended, a piece of one with whole == false. The slice is valid until
+// the next call. At the end of the stream it returns the source's error
+// (io.EOF for a clean end).
+func (r *EventReader) Next() (piece []byte, whole bool, err error) {
+	for {
+		if n := eventEnd(r.buf[r.start:r.end], r.scan); n >= 0 {
+			piece, whole = r.buf[r.start:r.start+n], !r.large
+			r.start += n
+			r.scan, r.large = 0, false
+			return piece, whole, nil
+		}
+		// A terminator can straddle reads: rescan the last two bytes
+		// ("\n" and "\r") when more arrive.
+		r.scan = max(0, r.end-r.start-2)
+		if r.err != nil {
+			if r.end > r.start {
+				piece = r.buf[r.start:r.end]
+				r.start, r.scan = r.end, 0
+				return piece, false, nil
+			}
+			return nil, false, r.err
+		}
+		if r.end-r.start == len(r.buf) {
+			// The event does not fit: hand out all but the tail that may
+			// begin its terminator.
+			keep := min(2, r.end-r.start)
+			piece = r.buf[r.start : r.end-keep]
+			r.start = r.end - keep
+			r.scan, r.large = 0, true
+			return piece, false, nil
+		}
+		if r.end == len(r.buf) {
+			r.end = copy(r.buf, r.buf[r.start:r.end])
+			r.start = 0
+		}
+		var n int
+		n, r.err = r.src.Read(r.buf[r.end:])
+		r.end += n
+	}
+}
+
+// eventEnd returns the length of the first event in b (through the blank
+// line that ends it), or -1 if b holds no complete event. Searching starts
+// at from.
+func eventEnd(b []byte, from int) int {
+	for i := from; i < len(b); {
+		j := bytes.IndexByte(b[i:], '\n')
+		if j < 0 {
+			return -1
+		}
+		k := i + j + 1
+		if k < len(b) && b[k] == '\n' {
+			return k + 1
+		}
+		if k+1 < len(b) && b[k] == '\r' && b[k+1] == '\n' {
+			return k + 2
+		}
+		i = k
+	}
+	return -1
+}
