@@ -3,16 +3,19 @@ module github.com/timing-sidecar/timing-sidecar
 go 1.26.8
 
 require (
+	github.com/tidwall/gjson v1.20.4
+	github.com/tidwall/sjson v1.2.10
+	github.com/urfave/cli/v2 v2.27.7
+	github.com/valyala/bytebufferpool v1.0.0
+	github.com/valyala/fasthttp v1.79.0
+)
+
+require (
 	github.com/cpuguy83/go-md2man/v2 v2.0.7 // indirect
 	github.com/klauspost/compress v1.20.4 // indirect
 	github.com/molecule-man/go-brrr v1.3.1 // indirect
 	github.com/russross/blackfriday/v2 v2.1.0 // indirect
-	github.com/tidwall/gjson v1.20.4 // indirect
 	github.com/tidwall/match v1.1.1 // indirect
 	github.com/tidwall/pretty v1.3.0 // indirect
-	github.com/tidwall/sjson v1.2.10 // indirect
-	github.com/urfave/cli/v2 v2.27.7 // indirect
-	github.com/valyala/bytebufferpool v1.0.0 // indirect
-	github.com/valyala/fasthttp v1.79.0 // indirect
 	github.com/xrash/smetrics v0.0.0-20240521201337-686a1a2994c1 // indirect
 )

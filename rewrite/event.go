@@ -32,6 +32,8 @@ type Event struct {
 	// Data is the JSON payload of the event's single data line, a sub-slice
 	// of the raw event; nil for an event without exactly one data line.
 	Data []byte
+	// dataAt is where Data starts in the raw event.
+	dataAt int
 	// Usage holds the token counts of an EventUsage.
 	Usage timing.Usage
 }
@@ -44,11 +46,11 @@ var dataField = []byte("data:")
 // An event whose data spans several data lines is classified EventOther:
 // LLM engines send one line of compact JSON per event.
 func ClassifyEvent(raw []byte) Event {
-	data := dataLine(raw)
+	at, data := dataLine(raw)
 	if data == nil {
 		return Event{}
 	}
-	ev := Event{Data: data}
+	ev := Event{Data: data, dataAt: at}
 	if string(data) == "[DONE]" {
 		ev.Kind = EventDone
 		return ev
@@ -64,7 +66,7 @@ func ClassifyEvent(raw []byte) Event {
 	if isEmptyArray(choices.Raw) {
 		if usage := gjson.Get(s, "usage"); usage.IsObject() {
 			ev.Kind = EventUsage
-			ev.Usage = ParseUsage(usage)
+			ev.Usage = parseUsage(usage)
 		}
 		return ev
 	}
@@ -99,9 +101,18 @@ func carriesOutput(choice gjson.Result) bool {
 	return text.Type == gjson.String && len(text.Raw) > 2
 }
 
-// ParseUsage reads the token counts of a "usage" object; a count that is
+// BodyUsage reads the token counts of a non-streaming response body.
+func BodyUsage(body []byte) timing.Usage {
+	usage := gjson.Get(view(body), "usage")
+	if !usage.IsObject() {
+		return timing.Usage{}
+	}
+	return parseUsage(usage)
+}
+
+// parseUsage reads the token counts of a "usage" object; a count that is
 // missing or not a number stays unset.
-func ParseUsage(usage gjson.Result) timing.Usage {
+func parseUsage(usage gjson.Result) timing.Usage {
 	var u timing.Usage
 	usage.ForEach(func(key, v gjson.Result) bool {
 		if v.Type != gjson.Number {
@@ -127,30 +138,29 @@ func isEmptyArray(raw string) bool {
 	return len(raw) >= 2
 }
 
-// dataLine returns the value of the event's only data field, with the one
-// optional space after "data:" removed and the line ending trimmed; nil if
-// the event has no data line or more than one.
-func dataLine(raw []byte) []byte {
+// dataLine returns the value of the event's only data field, and where it
+// starts in raw, with the one optional space after "data:" removed and the
+// line ending trimmed; nil if the event has no data line or more than one.
+func dataLine(raw []byte) (int, []byte) {
 	var data []byte
-	for len(raw) > 0 {
-		line := raw
-		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
-			line, raw = raw[:i], raw[i+1:]
-		} else {
-			raw = nil
+	at := 0
+	for pos := 0; pos < len(raw); {
+		line := raw[pos:]
+		next := len(raw)
+		if i := bytes.IndexByte(line, '\n'); i >= 0 {
+			line, next = line[:i], pos+i+1
 		}
 		line = bytes.TrimSuffix(line, []byte{'\r'})
-		if !bytes.HasPrefix(line, dataField) {
-			continue
+		if bytes.HasPrefix(line, dataField) {
+			if data != nil {
+				return 0, nil
+			}
+			at, data = pos+len(dataField), line[len(dataField):]
+			if len(data) > 0 && data[0] == ' ' {
+				at, data = at+1, data[1:]
+			}
 		}
-		if data != nil {
-			return nil
-		}
-		data = line[len(dataField):]
-		if len(data) > 0 && data[0] == ' ' {
-			data = data[1:]
-		}
-		data = data[:len(data):len(data)]
+		pos = next
 	}
-	return data
+	return at, data
 }

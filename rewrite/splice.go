@@ -40,6 +40,22 @@ func AppendWithMetrics(dst, obj, metrics []byte) ([]byte, bool) {
 	return append(dst, obj[close:]...), true
 }
 
+// AppendEventWithMetrics appends to dst the raw event with the metrics
+// spliced into its data, which ev (from ClassifyEvent(raw)) located. On
+// false, dst is returned unchanged and the caller forwards raw as it was.
+func AppendEventWithMetrics(dst, raw []byte, ev Event, metrics []byte) ([]byte, bool) {
+	if ev.Data == nil {
+		return dst, false
+	}
+	n := len(dst)
+	dst = append(dst, raw[:ev.dataAt]...)
+	dst, ok := AppendWithMetrics(dst, ev.Data, metrics)
+	if !ok {
+		return dst[:n], false
+	}
+	return append(dst, raw[ev.dataAt+len(ev.Data):]...), true
+}
+
 func firstNonSpace(b []byte) int {
 	for i, c := range b {
 		if !isSpace(c) {

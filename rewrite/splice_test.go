@@ -52,3 +52,25 @@ func TestAppendWithMetricsAllocatesNothing(t *testing.T) {
 		t.Fatalf("AppendWithMetrics allocates %v times, want 0", allocs)
 	}
 }
+
+func TestAppendEventWithMetrics(t *testing.T) {
+	tests := []struct {
+		name, raw, want string
+		ok              bool
+	}{
+		{"usage event", sse(`{"choices":[],"usage":{"prompt_tokens":1}}`),
+			sse(`{"choices":[],"usage":{"prompt_tokens":1},"metrics":` + metricsJSON + `}`), true},
+		{"CRLF and no space", "id: 1\r\ndata:{\"a\":1}\r\n\r\n", "id: 1\r\ndata:{\"a\":1,\"metrics\":" + metricsJSON + "}\r\n\r\n", true},
+		{"not JSON", "data: [DONE]\n\n", "", false},
+		{"no data", ": comment\n\n", "", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			raw := []byte(tt.raw)
+			got, ok := AppendEventWithMetrics([]byte("x"), raw, ClassifyEvent(raw), []byte(metricsJSON))
+			if ok != tt.ok || (ok && string(got) != "x"+tt.want) || (!ok && string(got) != "x") {
+				t.Fatalf("got %q, %v; want %q, %v", got, ok, "x"+tt.want, tt.ok)
+			}
+		})
+	}
+}

@@ -15,7 +15,8 @@ import (
 // still passes through intact, as pieces.
 type EventReader struct {
 	src   io.Reader
-	buf   []byte // fixed size: the largest event that can be inspected
+	buf   []byte // grows on demand up to limit
+	limit int    // the largest event that can be inspected
 	start int    // buf[start:end] holds bytes not yet returned
 	end   int
 	scan  int   // bytes of buf[start:end] already searched for an event end
@@ -23,15 +24,20 @@ type EventReader struct {
 	err   error // sticky error from src, reported once the buffer is drained
 }
 
+// initialEventBuffer fits the events of a typical stream; the buffer grows
+// only for larger ones, so an idle stream holds little memory.
+const initialEventBuffer = 4 << 10
+
 // NewEventReader reads events from src. Events longer than maxEvent bytes
 // are returned in pieces (whole == false) and cannot be inspected.
 func NewEventReader(src io.Reader, maxEvent int) *EventReader {
-	return &EventReader{src: src, buf: make([]byte, max(maxEvent, 64))}
+	maxEvent = max(maxEvent, 64)
+	return &EventReader{src: src, buf: make([]byte, min(initialEventBuffer, maxEvent)), limit: maxEvent}
 }
 
 // Reset makes r read a new stream, keeping its buffer.
 func (r *EventReader) Reset(src io.Reader) {
-	*r = EventReader{src: src, buf: r.buf}
+	*r = EventReader{src: src, buf: r.buf, limit: r.limit}
 }
 
 // Next returns the next event, terminator included, with whole == true; or,
@@ -57,6 +63,12 @@ func (r *EventReader) Next() (piece []byte, whole bool, err error) {
 				return piece, false, nil
 			}
 			return nil, false, r.err
+		}
+		if r.end-r.start == len(r.buf) && len(r.buf) < r.limit {
+			grown := make([]byte, min(2*len(r.buf), r.limit))
+			r.end = copy(grown, r.buf[r.start:r.end])
+			r.start, r.buf = 0, grown
+			r.scan = max(0, r.end-2)
 		}
 		if r.end-r.start == len(r.buf) {
 			// The event does not fit: hand out all but the tail that may

@@ -178,3 +178,18 @@ func TestEventReaderReset(t *testing.T) {
 		t.Fatalf("after Reset: %q, %v, %v", p, whole, err)
 	}
 }
+
+func TestEventReaderGrowsForEventsUpToTheLimit(t *testing.T) {
+	big := "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"" + strings.Repeat("y", 10000) + "\"}}]}\n\n"
+	src := &chunkReader{chunks: [][]byte{[]byte(sse(chatContent) + big[:5000]), []byte(big[5000:] + sse(chatUsage))}}
+	got, err := readAll(t, NewEventReader(src, 16<<10))
+	if err != io.EOF || len(got) != 3 {
+		t.Fatalf("got %d pieces, %v", len(got), err)
+	}
+	if !got[1].whole || got[1].text != big {
+		t.Fatalf("a 10 KB event under a 16 KB limit was not returned whole")
+	}
+	if ClassifyEvent([]byte(got[1].text)).Kind != EventToken {
+		t.Fatal("large event not classified as a token")
+	}
+}

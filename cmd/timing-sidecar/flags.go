@@ -1,0 +1,42 @@
+package main
+
+import (
+	"github.com/urfave/cli/v2"
+
+	"github.com/timing-sidecar/timing-sidecar/proxy"
+)
+
+// serveFlags are the proxy's settings. Each has an environment variable;
+// a flag on the command line wins over the environment.
+func serveFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "listen", EnvVars: env("listen"), Value: proxy.DefaultListen,
+			Usage: "Address the sidecar listens on for clients."},
+		&cli.StringFlag{Name: "upstream", EnvVars: env("upstream"), Value: proxy.DefaultUpstream,
+			Usage: "Base URL of the OpenAI-compatible engine (scheme, host and port only)."},
+		&cli.StringFlag{Name: "per-request-metrics", EnvVars: env("per-request-metrics"), Value: string(proxy.DefaultMode),
+			Usage: `Which responses get a "metrics" object: off (transparent proxy), opt-in (requests with "include_metrics": true) or always.`},
+		&cli.DurationFlag{Name: "upstream-connect-timeout", EnvVars: env("upstream-connect-timeout"), Value: proxy.DefaultUpstreamConnectTimeout,
+			Usage: "Longest wait to connect to the engine; past it the client gets a 504."},
+		&cli.DurationFlag{Name: "upstream-header-timeout", EnvVars: env("upstream-header-timeout"), Value: proxy.DefaultUpstreamHeaderTimeout,
+			Usage: "Longest wait for the engine's response headers after sending a request (504 past it); 0 waits as long as the client does, since a non-streaming generation sends nothing until it is done."},
+		&cli.DurationFlag{Name: "upstream-idle-timeout", EnvVars: env("upstream-idle-timeout"), Value: proxy.DefaultUpstreamIdleTimeout,
+			Usage: "Longest silence between two reads of a response body from the engine, such as between stream events; past it the response is cut and the client sees a truncated body. 0 disables it."},
+		&cli.DurationFlag{Name: "upstream-keepalive", EnvVars: env("upstream-keepalive"), Value: proxy.DefaultUpstreamKeepAlive,
+			Usage: "How long an idle connection to the engine is kept for reuse; keep it below the engine's own keep-alive (uvicorn: 5s)."},
+		&cli.DurationFlag{Name: "client-read-timeout", EnvVars: env("client-read-timeout"), Value: proxy.DefaultClientReadTimeout,
+			Usage: "Longest time to receive one whole client request, headers and body (408 past it); it also ends clients that send headers slowly. Responses have no time limit."},
+		&cli.DurationFlag{Name: "client-idle-timeout", EnvVars: env("client-idle-timeout"), Value: proxy.DefaultClientIdleTimeout,
+			Usage: "How long an idle client keep-alive connection waits for its next request."},
+		&cli.IntFlag{Name: "max-request-body-size", EnvVars: env("max-request-body-size"), Value: proxy.DefaultMaxRequestBodySize,
+			Usage: "Largest request body accepted, in bytes (413 above it)."},
+		&cli.IntFlag{Name: "max-request-header-size", EnvVars: env("max-request-header-size"), Value: proxy.DefaultMaxRequestHeaderSize,
+			Usage: "Largest request header block accepted, in bytes (431 above it)."},
+		&cli.IntFlag{Name: "max-buffered-response-size", EnvVars: env("max-buffered-response-size"), Value: proxy.DefaultMaxBufferedResponse,
+			Usage: "Largest non-streaming response, in bytes, held in memory to add metrics; a larger one passes through without them."},
+		&cli.IntFlag{Name: "max-event-size", EnvVars: env("max-event-size"), Value: proxy.DefaultMaxEventSize,
+			Usage: "Largest stream event, in bytes, that is inspected; a larger one passes through intact but is not read for tokens or usage."},
+		&cli.StringFlag{Name: "log-level", EnvVars: env("log-level"), Value: "info",
+			Usage: "Log level: debug, info, warn or error. Logs are JSON on standard error."},
+	}
+}

@@ -1,0 +1,85 @@
+// Command timing-sidecar is a reverse proxy for OpenAI-compatible LLM
+// servers that measures each request and adds a metrics object to its
+// response. This file only wires flags to the proxy package.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/timing-sidecar/timing-sidecar/proxy"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := newApp(os.Stdout, os.Stderr).RunContext(ctx, os.Args); err != nil {
+		fmt.Fprintln(os.Stderr, "timing-sidecar:", err)
+		os.Exit(1)
+	}
+}
+
+func newApp(stdout, stderr io.Writer) *cli.App {
+	return &cli.App{
+		Name:      "timing-sidecar",
+		Usage:     "a reverse proxy for OpenAI-compatible LLM servers that adds per-request timing metrics to responses",
+		Writer:    stdout,
+		ErrWriter: stderr,
+		Flags:     serveFlags(),
+		Action: func(c *cli.Context) error {
+			cfg, err := configFrom(c)
+			if err != nil {
+				return err
+			}
+			log, err := newLogger(stderr, c.String("log-level"))
+			if err != nil {
+				return err
+			}
+			return proxy.Run(c.Context, cfg, log)
+		},
+	}
+}
+
+// configFrom turns flags into a proxy.Config and validates it.
+func configFrom(c *cli.Context) (proxy.Config, error) {
+	cfg := proxy.Config{
+		Listen:                 c.String("listen"),
+		Upstream:               c.String("upstream"),
+		Mode:                   proxy.Mode(c.String("per-request-metrics")),
+		UpstreamConnectTimeout: c.Duration("upstream-connect-timeout"),
+		UpstreamHeaderTimeout:  c.Duration("upstream-header-timeout"),
+		UpstreamIdleTimeout:    c.Duration("upstream-idle-timeout"),
+		UpstreamKeepAlive:      c.Duration("upstream-keepalive"),
+		ClientReadTimeout:      c.Duration("client-read-timeout"),
+		ClientIdleTimeout:      c.Duration("client-idle-timeout"),
+		MaxRequestBodySize:     c.Int("max-request-body-size"),
+		MaxRequestHeaderSize:   c.Int("max-request-header-size"),
+		MaxBufferedResponse:    c.Int("max-buffered-response-size"),
+		MaxEventSize:           c.Int("max-event-size"),
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, fmt.Errorf("invalid configuration:\n%w", err)
+	}
+	return cfg, nil
+}
+
+func newLogger(w io.Writer, level string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("log level %q: want debug, info, warn or error", level)
+	}
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l})), nil
+}
+
+// env names a flag's environment variable: TIMING_SIDECAR_<FLAG_IN_CAPS>.
+func env(flag string) []string {
+	return []string{"TIMING_SIDECAR_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))}
+}

@@ -1,0 +1,186 @@
+// Package proxy is timing-sidecar's reverse proxy: a fasthttp server in
+// front of an OpenAI-compatible engine that measures chat and completions
+// requests and splices a metrics object into their responses, and passes
+// everything else through untouched.
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"time"
+)
+
+// Mode says which requests get a metrics object.
+type Mode string
+
+const (
+	// ModeOff makes the sidecar a transparent proxy.
+	ModeOff Mode = "off"
+	// ModeOptIn adds metrics for requests with "include_metrics": true.
+	ModeOptIn Mode = "opt-in"
+	// ModeAlways adds metrics to every measured request.
+	ModeAlways Mode = "always"
+)
+
+// Defaults. They are safe for multi-minute streams: nothing bounds the
+// length of a response, only silences and the request's own transfer.
+const (
+	DefaultListen                 = ":8001"
+	DefaultUpstream               = "http://127.0.0.1:8000"
+	DefaultMode                   = ModeOptIn
+	DefaultUpstreamConnectTimeout = 5 * time.Second
+	// Zero: a non-streaming generation is silent until it is done, and may
+	// take many minutes; the client's own timeout decides, and the sidecar
+	// aborts the upstream request when the client gives up.
+	DefaultUpstreamHeaderTimeout = 0
+	DefaultUpstreamIdleTimeout   = 5 * time.Minute
+	// Below uvicorn's 5 s keep-alive, so the sidecar retires a pooled
+	// connection before the engine closes it under a new request.
+	DefaultUpstreamKeepAlive     = 4 * time.Second
+	DefaultClientReadTimeout     = 60 * time.Second
+	DefaultClientIdleTimeout     = 120 * time.Second
+	DefaultMaxRequestBodySize    = 64 << 20
+	DefaultMaxRequestHeaderSize  = 16 << 10
+	DefaultMaxBufferedResponse   = 16 << 20
+	DefaultMaxEventSize          = 64 << 10
+	DefaultMaxIdleUpstreamConns  = 256
+)
+
+// Config is everything the proxy needs; the binary fills it from flags.
+type Config struct {
+	// Listen is the address clients connect to.
+	Listen string
+	// Upstream is the engine's base URL (scheme and host[:port] only).
+	Upstream string
+	// Mode selects which requests get metrics.
+	Mode Mode
+	// UpstreamConnectTimeout bounds dialing the engine.
+	UpstreamConnectTimeout time.Duration
+	// UpstreamHeaderTimeout bounds the wait for the engine's response
+	// headers once the request is sent; 0 waits as long as the client does.
+	UpstreamHeaderTimeout time.Duration
+	// UpstreamIdleTimeout bounds the silence between two reads of a
+	// response body from the engine (between stream events); 0 disables it.
+	UpstreamIdleTimeout time.Duration
+	// UpstreamKeepAlive is how long an idle pooled upstream connection is
+	// kept for reuse.
+	UpstreamKeepAlive time.Duration
+	// ClientReadTimeout bounds reading one whole client request, headers and
+	// body; it also ends clients that send headers slowly.
+	ClientReadTimeout time.Duration
+	// ClientIdleTimeout bounds a client keep-alive connection's wait for its
+	// next request.
+	ClientIdleTimeout time.Duration
+	// MaxRequestBodySize is the largest request body accepted (413 above).
+	MaxRequestBodySize int
+	// MaxRequestHeaderSize is the largest request header block accepted
+	// (431 above).
+	MaxRequestHeaderSize int
+	// MaxBufferedResponse is the largest non-streaming response buffered to
+	// add metrics; a larger one passes through without them.
+	MaxBufferedResponse int
+	// MaxEventSize is the largest stream event that is inspected; larger
+	// events pass through intact, uninspected.
+	MaxEventSize int
+}
+
+// DefaultConfig returns a Config with every default applied.
+func DefaultConfig() Config {
+	return Config{
+		Listen:                 DefaultListen,
+		Upstream:               DefaultUpstream,
+		Mode:                   DefaultMode,
+		UpstreamConnectTimeout: DefaultUpstreamConnectTimeout,
+		UpstreamHeaderTimeout:  DefaultUpstreamHeaderTimeout,
+		UpstreamIdleTimeout:    DefaultUpstreamIdleTimeout,
+		UpstreamKeepAlive:      DefaultUpstreamKeepAlive,
+		ClientReadTimeout:      DefaultClientReadTimeout,
+		ClientIdleTimeout:      DefaultClientIdleTimeout,
+		MaxRequestBodySize:     DefaultMaxRequestBodySize,
+		MaxRequestHeaderSize:   DefaultMaxRequestHeaderSize,
+		MaxBufferedResponse:    DefaultMaxBufferedResponse,
+		MaxEventSize:           DefaultMaxEventSize,
+	}
+}
+
+// Validate returns every problem in the configuration at once.
+func (c *Config) Validate() error {
+	var errs []error
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		errs = append(errs, fmt.Errorf("listen address %q: %w", c.Listen, err))
+	}
+	if _, err := parseUpstream(c.Upstream); err != nil {
+		errs = append(errs, err)
+	}
+	switch c.Mode {
+	case ModeOff, ModeOptIn, ModeAlways:
+	default:
+		errs = append(errs, fmt.Errorf("per-request metrics mode %q: want off, opt-in or always", c.Mode))
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"upstream connect timeout", c.UpstreamConnectTimeout},
+		{"upstream header timeout", c.UpstreamHeaderTimeout},
+		{"upstream idle timeout", c.UpstreamIdleTimeout},
+		{"upstream keep-alive", c.UpstreamKeepAlive},
+		{"client read timeout", c.ClientReadTimeout},
+		{"client idle timeout", c.ClientIdleTimeout},
+	} {
+		if d.v < 0 {
+			errs = append(errs, fmt.Errorf("%s %v: must not be negative", d.name, d.v))
+		}
+	}
+	if c.UpstreamConnectTimeout == 0 {
+		errs = append(errs, errors.New("upstream connect timeout must be positive"))
+	}
+	for _, s := range []struct {
+		name string
+		v    int
+		min  int
+	}{
+		{"max request body size", c.MaxRequestBodySize, 1},
+		{"max request header size", c.MaxRequestHeaderSize, 1024},
+		{"max buffered response", c.MaxBufferedResponse, 1},
+		{"max event size", c.MaxEventSize, 1024},
+	} {
+		if s.v < s.min {
+			errs = append(errs, fmt.Errorf("%s %d: must be at least %d bytes", s.name, s.v, s.min))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// upstreamAddr is a parsed --upstream.
+type upstreamAddr struct {
+	host string // host:port to dial
+	tls  bool
+}
+
+func parseUpstream(raw string) (upstreamAddr, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return upstreamAddr{}, fmt.Errorf("upstream URL %q: %w", raw, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return upstreamAddr{}, fmt.Errorf("upstream URL %q: scheme must be http or https", raw)
+	}
+	if u.Host == "" || u.Hostname() == "" {
+		return upstreamAddr{}, fmt.Errorf("upstream URL %q: no host", raw)
+	}
+	if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		return upstreamAddr{}, fmt.Errorf("upstream URL %q: give only scheme, host and port; request paths are forwarded as they come", raw)
+	}
+	host := u.Host
+	if u.Port() == "" {
+		port := "80"
+		if u.Scheme == "https" {
+			port = "443"
+		}
+		host = net.JoinHostPort(u.Hostname(), port)
+	}
+	return upstreamAddr{host: host, tls: u.Scheme == "https"}, nil
+}

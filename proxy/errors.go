@@ -1,0 +1,70 @@
+package proxy
+
+import (
+	"encoding/json"
+	"errors"
+	"net"
+
+	"github.com/valyala/fasthttp"
+)
+
+// apiError is an error the sidecar itself answers, in OpenAI's shape, so
+// clients and SDKs handle it like any other API error.
+type apiError struct {
+	Status  int
+	Type    string
+	Code    string
+	Message string
+}
+
+// errorBody is OpenAI's error envelope.
+type errorBody struct {
+	Error struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    string  `json:"code"`
+	} `json:"error"`
+}
+
+func (e apiError) write(ctx *fasthttp.RequestCtx) {
+	var b errorBody
+	b.Error.Message, b.Error.Type, b.Error.Code = e.Message, e.Type, e.Code
+	body, _ := json.Marshal(b)
+	ctx.Response.Reset()
+	ctx.SetStatusCode(e.Status)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(body)
+}
+
+// upstreamError turns a failure to get response headers from the engine
+// into the error the client sees.
+func upstreamError(err error) apiError {
+	var ne net.Error
+	if errors.Is(err, errHeaderTimeout) || (errors.As(err, &ne) && ne.Timeout()) {
+		return apiError{fasthttp.StatusGatewayTimeout, "upstream_error", "upstream_timeout",
+			"timing-sidecar: the model server did not answer in time: " + err.Error()}
+	}
+	return apiError{fasthttp.StatusBadGateway, "upstream_error", "upstream_unavailable",
+		"timing-sidecar: cannot reach the model server: " + err.Error()}
+}
+
+// requestError answers a request fasthttp could not read.
+func requestError(err error) apiError {
+	var small *fasthttp.ErrSmallBuffer
+	var ne net.Error
+	switch {
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		return apiError{fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large",
+			"timing-sidecar: the request body is larger than the configured maximum (--max-request-body-size)"}
+	case errors.As(err, &small):
+		return apiError{fasthttp.StatusRequestHeaderFieldsTooLarge, "invalid_request_error", "request_header_too_large",
+			"timing-sidecar: the request headers are larger than the configured maximum (--max-request-header-size)"}
+	case errors.As(err, &ne) && ne.Timeout():
+		return apiError{fasthttp.StatusRequestTimeout, "invalid_request_error", "request_timeout",
+			"timing-sidecar: the request was not received in time (--client-read-timeout)"}
+	default:
+		return apiError{fasthttp.StatusBadRequest, "invalid_request_error", "bad_request",
+			"timing-sidecar: malformed HTTP request: " + err.Error()}
+	}
+}

@@ -1,0 +1,79 @@
+package proxy
+
+import (
+	"bytes"
+
+	"github.com/valyala/fasthttp"
+)
+
+// hopHeaders are meaningful for one connection only and are never
+// forwarded, in either direction (RFC 9110 7.6.1, plus the de-facto
+// Proxy-Connection and Keep-Alive).
+var hopHeaders = []string{
+	"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
+}
+
+// header is what fasthttp's request and response headers have in common.
+type header interface {
+	PeekAll(key string) [][]byte
+	Del(key string)
+	ResetConnectionClose()
+}
+
+// removeHopHeaders removes hop-by-hop headers and every header named in
+// Connection.
+func removeHopHeaders(h header) {
+	for _, v := range h.PeekAll("Connection") {
+		for name := range bytes.SplitSeq(v, []byte{','}) {
+			if name = bytes.TrimSpace(name); len(name) > 0 {
+				h.Del(string(name))
+			}
+		}
+	}
+	for _, name := range hopHeaders {
+		h.Del(name)
+	}
+	h.ResetConnectionClose()
+}
+
+// upstreamRequest fills req from the client's request, with body as its
+// body. identity asks the engine for an unencoded response, which the
+// sidecar must read.
+func upstreamRequest(req *fasthttp.Request, ctx *fasthttp.RequestCtx, body []byte, identity bool) {
+	ctx.Request.Header.CopyTo(&req.Header)
+	removeHopHeaders(&req.Header)
+	// The sidecar holds the whole body already; the engine need not
+	// invite it.
+	req.Header.Del("Expect")
+	if identity {
+		req.Header.Del("Accept-Encoding")
+	}
+	// The engine sees the client's address, as behind any reverse proxy.
+	req.Header.Add("X-Forwarded-For", ctx.RemoteIP().String())
+	req.UseHostHeader = true
+	req.URI().DisablePathNormalizing = true
+	req.SetRequestURIBytes(ctx.RequestURI())
+	req.SetBodyRaw(body)
+	if len(body) > 0 || ctx.Request.Header.ContentLength() != 0 {
+		req.Header.SetContentLength(len(body))
+	}
+}
+
+// copyResponseHeader sets the client response's status and headers from
+// the engine's, without hop-by-hop headers.
+func copyResponseHeader(ctx *fasthttp.RequestCtx, resp *fasthttp.Response) {
+	resp.Header.CopyTo(&ctx.Response.Header)
+	removeHopHeaders(&ctx.Response.Header)
+}
+
+func isEventStream(resp *fasthttp.Response) bool {
+	return bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream"))
+}
+
+// isEncoded reports a response body with a content coding the sidecar
+// cannot splice into.
+func isEncoded(resp *fasthttp.Response) bool {
+	ce := resp.Header.ContentEncoding()
+	return len(ce) > 0 && !bytes.EqualFold(ce, []byte("identity"))
+}

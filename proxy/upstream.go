@@ -1,0 +1,295 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// upstream is a small HTTP/1.1 client for the engine with a pool of
+// keep-alive connections. It is not fasthttp.HostClient because the sidecar
+// must be able to abort any one request at any moment, also while it waits
+// for response headers, by closing that request's connection: this is how
+// the engine learns that the client left. fasthttp's own request and
+// response types still do the HTTP encoding and parsing.
+type upstream struct {
+	addr          upstreamAddr
+	dialer        net.Dialer
+	tls           *tls.Config
+	headerTimeout time.Duration
+	idleTimeout   time.Duration
+	keepAlive     time.Duration
+	maxIdle       int
+
+	mu   sync.Mutex
+	idle []*upstreamConn // most recently used last
+}
+
+func newUpstream(cfg *Config) (*upstream, error) {
+	addr, err := parseUpstream(cfg.Upstream)
+	if err != nil {
+		return nil, err
+	}
+	u := &upstream{
+		addr:          addr,
+		dialer:        net.Dialer{Timeout: cfg.UpstreamConnectTimeout},
+		headerTimeout: cfg.UpstreamHeaderTimeout,
+		idleTimeout:   cfg.UpstreamIdleTimeout,
+		keepAlive:     cfg.UpstreamKeepAlive,
+		maxIdle:       DefaultMaxIdleUpstreamConns,
+	}
+	if addr.tls {
+		host, _, _ := net.SplitHostPort(addr.host)
+		u.tls = &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}
+	}
+	return u, nil
+}
+
+// upstreamConn is one connection to the engine with its buffers.
+type upstreamConn struct {
+	net.Conn
+	br        *bufio.Reader
+	bw        *bufio.Writer
+	idleSince time.Time
+	reused    bool
+	nread     int // bytes read since the current request was written
+}
+
+func (c *upstreamConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.nread += n
+	return n, err
+}
+
+// get returns a pooled connection that has not idled too long, or a new one.
+func (u *upstream) get() (*upstreamConn, error) {
+	now := time.Now()
+	u.mu.Lock()
+	for len(u.idle) > 0 {
+		c := u.idle[len(u.idle)-1]
+		u.idle = u.idle[:len(u.idle)-1]
+		if now.Sub(c.idleSince) < u.keepAlive {
+			u.mu.Unlock()
+			c.reused = true
+			return c, nil
+		}
+		go c.Close() //nolint:errcheck // stale: the engine may have closed it already
+	}
+	u.mu.Unlock()
+	return u.dial()
+}
+
+func (u *upstream) dial() (*upstreamConn, error) {
+	nc, err := u.dialer.Dial("tcp", u.addr.host)
+	if err != nil {
+		return nil, err
+	}
+	if u.tls != nil {
+		tc := tls.Client(nc, u.tls)
+		ctx, cancel := context.WithTimeout(context.Background(), u.dialer.Timeout)
+		err = tc.HandshakeContext(ctx)
+		cancel()
+		if err != nil {
+			nc.Close()
+			return nil, err
+		}
+		nc = tc
+	}
+	c := &upstreamConn{Conn: nc}
+	c.br = bufio.NewReaderSize(c, 16<<10)
+	c.bw = bufio.NewWriterSize(nc, 16<<10)
+	return c, nil
+}
+
+// put returns a connection whose last response was read to its end.
+func (u *upstream) put(c *upstreamConn) {
+	c.idleSince = time.Now()
+	u.mu.Lock()
+	if len(u.idle) < u.maxIdle {
+		u.idle = append(u.idle, c)
+		c = nil
+	}
+	u.mu.Unlock()
+	if c != nil {
+		c.Close()
+	}
+}
+
+// closeIdle closes every pooled connection.
+func (u *upstream) closeIdle() {
+	u.mu.Lock()
+	idle := u.idle
+	u.idle = nil
+	u.mu.Unlock()
+	for _, c := range idle {
+		c.Close()
+	}
+}
+
+// errAborted is returned by an exchange that was aborted because its client
+// went away.
+var errAborted = errors.New("client went away")
+
+// errHeaderTimeout is returned when the engine sent no response headers
+// within the configured time.
+var errHeaderTimeout = errors.New("no response headers from upstream in time")
+
+// exchange is one request and its response on one upstream connection.
+// abort may be called from any goroutine at any time.
+type exchange struct {
+	up     *upstream
+	client *clientConn // watched for the client leaving; may be nil
+
+	mu      sync.Mutex
+	conn    *upstreamConn
+	aborted bool
+}
+
+// abort closes the exchange's connection, so a blocked write or read returns
+// at once and the engine sees its client go away.
+func (x *exchange) abort() {
+	x.mu.Lock()
+	x.aborted = true
+	c := x.conn
+	x.mu.Unlock()
+	if c != nil {
+		c.Close()
+	}
+}
+
+func (x *exchange) attach(c *upstreamConn) bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.aborted {
+		return false
+	}
+	x.conn = c
+	return true
+}
+
+// release ends the exchange: the connection goes back to the pool when the
+// response was read to its end and both sides allow keep-alive; otherwise
+// it is closed.
+func (x *exchange) release(reusable bool) {
+	x.mu.Lock()
+	c := x.conn
+	x.conn = nil
+	reusable = reusable && !x.aborted
+	x.mu.Unlock()
+	if c == nil {
+		return
+	}
+	if reusable {
+		x.up.put(c)
+	} else {
+		c.Close()
+	}
+}
+
+// finish ends a response the client has been given: it stops watching
+// the client, frees resp and releases the connection.
+func (x *exchange) finish(resp *fasthttp.Response, readToEnd bool) {
+	if x.client != nil {
+		x.client.unwatch()
+	}
+	reusable := readToEnd && !resp.ConnectionClose() && resp.Header.ContentLength() != -2
+	resp.CloseBodyStream() //nolint:errcheck // only releases the stream
+	fasthttp.ReleaseResponse(resp)
+	x.release(reusable)
+}
+
+// roundTrip sends req and reads the response headers into resp; the body is
+// then read from resp.BodyStream(), with the idle timeout applied to each
+// read. A request that fails on a reused connection before the engine sent
+// a single byte is sent once more on a new connection: the engine closed
+// the idle connection as the request went out, and never saw it.
+func (x *exchange) roundTrip(req *fasthttp.Request, resp *fasthttp.Response) error {
+	for attempt := 0; ; attempt++ {
+		c, err := x.up.get()
+		if err != nil {
+			return err
+		}
+		if !x.attach(c) {
+			c.Close()
+			return errAborted
+		}
+		err = x.send(c, req, resp)
+		if err == nil {
+			return nil
+		}
+		x.release(false)
+		if x.isAborted() {
+			return errAborted
+		}
+		if attempt == 0 && c.reused && c.nread == 0 && isConnGone(err) {
+			continue
+		}
+		return err
+	}
+}
+
+func (x *exchange) send(c *upstreamConn, req *fasthttp.Request, resp *fasthttp.Response) error {
+	c.nread = 0
+	var deadline time.Time
+	if x.up.headerTimeout > 0 {
+		deadline = time.Now().Add(x.up.headerTimeout)
+	}
+	c.SetDeadline(deadline) //nolint:errcheck // a closed conn fails the write below
+	if err := req.Write(c.bw); err != nil {
+		return err
+	}
+	if err := c.bw.Flush(); err != nil {
+		return err
+	}
+	resp.StreamBody = true
+	if err := resp.Read(c.br); err != nil {
+		if ne, ok := err.(net.Error); ok && ne.Timeout() {
+			return errHeaderTimeout
+		}
+		return err
+	}
+	c.SetDeadline(time.Time{}) //nolint:errcheck // the body has its own idle timeout
+	return nil
+}
+
+func (x *exchange) isAborted() bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.aborted
+}
+
+// body returns a reader of the response body that enforces the idle
+// timeout: a read that waits longer fails with a timeout error.
+func (x *exchange) body(resp *fasthttp.Response) io.Reader {
+	return idleReader{x: x, r: resp.BodyStream()}
+}
+
+type idleReader struct {
+	x *exchange
+	r io.Reader
+}
+
+func (r idleReader) Read(p []byte) (int, error) {
+	if d := r.x.up.idleTimeout; d > 0 {
+		r.x.mu.Lock()
+		if c := r.x.conn; c != nil {
+			c.SetReadDeadline(time.Now().Add(d)) //nolint:errcheck
+		}
+		r.x.mu.Unlock()
+	}
+	return r.r.Read(p)
+}
+
+// isConnGone reports an error of a connection the peer had already closed.
+func isConnGone(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
