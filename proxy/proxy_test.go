@@ -1,0 +1,355 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// startProxy runs a sidecar in front of upstream on a loopback port and
+// returns its base URL.
+func startProxy(t *testing.T, upstream string, configure func(*Config)) string {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.Upstream = upstream
+	cfg.Listen = "127.0.0.1:0"
+	if configure != nil {
+		configure(&cfg)
+	}
+	p, err := New(cfg, slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go p.Serve(ln)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		p.Shutdown(ctx)
+	})
+	return "http://" + ln.Addr().String()
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) { w.t.Log(strings.TrimSpace(string(p))); return len(p), nil }
+
+// client does not ask for gzip, so response bytes compare as sent.
+var client = &http.Client{Transport: &http.Transport{DisableCompression: true}}
+
+func post(t *testing.T, url, body string, headers map[string]string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest("POST", url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+// sseEvent is one event as the client read it.
+type sseEvent struct {
+	data string
+	at   time.Time
+}
+
+// readEvents reads a stream to its end, stamping each event on arrival.
+func readEvents(t *testing.T, body io.Reader) ([]sseEvent, error) {
+	t.Helper()
+	br := bufio.NewReader(body)
+	var events []sseEvent
+	var data string
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			return events, err
+		}
+		line = strings.TrimRight(line, "\r\n")
+		switch {
+		case line == "":
+			events = append(events, sseEvent{data, time.Now()})
+			data = ""
+		case strings.HasPrefix(line, "data:"):
+			data = strings.TrimPrefix(strings.TrimPrefix(line, "data:"), " ")
+		}
+	}
+}
+
+// metricsOf returns the "metrics" member of a JSON object; a null field
+// maps to nil.
+func metricsOf(t *testing.T, doc string) map[string]*float64 {
+	t.Helper()
+	var v struct {
+		Metrics map[string]*float64 `json:"metrics"`
+	}
+	if err := json.Unmarshal([]byte(doc), &v); err != nil {
+		t.Fatalf("invalid JSON %q: %v", doc, err)
+	}
+	if v.Metrics == nil {
+		t.Fatalf("no metrics in %s", doc)
+	}
+	return v.Metrics
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// near checks a measured figure against the truth within ±max(5 ms, 5%).
+func near(t *testing.T, m map[string]*float64, field string, truth float64) {
+	t.Helper()
+	got := m[field]
+	if got == nil {
+		t.Errorf("%s = null, want %.3f", field, truth)
+		return
+	}
+	if tol := math.Max(5, 0.05*truth); math.Abs(*got-truth) > tol {
+		t.Errorf("%s = %.3f, want %.3f ± %.3f", field, *got, truth, tol)
+	}
+}
+
+func isNull(t *testing.T, m map[string]*float64, fields ...string) {
+	t.Helper()
+	for _, f := range fields {
+		if _, ok := m[f]; !ok {
+			t.Errorf("%s missing, want null", f)
+		} else if m[f] != nil {
+			t.Errorf("%s = %v, want null", f, *m[f])
+		}
+	}
+}
+
+func TestStreamMetricsMatchTheEngine(t *testing.T) {
+	engine := newFakeEngine(t)
+	base := startProxy(t, engine.URL(), nil)
+	for _, tc := range []struct {
+		name, path string
+		perEvent   int
+	}{
+		{"chat, one token per event", "/v1/chat/completions", 1},
+		{"completions, three tokens per event", "/v1/completions", 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			start := time.Now()
+			resp := post(t, base+tc.path, `{"model":"m","stream":true,"include_metrics":true,"prompt":"x","messages":[]}`, map[string]string{
+				"X-Fake-Header-Delay": "30", "X-Fake-TTFT": "40", "X-Fake-ITL": "20", "X-Fake-Tokens": "5",
+				"X-Fake-Per-Event": strconv.Itoa(tc.perEvent),
+			})
+			defer resp.Body.Close()
+			events, err := readEvents(t, resp.Body)
+			if err != io.EOF {
+				t.Fatalf("stream ended with %v", err)
+			}
+			fr := engine.next(t)
+			<-fr.Finished
+			if strings.Contains(string(fr.Body), "include_metrics") {
+				t.Errorf("include_metrics reached the engine: %s", fr.Body)
+			}
+			if last := events[len(events)-1].data; last != "[DONE]" {
+				t.Fatalf("last event %q, want [DONE]", last)
+			}
+			usage := events[len(events)-2].data
+			if !strings.Contains(usage, `"choices":[]`) {
+				t.Fatalf("no usage event before [DONE]: %q", usage)
+			}
+			m := metricsOf(t, usage)
+			tokens := float64(5 * tc.perEvent)
+			ttft := ms(fr.FirstToken.Sub(fr.HeadersSent))
+			gen := ms(fr.LastToken.Sub(fr.FirstToken))
+			near(t, m, "queue_time_ms", ms(fr.HeadersSent.Sub(fr.Received)))
+			near(t, m, "time_to_first_token_ms", ttft)
+			near(t, m, "generation_time_ms", gen)
+			near(t, m, "mean_itl_ms", gen/(tokens-1))
+			near(t, m, "max_itl_ms", 20)
+			near(t, m, "e2e_latency_ms", ms(fr.LastToken.Sub(start)))
+			if got, want := *m["tokens_per_second"], tokens/((ttft+gen)/1000); math.Abs(got-want) > 0.05*want {
+				t.Errorf("tokens_per_second = %.2f, want %.2f ± 5%%", got, want)
+			}
+			if *m["prompt_tokens"] != 7 || *m["completion_tokens"] != tokens {
+				t.Errorf("token counts = %v/%v, want 7/%v", *m["prompt_tokens"], *m["completion_tokens"], tokens)
+			}
+			for _, e := range events[:len(events)-2] {
+				if strings.Contains(e.data, "metrics") {
+					t.Errorf("metrics outside the usage event: %s", e.data)
+				}
+			}
+		})
+	}
+}
+
+func TestStreamEventsArriveAsTheEngineSendsThem(t *testing.T) {
+	engine := newFakeEngine(t)
+	base := startProxy(t, engine.URL(), nil)
+	resp := post(t, base+"/v1/chat/completions", `{"stream":true,"include_metrics":true}`, map[string]string{
+		"X-Fake-ITL": "300", "X-Fake-Tokens": "3",
+	})
+	defer resp.Body.Close()
+	fr := engine.next(t)
+	br := bufio.NewReader(resp.Body)
+	// role event, then the first content event, read while the engine is
+	// still generating.
+	for want := 0; want < 2; {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if line == "\n" {
+			want++
+		}
+	}
+	select {
+	case <-fr.Finished:
+		t.Fatal("the client got its first token only after the engine had finished")
+	default:
+	}
+	if got := resp.Header.Get("Content-Type"); got != "text/event-stream; charset=utf-8" {
+		t.Errorf("Content-Type = %q", got)
+	}
+	io.Copy(io.Discard, resp.Body)
+}
+
+func TestNonStreamingMetrics(t *testing.T) {
+	engine := newFakeEngine(t)
+	base := startProxy(t, engine.URL(), nil)
+	start := time.Now()
+	resp := post(t, base+"/v1/chat/completions", `{"model":"m","include_metrics":true}`, map[string]string{
+		"X-Fake-TTFT": "60", "X-Fake-ITL": "10", "X-Fake-Tokens": "5",
+	})
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	end := time.Now()
+	fr := engine.next(t)
+	<-fr.Finished
+	if resp.ContentLength != int64(len(body)) {
+		t.Errorf("Content-Length %d for a %d-byte body", resp.ContentLength, len(body))
+	}
+	m := metricsOf(t, string(body))
+	isNull(t, m, "time_to_first_token_ms", "generation_time_ms", "queue_time_ms", "mean_itl_ms", "max_itl_ms")
+	e2e := m["e2e_latency_ms"]
+	if e2e == nil || *e2e < ms(fr.HeadersSent.Sub(fr.Received)) || *e2e > ms(end.Sub(start)) {
+		t.Fatalf("e2e_latency_ms = %v, want between the engine's %v and the client's %v", e2e, fr.HeadersSent.Sub(fr.Received), end.Sub(start))
+	}
+	near(t, m, "e2e_latency_ms", ms(fr.HeadersSent.Sub(fr.Received)))
+	if got, want := *m["tokens_per_second"], 5/(*e2e/1000); math.Abs(got-want) > 0.01 {
+		t.Errorf("tokens_per_second = %v, want %v", got, want)
+	}
+	var doc map[string]any
+	json.Unmarshal(body, &doc)
+	if doc["id"] != "cmpl-1" || doc["usage"] == nil || doc["choices"] == nil {
+		t.Errorf("the engine's fields were not kept: %s", body)
+	}
+}
+
+func TestStreamAsksForUsageAndKeepsClientOptions(t *testing.T) {
+	engine := newFakeEngine(t)
+	base := startProxy(t, engine.URL(), nil)
+	resp := post(t, base+"/v1/chat/completions", `{"stream":true,"include_metrics":true,"stream_options":{"continuous_usage_stats":true}}`, nil)
+	events, _ := readEvents(t, resp.Body)
+	resp.Body.Close()
+	fr := engine.next(t)
+	var sent struct {
+		StreamOptions map[string]any `json:"stream_options"`
+		Include       *bool          `json:"include_metrics"`
+	}
+	json.Unmarshal(fr.Body, &sent)
+	if sent.StreamOptions["include_usage"] != true || sent.StreamOptions["continuous_usage_stats"] != true || sent.Include != nil {
+		t.Fatalf("engine got %s", fr.Body)
+	}
+	metricsOf(t, events[len(events)-2].data)
+}
+
+func TestSeveralChoicesGetNullMetrics(t *testing.T) {
+	engine := newFakeEngine(t)
+	base := startProxy(t, engine.URL(), nil)
+	for _, body := range []string{`{"n":2,"include_metrics":true}`, `{"prompt":["a","b"],"include_metrics":true}`} {
+		resp := post(t, base+"/v1/completions", body, nil)
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !bytes.HasSuffix(got, []byte(`,"metrics":null}`)) {
+			t.Errorf("%s: got %s, want metrics null", body, got)
+		}
+	}
+}
+
+func TestRequestsWithoutMetricsPassByteForByte(t *testing.T) {
+	engine := newFakeEngine(t)
+	tests := []struct {
+		name string
+		mode Mode
+		path string
+		body string
+	}{
+		{"not opted in, stream", ModeOptIn, "/v1/chat/completions", `{"model":"m", "stream":true}`},
+		{"not opted in, unary", ModeOptIn, "/v1/completions", `{"model":"m","prompt":"hi"}`},
+		{"off mode keeps include_metrics", ModeOff, "/v1/chat/completions", `{"stream":true,"include_metrics":true}`},
+		{"not JSON", ModeAlways, "/v1/chat/completions", `{"stream":true,`},
+		{"include_metrics of the wrong type", ModeOptIn, "/v1/chat/completions", `{"stream":true,"include_metrics":"yes"}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			base := startProxy(t, engine.URL(), func(c *Config) { c.Mode = tt.mode })
+			resp := post(t, base+tt.path, tt.body, map[string]string{"Accept-Encoding": "identity"})
+			got, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			fr := engine.next(t)
+			<-fr.Finished
+			if string(fr.Body) != tt.body {
+				t.Errorf("engine got %q, want %q", fr.Body, tt.body)
+			}
+			if fr.Header.Get("Accept-Encoding") != "identity" {
+				t.Errorf("Accept-Encoding changed to %q", fr.Header.Get("Accept-Encoding"))
+			}
+			if !bytes.Equal(got, fr.Sent.Bytes()) {
+				t.Errorf("client got\n%s\nengine sent\n%s", got, fr.Sent.Bytes())
+			}
+		})
+	}
+}
+
+func TestAlwaysModeMeasuresEveryRequest(t *testing.T) {
+	engine := newFakeEngine(t)
+	base := startProxy(t, engine.URL(), func(c *Config) { c.Mode = ModeAlways })
+	resp := post(t, base+"/v1/chat/completions", `{"model":"m","include_metrics":false}`, nil)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	metricsOf(t, string(body))
+	if fr := engine.next(t); strings.Contains(string(fr.Body), "include_metrics") {
+		t.Errorf("include_metrics reached the engine: %s", fr.Body)
+	}
+}
+
+func TestUpstreamErrorsPassThroughUnchanged(t *testing.T) {
+	engine := newFakeEngine(t)
+	base := startProxy(t, engine.URL(), nil)
+	for _, stream := range []string{"true", "false"} {
+		resp := post(t, base+"/v1/chat/completions", `{"include_metrics":true,"stream":`+stream+`}`, map[string]string{"X-Fake-Status": "400"})
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		fr := engine.next(t)
+		<-fr.Finished
+		if resp.StatusCode != 400 || !bytes.Equal(got, fr.Sent.Bytes()) {
+			t.Errorf("stream=%s: got %d %s, want 400 %s", stream, resp.StatusCode, got, fr.Sent.Bytes())
+		}
+	}
+}
