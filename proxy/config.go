@@ -38,14 +38,14 @@ const (
 	DefaultUpstreamIdleTimeout   = 5 * time.Minute
 	// Below uvicorn's 5 s keep-alive, so the sidecar retires a pooled
 	// connection before the engine closes it under a new request.
-	DefaultUpstreamKeepAlive     = 4 * time.Second
-	DefaultClientReadTimeout     = 60 * time.Second
-	DefaultClientIdleTimeout     = 120 * time.Second
-	DefaultMaxRequestBodySize    = 64 << 20
-	DefaultMaxRequestHeaderSize  = 16 << 10
-	DefaultMaxBufferedResponse   = 16 << 20
-	DefaultMaxEventSize          = 64 << 10
-	DefaultMaxIdleUpstreamConns  = 256
+	DefaultUpstreamKeepAlive    = 4 * time.Second
+	DefaultClientReadTimeout    = 60 * time.Second
+	DefaultClientIdleTimeout    = 120 * time.Second
+	DefaultMaxRequestBodySize   = 64 << 20
+	DefaultMaxRequestHeaderSize = 16 << 10
+	DefaultMaxBufferedResponse  = 16 << 20
+	DefaultMaxEventSize         = 64 << 10
+	DefaultMaxIdleUpstreamConns = 256
 )
 
 // Config is everything the proxy needs; the binary fills it from flags.

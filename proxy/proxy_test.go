@@ -45,7 +45,10 @@ func startProxy(t *testing.T, upstream string, configure func(*Config)) string {
 
 type testWriter struct{ t *testing.T }
 
-func (w testWriter) Write(p []byte) (int, error) { w.t.Log(strings.TrimSpace(string(p))); return len(p), nil }
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
 
 // client does not ask for gzip, so response bytes compare as sent.
 var client = &http.Client{Transport: &http.Transport{DisableCompression: true}}
