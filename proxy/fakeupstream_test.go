@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -32,6 +33,8 @@ type fakeEngine struct {
 	mu       sync.Mutex
 	requests []*fakeRequest
 	arrived  chan *fakeRequest
+	newConns int
+	closed   chan struct{} // one value per connection the engine saw close
 }
 
 // fakeRequest is one request the engine served and its timestamps.
@@ -49,11 +52,37 @@ type fakeRequest struct {
 	GoneAt      time.Time
 }
 
-func newFakeEngine(t *testing.T) *fakeEngine {
-	f := &fakeEngine{t: t, arrived: make(chan *fakeRequest, 64)}
-	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
+// newFakeEngine starts an engine; configure may change its http.Server
+// before it starts.
+func newFakeEngine(t *testing.T, configure ...func(*http.Server)) *fakeEngine {
+	f := &fakeEngine{t: t, arrived: make(chan *fakeRequest, 64), closed: make(chan struct{}, 64)}
+	f.srv = httptest.NewUnstartedServer(http.HandlerFunc(f.serve))
+	f.srv.Config.ConnState = func(_ net.Conn, state http.ConnState) {
+		switch state {
+		case http.StateNew:
+			f.mu.Lock()
+			f.newConns++
+			f.mu.Unlock()
+		case http.StateClosed:
+			select {
+			case f.closed <- struct{}{}:
+			default:
+			}
+		}
+	}
+	for _, c := range configure {
+		c(f.srv.Config)
+	}
+	f.srv.Start()
 	t.Cleanup(f.srv.Close)
 	return f
+}
+
+// connections is how many connections the engine has accepted.
+func (f *fakeEngine) connections() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.newConns
 }
 
 func (f *fakeEngine) URL() string { return f.srv.URL }
@@ -92,8 +121,12 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 	go func() {
 		select {
 		case <-r.Context().Done():
-			fr.GoneAt = time.Now()
-			close(fr.Gone)
+			select {
+			case <-fr.Finished: // the context ends after every response too
+			default:
+				fr.GoneAt = time.Now()
+				close(fr.Gone)
+			}
 		case <-fr.Finished:
 		}
 	}()
@@ -107,6 +140,7 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 		case <-time.After(d):
 			return true
 		case <-r.Context().Done():
+			<-fr.Gone // recorded before the handler returns
 			return false
 		}
 	}
@@ -114,6 +148,12 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("X-Engine", "fake")
+	if r.Header.Get("X-Fake-Hop") != "" {
+		w.Header().Set("Connection", "X-Resp-Drop")
+		w.Header().Set("X-Resp-Drop", "1")
+		w.Header().Set("Keep-Alive", "timeout=5")
+		w.Header().Set("X-Resp-Keep", "1")
+	}
 	if status := headerInt(r.Header, "X-Fake-Status", 200); status != 200 {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(status)

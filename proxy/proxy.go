@@ -89,9 +89,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	return nil
 }
 
-// fasthttpLogger sends fasthttp's own messages to slog.
+// fasthttpLogger sends fasthttp's own messages to slog at debug level:
+// they are connection errors the client has already been answered about,
+// or clients that left.
 type fasthttpLogger struct{ log *slog.Logger }
 
 func (l fasthttpLogger) Printf(format string, args ...any) {
-	l.log.Warn(fmt.Sprintf(format, args...), "source", "fasthttp")
+	l.log.Debug(fmt.Sprintf(format, args...), "source", "fasthttp")
 }

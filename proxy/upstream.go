@@ -251,7 +251,7 @@ func (x *exchange) send(c *upstreamConn, req *fasthttp.Request, resp *fasthttp.R
 	}
 	resp.StreamBody = true
 	if err := resp.Read(c.br); err != nil {
-		if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		if ne, ok := err.(net.Error); errors.Is(err, fasthttp.ErrTimeout) || (ok && ne.Timeout()) {
 			return errHeaderTimeout
 		}
 		return err

@@ -1,0 +1,196 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// openAIError decodes a sidecar error and checks its shape.
+func openAIError(t *testing.T, resp *http.Response, status int, code string) {
+	t.Helper()
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var e struct {
+		Error *struct {
+			Message string `json:"message"`
+			Type    string `json:"type"`
+			Code    string `json:"code"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(body, &e); err != nil || e.Error == nil {
+		t.Fatalf("not an OpenAI error: %d %s", resp.StatusCode, body)
+	}
+	if resp.StatusCode != status || e.Error.Code != code || e.Error.Message == "" || e.Error.Type == "" {
+		t.Fatalf("got %d %s, want %d with code %s", resp.StatusCode, body, status, code)
+	}
+	if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+		t.Errorf("Content-Type = %q", ct)
+	}
+}
+
+func TestUpstreamRefused(t *testing.T) {
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close()
+	base := startProxy(t, "http://"+addr, nil)
+	for _, path := range []string{"/v1/chat/completions", "/v1/models"} {
+		openAIError(t, post(t, base+path, `{"include_metrics":true}`, nil), 502, "upstream_unavailable")
+	}
+}
+
+func TestUpstreamHeaderTimeout(t *testing.T) {
+	engine := newFakeEngine(t)
+	base := startProxy(t, engine.URL(), func(c *Config) { c.UpstreamHeaderTimeout = 50 * time.Millisecond })
+	openAIError(t, post(t, base+"/v1/chat/completions", `{"include_metrics":true}`, map[string]string{"X-Fake-Header-Delay": "2000"}), 504, "upstream_timeout")
+	fr := engine.next(t)
+	select {
+	case <-fr.Gone:
+	case <-time.After(time.Second):
+		t.Fatal("the engine was not told the request was abandoned")
+	}
+}
+
+func TestRequestBodyTooLarge(t *testing.T) {
+	engine := newFakeEngine(t)
+	base := startProxy(t, engine.URL(), func(c *Config) { c.MaxRequestBodySize = 1024 })
+	openAIError(t, post(t, base+"/v1/chat/completions", `{"x":"`+strings.Repeat("a", 2048)+`"}`, nil), 413, "request_too_large")
+	select {
+	case fr := <-engine.arrived:
+		t.Fatalf("an oversized request reached the engine: %s", fr.URI)
+	default:
+	}
+}
+
+func TestUpstreamClosesMidStream(t *testing.T) {
+	engine := newFakeEngine(t)
+	base := startProxy(t, engine.URL(), nil)
+	resp := post(t, base+"/v1/chat/completions", `{"stream":true,"include_metrics":true}`, map[string]string{
+		"X-Fake-Tokens": "10", "X-Fake-Cut-After": "3",
+	})
+	events, err := readEvents(t, resp.Body)
+	resp.Body.Close()
+	if err == nil || err == io.EOF {
+		t.Fatalf("a cut stream ended cleanly (%v); the client must see the failure", err)
+	}
+	// The role event and the three token events the engine sent, intact.
+	if len(events) != 4 || !strings.Contains(events[3].data, `" t2"`) {
+		t.Fatalf("client got %d events: %v", len(events), events)
+	}
+}
+
+func TestUpstreamIdleTimeoutCutsAStalledStream(t *testing.T) {
+	engine := newFakeEngine(t)
+	base := startProxy(t, engine.URL(), func(c *Config) { c.UpstreamIdleTimeout = 100 * time.Millisecond })
+	resp := post(t, base+"/v1/chat/completions", `{"stream":true,"include_metrics":true}`, map[string]string{
+		"X-Fake-Tokens": "3", "X-Fake-ITL": "2000",
+	})
+	events, err := readEvents(t, resp.Body)
+	resp.Body.Close()
+	if err == nil || err == io.EOF || len(events) != 2 {
+		t.Fatalf("stalled stream: %d events, %v; want the role and first token, then a failure", len(events), err)
+	}
+	fr := engine.next(t)
+	select {
+	case <-fr.Gone:
+	case <-time.After(time.Second):
+		t.Fatal("the stalled engine request was not abandoned")
+	}
+}
+
+// awaitGone waits for the engine to see its client leave and checks it
+// happened within 100 ms of the client leaving.
+func awaitGone(t *testing.T, fr *fakeRequest, left time.Time) {
+	t.Helper()
+	select {
+	case <-fr.Gone:
+		if d := fr.GoneAt.Sub(left); d > 100*time.Millisecond {
+			t.Fatalf("the engine saw its client leave %v after the client did, want ≤ 100ms", d)
+		}
+	case <-fr.Finished:
+		t.Fatal("the engine finished the request for a client that had left")
+	case <-time.After(3 * time.Second):
+		t.Fatal("the engine never saw its client leave")
+	}
+}
+
+func TestClientDisconnectAbortsTheEngine(t *testing.T) {
+	engine := newFakeEngine(t)
+	base := startProxy(t, engine.URL(), nil)
+	tests := []struct {
+		name    string
+		body    string
+		headers map[string]string
+		// readFirst is how many events the client reads before leaving.
+		readFirst int
+	}{
+		{"mid-stream", `{"stream":true,"include_metrics":true}`,
+			map[string]string{"X-Fake-Tokens": "200", "X-Fake-ITL": "50"}, 3},
+		{"stream, engine silent after headers (queued)", `{"stream":true,"include_metrics":true}`,
+			map[string]string{"X-Fake-TTFT": "5000"}, 1},
+		{"stream, engine silent before headers", `{"stream":true,"include_metrics":true}`,
+			map[string]string{"X-Fake-Header-Delay": "5000"}, 0},
+		{"non-streaming, long generation", `{"include_metrics":true}`,
+			map[string]string{"X-Fake-TTFT": "5000"}, 0},
+		{"not measured, long generation", `{"model":"m"}`,
+			map[string]string{"X-Fake-TTFT": "5000"}, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, "POST", base+"/v1/chat/completions", strings.NewReader(tt.body))
+			for k, v := range tt.headers {
+				req.Header.Set(k, v)
+			}
+			// A transport of its own, so cancelling closes the connection.
+			tr := &http.Transport{DisableCompression: true}
+			defer tr.CloseIdleConnections()
+			type result struct {
+				resp *http.Response
+				err  error
+			}
+			done := make(chan result, 1)
+			go func() {
+				resp, err := (&http.Client{Transport: tr}).Do(req)
+				done <- result{resp, err}
+			}()
+			fr := engine.next(t)
+			if tt.readFirst > 0 {
+				r := <-done
+				if r.err != nil {
+					t.Fatal(r.err)
+				}
+				defer r.resp.Body.Close()
+				br := bufio.NewReader(r.resp.Body)
+				for n := 0; n < tt.readFirst; {
+					line, err := br.ReadString('\n')
+					if err != nil {
+						t.Fatal(err)
+					}
+					if line == "\n" {
+						n++
+					}
+				}
+			}
+			left := time.Now()
+			cancel()
+			awaitGone(t, fr, left)
+			if tt.readFirst == 0 {
+				if r := <-done; r.err == nil {
+					r.resp.Body.Close()
+					t.Errorf("a cancelled request got a response: %d", r.resp.StatusCode)
+				} else if !errors.Is(r.err, context.Canceled) {
+					t.Errorf("client error %v, want context.Canceled", r.err)
+				}
+			}
+		})
+	}
+}
