@@ -1,0 +1,117 @@
+package proxy
+
+import (
+	"bytes"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/timing-sidecar/timing-sidecar/timing"
+)
+
+// event300 is a 300-byte vLLM content event.
+var event300 = func() string {
+	head := `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1767225600,"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[{"index":0,"delta":{"content":" Hello`
+	tail := `"},"logprobs":null,"finish_reason":null}]}` + "\n\n"
+	return head + strings.Repeat("o", 300-len(head)-len(tail)) + tail
+}()
+
+const usageEvent = `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1767225600,"model":"m","choices":[],"usage":{"prompt_tokens":17,"total_tokens":117,"completion_tokens":100}}` + "\n\n"
+
+// loopReader replays a stream forever, as a stream of streams.
+type loopReader struct {
+	data []byte
+	off  int
+}
+
+func (l *loopReader) Read(p []byte) (int, error) {
+	if l.off == len(l.data) {
+		l.off = 0
+	}
+	n := copy(p, l.data[l.off:])
+	l.off += n
+	return n, nil
+}
+
+func newBenchRelay(stream string) *eventRelay {
+	r := newPools(DefaultMaxEventSize).relay.Get().(*eventRelay)
+	r.events.Reset(&loopReader{data: []byte(stream)})
+	r.clock = timing.Clock{Arrival: time.Now(), Accepted: time.Now()}
+	return r
+}
+
+// readEvent reads one event through the relay as fasthttp's writer does.
+func readEvent(b testing.TB, r *eventRelay, buf []byte) int {
+	n, err := r.Read(buf)
+	if err != nil || n == 0 {
+		b.Fatalf("relay read %d, %v", n, err)
+	}
+	return n
+}
+
+// BenchmarkRelayEvent300B is the per-event hot path: frame, classify, mark
+// the clock and hand one 300-byte event to the client writer.
+func BenchmarkRelayEvent300B(b *testing.B) {
+	r := newBenchRelay(event300)
+	buf := make([]byte, 4096)
+	b.SetBytes(int64(len(event300)))
+	b.ReportAllocs()
+	for b.Loop() {
+		readEvent(b, r, buf)
+	}
+}
+
+// BenchmarkRelayStream100 relays a whole stream: 100 content events and the
+// usage event with the metrics spliced in.
+func BenchmarkRelayStream100(b *testing.B) {
+	stream := strings.Repeat(event300, 100) + usageEvent
+	r := newBenchRelay(stream)
+	buf := make([]byte, 4096)
+	b.SetBytes(int64(len(stream)))
+	b.ReportAllocs()
+	for b.Loop() {
+		for i := 0; i < 101; i++ {
+			readEvent(b, r, buf)
+		}
+	}
+}
+
+func TestRelayAllocatesNothingPerEvent(t *testing.T) {
+	stream := strings.Repeat(event300, 10) + usageEvent
+	r := newBenchRelay(stream)
+	buf := make([]byte, 4096)
+	for i := 0; i < 11; i++ { // warm up: buffers reach their steady size
+		readEvent(t, r, buf)
+	}
+	allocs := testing.AllocsPerRun(20, func() {
+		for i := 0; i < 11; i++ {
+			readEvent(t, r, buf)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("relaying a stream allocates %v times, want 0", allocs)
+	}
+}
+
+func TestRelaySplicesTheUsageEventOnly(t *testing.T) {
+	stream := event300 + usageEvent
+	r := newBenchRelay(stream)
+	r.events.Reset(strings.NewReader(stream))
+	out, err := io.ReadAll(readerFunc(r.Read))
+	if err != nil {
+		t.Fatal(err)
+	}
+	parts := bytes.SplitAfter(out, []byte("\n\n"))
+	if string(parts[0]) != event300 {
+		t.Errorf("content event changed: %q", parts[0])
+	}
+	if !bytes.Contains(parts[1], []byte(`"usage":{"prompt_tokens":17,"total_tokens":117,"completion_tokens":100},"metrics":{"time_to_first_token_ms":`)) ||
+		!bytes.HasSuffix(parts[1], []byte(`"completion_tokens":100}}`+"\n\n")) {
+		t.Errorf("usage event = %q", parts[1])
+	}
+}
+
+type readerFunc func([]byte) (int, error)
+
+func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
