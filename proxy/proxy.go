@@ -81,6 +81,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}
+	log.Info("timing-sidecar shutting down")
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := p.Shutdown(shutdownCtx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
