@@ -1,0 +1,217 @@
+// Package emulator is an OpenAI-compatible engine without a GPU. It speaks
+// vLLM's wire format (chat and completions, streaming and not, usage and
+// errors as vLLM sends them) with timing set per server and per request,
+// and it records when it sent headers, the first and last token, and when
+// its client went away: the truth the sidecar's numbers are checked
+// against. The sidecar's demo command runs it as its engine.
+package emulator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// Timing is how the emulated engine paces a response. Each field can be
+// overridden per request with a header (see the X-Emulator-* constants).
+type Timing struct {
+	// HeaderDelay is the wait before the response headers: the engine's
+	// queue, as seen from outside.
+	HeaderDelay time.Duration
+	// TTFT is the wait from the headers to the first token event.
+	TTFT time.Duration
+	// ITL is the gap between token events.
+	ITL time.Duration
+	// TokensPerEvent is how many tokens one event carries.
+	TokensPerEvent int
+	// OutputTokens is the tokens per choice when the request sets no
+	// max_tokens.
+	OutputTokens int
+}
+
+// Per-request overrides and fault injection, as request headers.
+const (
+	HeaderHeaderDelay    = "X-Emulator-Header-Delay"     // duration, e.g. "20ms"
+	HeaderTTFT           = "X-Emulator-TTFT"             // duration
+	HeaderITL            = "X-Emulator-ITL"              // duration
+	HeaderTokensPerEvent = "X-Emulator-Tokens-Per-Event" // integer
+	HeaderStatus         = "X-Emulator-Status"           // answer with this HTTP error status
+	HeaderErrorAfter     = "X-Emulator-Error-After"      // in-stream error event after this many token events
+	HeaderCutAfter       = "X-Emulator-Cut-After"        // drop the connection after this many token events
+	HeaderRequestID      = "X-Request-Id"                // becomes the response id's suffix
+)
+
+// Config configures a Server.
+type Config struct {
+	Timing Timing
+	// Model is the served model's name.
+	Model string
+	// Strict refuses unknown top-level request fields with a 400, as
+	// strict OpenAI-compatible servers do (include_metrics among them).
+	Strict bool
+}
+
+// DefaultTiming is a small, fast model.
+var DefaultTiming = Timing{TTFT: 50 * time.Millisecond, ITL: 10 * time.Millisecond, TokensPerEvent: 1, OutputTokens: 16}
+
+// Record is what the engine did for one request.
+type Record struct {
+	ID     string
+	Path   string
+	Body   []byte // the request body as received
+	Header http.Header
+	Stream bool
+	// Status is the HTTP status sent.
+	Status int
+	// Received: the request was read. HeadersSent: the response headers
+	// were flushed. FirstToken, LastToken: the first and last token events
+	// were flushed (streams). Done: the handler returned.
+	Received, HeadersSent, FirstToken, LastToken, Done time.Time
+	// ClientGone is when the engine saw its client go away, zero if the
+	// client stayed to the end.
+	ClientGone time.Time
+	// TokenEvents counts token events sent; PromptTokens and
+	// CompletionTokens are the usage the engine reported.
+	TokenEvents                    int
+	PromptTokens, CompletionTokens int
+}
+
+// Server is a running emulated engine.
+type Server struct {
+	cfg     Config
+	created int64
+
+	mu      sync.Mutex
+	seq     int
+	records map[string]*entry
+	order   []string
+	counts  map[string]int
+
+	srv *http.Server
+	ln  net.Listener
+}
+
+type entry struct {
+	rec  Record
+	done chan struct{}
+}
+
+// New returns a Server; call Start or use Handler.
+func New(cfg Config) *Server {
+	if cfg.Model == "" {
+		cfg.Model = "emulated/llama-3.1-8b-instruct"
+	}
+	if cfg.Timing.TokensPerEvent < 1 {
+		cfg.Timing.TokensPerEvent = 1
+	}
+	if cfg.Timing.OutputTokens < 1 {
+		cfg.Timing.OutputTokens = DefaultTiming.OutputTokens
+	}
+	s := &Server{cfg: cfg, created: time.Now().Unix(), records: map[string]*entry{}, counts: map[string]int{}}
+	s.srv = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	return s
+}
+
+// Start listens on addr ("127.0.0.1:0" for a free port) and serves in the
+// background.
+func (s *Server) Start(addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("emulator listen on %s: %w", addr, err)
+	}
+	s.ln = ln
+	go s.srv.Serve(ln) //nolint:errcheck // ends with Close
+	return nil
+}
+
+// URL is the base URL of a started server.
+func (s *Server) URL() string { return "http://" + s.ln.Addr().String() }
+
+// Close stops the server and drops its connections.
+func (s *Server) Close() error { return s.srv.Close() }
+
+// Handler serves the engine's routes.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/chat/completions", s.generate)
+	mux.HandleFunc("POST /v1/completions", s.generate)
+	mux.HandleFunc("GET /v1/models", s.models)
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { s.count("/health") })
+	mux.HandleFunc("GET /metrics", s.metrics)
+	return mux
+}
+
+// Wait returns the record of request id once the engine is done with it.
+func (s *Server) Wait(ctx context.Context, id string) (Record, error) {
+	for {
+		s.mu.Lock()
+		e := s.records[id]
+		s.mu.Unlock()
+		if e != nil {
+			select {
+			case <-e.done:
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				return e.rec, nil
+			case <-ctx.Done():
+				return Record{}, fmt.Errorf("request %s still running: %w", id, ctx.Err())
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return Record{}, fmt.Errorf("no request %s: %w", id, ctx.Err())
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// Last returns the record of the latest request once it is done.
+func (s *Server) Last(ctx context.Context) (Record, error) {
+	s.mu.Lock()
+	if len(s.order) == 0 {
+		s.mu.Unlock()
+		return Record{}, errors.New("no request yet")
+	}
+	id := s.order[len(s.order)-1]
+	s.mu.Unlock()
+	return s.Wait(ctx, id)
+}
+
+func (s *Server) count(path string) {
+	s.mu.Lock()
+	s.counts[path]++
+	s.mu.Unlock()
+}
+
+func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
+	s.count("/v1/models")
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []map[string]any{{
+		"id": s.cfg.Model, "object": "model", "created": s.created, "owned_by": "vllm",
+		"root": s.cfg.Model, "parent": nil, "max_model_len": 8192,
+	}}})
+}
+
+func (s *Server) metrics(w http.ResponseWriter, _ *http.Request) {
+	s.count("/metrics")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	fmt.Fprintln(w, "# HELP emulator_requests_total Requests served, by path.")
+	fmt.Fprintln(w, "# TYPE emulator_requests_total counter")
+	for _, p := range []string{"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"} {
+		fmt.Fprintf(w, "emulator_requests_total{path=%q} %d\n", p, s.counts[p])
+	}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, _ := json.Marshal(v)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", fmt.Sprint(len(b)))
+	w.WriteHeader(status)
+	w.Write(b) //nolint:errcheck
+}

@@ -1,0 +1,180 @@
+package emulator
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+func start(t *testing.T, cfg Config) *Server {
+	t.Helper()
+	s := New(cfg)
+	if err := s.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func call(t *testing.T, s *Server, path, body string, headers ...string) (*http.Response, []string) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", s.URL()+path, strings.NewReader(body))
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		b, _ := io.ReadAll(resp.Body)
+		return resp, []string{string(b)}
+	}
+	var events []string
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if line := sc.Text(); strings.HasPrefix(line, "data: ") {
+			events = append(events, strings.TrimPrefix(line, "data: "))
+		}
+	}
+	return resp, events
+}
+
+func TestChatStreamIsVLLMShaped(t *testing.T) {
+	s := start(t, Config{Timing: Timing{TokensPerEvent: 2, OutputTokens: 5}})
+	_, ev := call(t, s, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi there"}],"stream":true,"stream_options":{"include_usage":true}}`)
+	want := []string{
+		`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":C,"model":"emulated/llama-3.1-8b-instruct","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`,
+		`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":C,"model":"emulated/llama-3.1-8b-instruct","choices":[{"index":0,"delta":{"content":" the quick"},"logprobs":null,"finish_reason":null}]}`,
+		`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":C,"model":"emulated/llama-3.1-8b-instruct","choices":[{"index":0,"delta":{"content":" brown fox"},"logprobs":null,"finish_reason":null}]}`,
+		`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":C,"model":"emulated/llama-3.1-8b-instruct","choices":[{"index":0,"delta":{"content":" jumps"},"logprobs":null,"finish_reason":"stop","stop_reason":null}]}`,
+		`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":C,"model":"emulated/llama-3.1-8b-instruct","choices":[],"usage":{"prompt_tokens":P,"total_tokens":T,"completion_tokens":5}}`,
+		`[DONE]`,
+	}
+	rec, _ := s.Last(context.Background())
+	repl := strings.NewReplacer("C", strconv.FormatInt(s.created, 10), "P", strconv.Itoa(rec.PromptTokens), "T", strconv.Itoa(rec.PromptTokens+5))
+	if len(ev) != len(want) {
+		t.Fatalf("got %d events:\n%s", len(ev), strings.Join(ev, "\n"))
+	}
+	for i := range want {
+		if w := repl.Replace(want[i]); ev[i] != w {
+			t.Errorf("event %d:\n got %s\nwant %s", i, ev[i], w)
+		}
+	}
+}
+
+func TestUsageOnlyWhenAsked(t *testing.T) {
+	s := start(t, Config{})
+	_, ev := call(t, s, "/v1/completions", `{"prompt":"a b","stream":true}`)
+	for _, e := range ev {
+		if strings.Contains(e, "usage") {
+			t.Fatalf("usage sent without include_usage: %s", e)
+		}
+	}
+	_, ev = call(t, s, "/v1/completions", `{"prompt":"a b","stream":true,"max_tokens":3,"stream_options":{"include_usage":true,"continuous_usage_stats":true}}`)
+	// 3 token events with running usage, the final usage event, [DONE]
+	if len(ev) != 5 || !strings.Contains(ev[0], `"completion_tokens":1}`) || !strings.Contains(ev[2], `"finish_reason":"length"`) ||
+		!strings.Contains(ev[3], `"choices":[],"usage":{"prompt_tokens":`) || !strings.Contains(ev[3], `"completion_tokens":3}`) {
+		t.Fatalf("continuous usage stream:\n%s", strings.Join(ev, "\n"))
+	}
+}
+
+func TestSeveralChoicesInterleave(t *testing.T) {
+	s := start(t, Config{Timing: Timing{OutputTokens: 2}})
+	_, ev := call(t, s, "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"n":2,"stream":true,"stream_options":{"include_usage":true}}`)
+	var idx []int
+	for _, e := range ev[:len(ev)-2] {
+		var c struct {
+			Choices []struct{ Index int } `json:"choices"`
+		}
+		json.Unmarshal([]byte(e), &c)
+		idx = append(idx, c.Choices[0].Index)
+	}
+	if got := fmt.Sprint(idx); got != "[0 1 0 1 0 1]" {
+		t.Fatalf("choice order %v, want role 0,1 then tokens 0,1,0,1", idx)
+	}
+	if !strings.Contains(ev[len(ev)-2], `"completion_tokens":4}`) {
+		t.Errorf("usage does not count both choices: %s", ev[len(ev)-2])
+	}
+}
+
+func TestNonStreaming(t *testing.T) {
+	s := start(t, Config{Timing: Timing{OutputTokens: 3}})
+	resp, body := call(t, s, "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}]}`)
+	var c struct {
+		Object  string
+		Choices []struct {
+			Message      struct{ Role, Content string }
+			FinishReason string `json:"finish_reason"`
+		}
+		Usage struct {
+			CompletionTokens int `json:"completion_tokens"`
+		}
+	}
+	if err := json.Unmarshal([]byte(body[0]), &c); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, body[0])
+	}
+	if c.Object != "chat.completion" || c.Choices[0].Message.Content != "the quick brown" || c.Usage.CompletionTokens != 3 {
+		t.Fatalf("unexpected body %s", body[0])
+	}
+}
+
+func TestErrors(t *testing.T) {
+	s := start(t, Config{Strict: true})
+	resp, body := call(t, s, "/v1/chat/completions", `{"messages":[],"include_metrics":true}`)
+	if resp.StatusCode != 400 || !strings.Contains(body[0], `"type":"BadRequestError"`) || !strings.Contains(body[0], "include_metrics") {
+		t.Errorf("strict server accepted an unknown field: %d %s", resp.StatusCode, body[0])
+	}
+	resp, body = call(t, s, "/v1/chat/completions", `{"messages":[]}`, HeaderStatus, "503")
+	if resp.StatusCode != 503 || !strings.HasPrefix(body[0], `{"error":{"message":`) {
+		t.Errorf("injected status: %d %s", resp.StatusCode, body[0])
+	}
+	_, ev := call(t, s, "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"stream":true}`, HeaderErrorAfter, "2")
+	if n := len(ev); n < 2 || !strings.HasPrefix(ev[n-2], `{"error":{"message":"emulated engine failure","type":"InternalServerError","param":null,"code":500}}`) || ev[n-1] != "[DONE]" {
+		t.Errorf("in-stream error:\n%s", strings.Join(ev, "\n"))
+	}
+}
+
+func TestRecordsTiming(t *testing.T) {
+	s := start(t, Config{Timing: Timing{HeaderDelay: 20 * time.Millisecond, TTFT: 30 * time.Millisecond, ITL: 20 * time.Millisecond, OutputTokens: 3}})
+	call(t, s, "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"stream":true}`, HeaderRequestID, "abc")
+	rec, err := s.Wait(context.Background(), "chatcmpl-abc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(name string, got, want time.Duration) {
+		if d := got - want; d < 0 || d > 10*time.Millisecond {
+			t.Errorf("%s = %v, want %v (+10ms)", name, got, want)
+		}
+	}
+	check("header delay", rec.HeadersSent.Sub(rec.Received), 20*time.Millisecond)
+	check("ttft", rec.FirstToken.Sub(rec.HeadersSent), 30*time.Millisecond)
+	check("generation", rec.LastToken.Sub(rec.FirstToken), 40*time.Millisecond)
+	if rec.TokenEvents != 3 || !rec.ClientGone.IsZero() {
+		t.Errorf("record %+v", rec)
+	}
+}
+
+func TestOtherRoutes(t *testing.T) {
+	s := start(t, Config{})
+	for _, path := range []string{"/v1/models", "/health", "/metrics"} {
+		resp, err := http.Get(s.URL() + path)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("%s: %v %v", path, resp, err)
+		}
+		resp.Body.Close()
+	}
+	resp, _ := http.Get(s.URL() + "/metrics")
+	b, _ := io.ReadAll(resp.Body)
+	if !strings.Contains(string(b), `emulator_requests_total{path="/health"} 1`) {
+		t.Errorf("metrics: %s", b)
+	}
+}

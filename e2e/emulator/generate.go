@@ -1,0 +1,298 @@
+package emulator
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// request is the part of a chat or completions request the engine reads.
+type request struct {
+	Model         string          `json:"model"`
+	Messages      json.RawMessage `json:"messages"`
+	Prompt        json.RawMessage `json:"prompt"`
+	Stream        bool            `json:"stream"`
+	StreamOptions *struct {
+		IncludeUsage         bool `json:"include_usage"`
+		ContinuousUsageStats bool `json:"continuous_usage_stats"`
+	} `json:"stream_options"`
+	N                   *int `json:"n"`
+	MaxTokens           *int `json:"max_tokens"`
+	MaxCompletionTokens *int `json:"max_completion_tokens"`
+}
+
+// knownFields are the request fields a strict server accepts.
+var knownFields = map[string]bool{
+	"model": true, "messages": true, "prompt": true, "stream": true, "stream_options": true, "n": true,
+	"max_tokens": true, "max_completion_tokens": true, "temperature": true, "top_p": true, "stop": true,
+	"seed": true, "logprobs": true, "top_logprobs": true, "user": true, "presence_penalty": true,
+	"frequency_penalty": true, "tools": true, "tool_choice": true, "response_format": true, "echo": true,
+	"best_of": true, "suffix": true, "logit_bias": true, "ignore_eos": true, "min_tokens": true,
+}
+
+// words is the emulated model's vocabulary: one word is one token.
+var words = strings.Fields("the quick brown fox jumps over the lazy dog while a patient engine counts every token it sends")
+
+// generation is one request being served.
+type generation struct {
+	s       *Server
+	w       http.ResponseWriter
+	r       *http.Request
+	e       *entry
+	req     request
+	timing  Timing
+	chat    bool
+	choices int
+	tokens  int // per choice
+	prompt  int
+	// faults, -1 when off
+	errorAfter, cutAfter int
+}
+
+func (s *Server) generate(w http.ResponseWriter, r *http.Request) {
+	path := r.URL.Path
+	s.count(path)
+	body, _ := io.ReadAll(r.Body)
+	g := &generation{s: s, w: w, r: r, chat: path == "/v1/chat/completions"}
+	g.e = s.begin(r, body)
+	defer g.finish()
+	go g.watchClient()
+
+	t, err := g.timingFor(r.Header)
+	if err != nil {
+		g.fail(http.StatusBadRequest, "BadRequestError", err.Error())
+		return
+	}
+	g.timing = t
+	if status, _ := strconv.Atoi(r.Header.Get(HeaderStatus)); status >= 400 {
+		if !g.wait(t.HeaderDelay) {
+			return
+		}
+		g.fail(status, "BadRequestError", fmt.Sprintf("emulated error %d", status))
+		return
+	}
+	if msg := g.parse(body); msg != "" {
+		g.fail(http.StatusBadRequest, "BadRequestError", msg)
+		return
+	}
+	g.e.rec.Stream = g.req.Stream
+	if g.req.Stream {
+		g.stream()
+	} else {
+		g.unary()
+	}
+}
+
+func (s *Server) begin(r *http.Request, body []byte) *entry {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.seq++
+	suffix := r.Header.Get(HeaderRequestID)
+	if suffix == "" {
+		suffix = strconv.Itoa(s.seq)
+	}
+	prefix := "cmpl-"
+	if r.URL.Path == "/v1/chat/completions" {
+		prefix = "chatcmpl-"
+	}
+	e := &entry{done: make(chan struct{}), rec: Record{
+		ID: prefix + suffix, Path: r.URL.Path, Body: body, Header: r.Header.Clone(), Received: time.Now(),
+	}}
+	s.records[e.rec.ID] = e
+	s.order = append(s.order, e.rec.ID)
+	return e
+}
+
+func (g *generation) finish() {
+	g.s.mu.Lock()
+	g.e.rec.Done = time.Now()
+	g.s.mu.Unlock()
+	close(g.e.done)
+}
+
+// watchClient records the moment the client goes away, if it does.
+func (g *generation) watchClient() {
+	select {
+	case <-g.r.Context().Done():
+		g.s.mu.Lock()
+		if g.e.rec.Done.IsZero() {
+			g.e.rec.ClientGone = time.Now()
+		}
+		g.s.mu.Unlock()
+	case <-g.e.done:
+	}
+}
+
+func (g *generation) mark(f func(*Record)) {
+	g.s.mu.Lock()
+	f(&g.e.rec)
+	g.s.mu.Unlock()
+}
+
+func (g *generation) timingFor(h http.Header) (Timing, error) {
+	t := g.s.cfg.Timing
+	for _, d := range []struct {
+		header string
+		dst    *time.Duration
+	}{{HeaderHeaderDelay, &t.HeaderDelay}, {HeaderTTFT, &t.TTFT}, {HeaderITL, &t.ITL}} {
+		if v := h.Get(d.header); v != "" {
+			parsed, err := time.ParseDuration(v)
+			if err != nil {
+				return t, fmt.Errorf("%s: %w", d.header, err)
+			}
+			*d.dst = parsed
+		}
+	}
+	if v := h.Get(HeaderTokensPerEvent); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return t, fmt.Errorf("%s: want a positive integer", HeaderTokensPerEvent)
+		}
+		t.TokensPerEvent = n
+	}
+	g.errorAfter, g.cutAfter = -1, -1
+	if v, err := strconv.Atoi(h.Get(HeaderErrorAfter)); err == nil {
+		g.errorAfter = v
+	}
+	if v, err := strconv.Atoi(h.Get(HeaderCutAfter)); err == nil {
+		g.cutAfter = v
+	}
+	return t, nil
+}
+
+// parse reads the request; it returns an error message for a 400.
+func (g *generation) parse(body []byte) string {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(body, &fields); err != nil {
+		return "invalid JSON body: " + err.Error()
+	}
+	if g.s.cfg.Strict {
+		for k := range fields {
+			if !knownFields[k] {
+				return fmt.Sprintf("unknown field %q", k)
+			}
+		}
+	}
+	if err := json.Unmarshal(body, &g.req); err != nil {
+		return "invalid request: " + err.Error()
+	}
+	if g.chat && len(g.req.Messages) == 0 {
+		return "messages is required"
+	}
+	if !g.chat && len(g.req.Prompt) == 0 {
+		return "prompt is required"
+	}
+	if g.req.StreamOptions != nil && !g.req.Stream {
+		return "stream_options can only be set if stream is true"
+	}
+	n := 1
+	if g.req.N != nil {
+		n = *g.req.N
+	}
+	if n < 1 {
+		return "n must be at least 1"
+	}
+	prompts := 1
+	var list []json.RawMessage
+	if !g.chat && json.Unmarshal(g.req.Prompt, &list) == nil && len(list) > 0 && (list[0][0] == '"' || list[0][0] == '[') {
+		prompts = len(list)
+	}
+	g.choices = n * prompts
+	g.tokens = g.timing.OutputTokens
+	for _, m := range []*int{g.req.MaxTokens, g.req.MaxCompletionTokens} {
+		if m != nil {
+			g.tokens = *m
+		}
+	}
+	if g.tokens < 1 {
+		return "max_tokens must be at least 1"
+	}
+	g.prompt = promptTokens(g.req.Messages, g.req.Prompt)
+	return ""
+}
+
+// promptTokens counts whitespace-separated words, a stand-in tokenizer.
+func promptTokens(parts ...json.RawMessage) int {
+	n := 0
+	for _, p := range parts {
+		n += len(strings.Fields(string(p)))
+	}
+	return max(n, 1)
+}
+
+// wait sleeps for d unless the client leaves first.
+func (g *generation) wait(d time.Duration) bool {
+	if d <= 0 {
+		return g.r.Context().Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-g.r.Context().Done():
+		return false
+	}
+}
+
+func (g *generation) fail(status int, typ, msg string) {
+	writeJSON(g.w, status, newAPIError(status, typ, msg))
+	g.mark(func(r *Record) { r.Status, r.HeadersSent = status, time.Now() })
+}
+
+// text is the output of tokens [from, from+n) of one choice.
+func text(from, n int) string {
+	var b strings.Builder
+	for i := from; i < from+n; i++ {
+		b.WriteByte(' ')
+		b.WriteString(words[i%len(words)])
+	}
+	return b.String()
+}
+
+func (g *generation) finishReason() string {
+	if g.req.MaxTokens != nil || g.req.MaxCompletionTokens != nil {
+		return "length"
+	}
+	return "stop"
+}
+
+func (g *generation) usage(completion int) usage {
+	return usage{PromptTokens: g.prompt, TotalTokens: g.prompt + completion, CompletionTokens: completion}
+}
+
+func (g *generation) unary() {
+	steps := (g.tokens + g.timing.TokensPerEvent - 1) / g.timing.TokensPerEvent
+	if !g.wait(g.timing.HeaderDelay + g.timing.TTFT + time.Duration(steps-1)*g.timing.ITL) {
+		return
+	}
+	id, object := g.e.rec.ID, "text_completion"
+	var choices any
+	reason := g.finishReason()
+	if g.chat {
+		object = "chat.completion"
+		cs := make([]chatChoice, g.choices)
+		for i := range cs {
+			cs[i] = chatChoice{Index: i, FinishReason: reason,
+				Message: chatMessage{Role: "assistant", Content: strings.TrimPrefix(text(0, g.tokens), " "), ToolCalls: []struct{}{}}}
+		}
+		choices = cs
+	} else {
+		cs := make([]completionChoice, g.choices)
+		for i := range cs {
+			cs[i] = completionChoice{Index: i, Text: text(0, g.tokens), FinishReason: reason}
+		}
+		choices = cs
+	}
+	total := g.tokens * g.choices
+	writeJSON(g.w, http.StatusOK, completion{ID: id, Object: object, Created: g.s.created, Model: g.s.cfg.Model,
+		Choices: choices, Usage: g.usage(total)})
+	g.mark(func(r *Record) {
+		r.Status, r.HeadersSent = http.StatusOK, time.Now()
+		r.PromptTokens, r.CompletionTokens = g.prompt, total
+	})
+}

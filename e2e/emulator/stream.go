@@ -1,0 +1,125 @@
+package emulator
+
+import (
+	"encoding/json"
+	"net/http"
+	"time"
+)
+
+// stream sends the response as vLLM does: headers at once (after the
+// configured queue delay), a role event per choice (chat), token events
+// with the choices interleaved, the finish reason on each choice's last
+// token event, the usage event when asked, then [DONE].
+func (g *generation) stream() {
+	if !g.wait(g.timing.HeaderDelay) {
+		return
+	}
+	flusher := g.w.(http.Flusher)
+	h := g.w.Header()
+	h.Set("Content-Type", "text/event-stream; charset=utf-8")
+	h.Set("Cache-Control", "no-cache")
+	g.w.WriteHeader(http.StatusOK)
+	flusher.Flush()
+	g.mark(func(r *Record) { r.Status, r.HeadersSent = http.StatusOK, time.Now() })
+
+	continuous := g.req.StreamOptions != nil && g.req.StreamOptions.ContinuousUsageStats
+	object := "text_completion"
+	if g.chat {
+		object = "chat.completion.chunk"
+	}
+	sent := 0 // completion tokens sent, all choices
+	send := func(choices any, withUsage bool) bool {
+		c := chunk{ID: g.e.rec.ID, Object: object, Created: g.s.created, Model: g.s.cfg.Model, Choices: choices}
+		if withUsage {
+			u := g.usage(sent)
+			c.Usage = &u
+		}
+		b, _ := json.Marshal(c)
+		return g.event(b, flusher)
+	}
+	if g.chat {
+		for i := 0; i < g.choices; i++ {
+			empty := ""
+			if !send([]chatChunkChoice{{Index: i, Delta: chatDelta{Role: "assistant", Content: &empty}}}, continuous) {
+				return
+			}
+		}
+	}
+	if !g.wait(g.timing.TTFT) {
+		return
+	}
+	per := g.timing.TokensPerEvent
+	reason := g.finishReason()
+	events := 0
+	for done := 0; done < g.tokens; done += per {
+		if done > 0 && !g.wait(g.timing.ITL) {
+			return
+		}
+		if events == g.cutAfter {
+			g.cut()
+			return
+		}
+		if events == g.errorAfter {
+			e, _ := json.Marshal(newAPIError(http.StatusInternalServerError, "InternalServerError", "emulated engine failure"))
+			if g.event(e, flusher) {
+				g.event([]byte("[DONE]"), flusher)
+			}
+			return
+		}
+		n := min(per, g.tokens-done)
+		last := done+n == g.tokens
+		for i := 0; i < g.choices; i++ {
+			sent += n
+			var fr *string
+			if last {
+				fr = &reason
+			}
+			var choices any
+			if g.chat {
+				t := text(done, n)
+				c := chatChunkChoice{Index: i, Delta: chatDelta{Content: &t}, FinishReason: fr}
+				if last {
+					c.StopReason = json.RawMessage("null")
+				}
+				choices = []chatChunkChoice{c}
+			} else {
+				choices = []completionChunkChoice{{Index: i, Text: text(done, n), FinishReason: fr}}
+			}
+			if !send(choices, continuous) {
+				return
+			}
+		}
+		events++
+		now := time.Now()
+		g.mark(func(r *Record) {
+			if r.FirstToken.IsZero() {
+				r.FirstToken = now
+			}
+			r.LastToken = now
+			r.TokenEvents = events
+		})
+	}
+	if g.req.StreamOptions != nil && g.req.StreamOptions.IncludeUsage {
+		if !send([]struct{}{}, true) {
+			return
+		}
+	}
+	g.event([]byte("[DONE]"), flusher)
+	g.mark(func(r *Record) { r.PromptTokens, r.CompletionTokens = g.prompt, sent })
+}
+
+// event writes and flushes one event; false when the client is gone.
+func (g *generation) event(data []byte, f http.Flusher) bool {
+	if _, err := g.w.Write(append(append([]byte("data: "), data...), '\n', '\n')); err != nil {
+		return false
+	}
+	f.Flush()
+	return g.r.Context().Err() == nil
+}
+
+// cut drops the connection mid-stream, as an engine that crashed.
+func (g *generation) cut() {
+	if conn, _, err := http.NewResponseController(g.w).Hijack(); err == nil {
+		conn.Close()
+	}
+}

@@ -1,0 +1,99 @@
+package emulator
+
+import "encoding/json"
+
+// The JSON shapes of vLLM's OpenAI server, field for field and in its key
+// order, so the sidecar and clients see what a real engine sends.
+
+type usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+}
+
+type chatDelta struct {
+	Role    string  `json:"role,omitempty"`
+	Content *string `json:"content,omitempty"`
+}
+
+type chatChunkChoice struct {
+	Index        int       `json:"index"`
+	Delta        chatDelta `json:"delta"`
+	Logprobs     *struct{} `json:"logprobs"`
+	FinishReason *string   `json:"finish_reason"`
+	// StopReason is sent (as null) only with the finish reason.
+	StopReason json.RawMessage `json:"stop_reason,omitempty"`
+}
+
+type completionChunkChoice struct {
+	Index        int       `json:"index"`
+	Text         string    `json:"text"`
+	Logprobs     *struct{} `json:"logprobs"`
+	FinishReason *string   `json:"finish_reason"`
+	StopReason   *string   `json:"stop_reason"`
+}
+
+type chunk struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	Model   string `json:"model"`
+	Choices any    `json:"choices"`
+	Usage   *usage `json:"usage,omitempty"`
+}
+
+type chatMessage struct {
+	Role             string     `json:"role"`
+	Content          string     `json:"content"`
+	Refusal          *string    `json:"refusal"`
+	Annotations      *struct{}  `json:"annotations"`
+	Audio            *struct{}  `json:"audio"`
+	FunctionCall     *struct{}  `json:"function_call"`
+	ToolCalls        []struct{} `json:"tool_calls"`
+	ReasoningContent *string    `json:"reasoning_content"`
+}
+
+type chatChoice struct {
+	Index        int         `json:"index"`
+	Message      chatMessage `json:"message"`
+	Logprobs     *struct{}   `json:"logprobs"`
+	FinishReason string      `json:"finish_reason"`
+	StopReason   *string     `json:"stop_reason"`
+}
+
+type completionChoice struct {
+	Index          int       `json:"index"`
+	Text           string    `json:"text"`
+	Logprobs       *struct{} `json:"logprobs"`
+	FinishReason   string    `json:"finish_reason"`
+	StopReason     *string   `json:"stop_reason"`
+	PromptLogprobs *struct{} `json:"prompt_logprobs"`
+}
+
+type completion struct {
+	ID                string    `json:"id"`
+	Object            string    `json:"object"`
+	Created           int64     `json:"created"`
+	Model             string    `json:"model"`
+	Choices           any       `json:"choices"`
+	ServiceTier       *string   `json:"service_tier,omitempty"`
+	SystemFingerprint *string   `json:"system_fingerprint,omitempty"`
+	Usage             usage     `json:"usage"`
+	PromptLogprobs    *struct{} `json:"prompt_logprobs,omitempty"`
+}
+
+// apiError is vLLM's error body, also sent as an in-stream error event.
+type apiError struct {
+	Error struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    int     `json:"code"`
+	} `json:"error"`
+}
+
+func newAPIError(status int, typ, message string) apiError {
+	var e apiError
+	e.Error.Message, e.Error.Type, e.Error.Code = message, typ, status
+	return e
+}
