@@ -34,6 +34,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Writer:    stdout,
 		ErrWriter: stderr,
 		Flags:     serveFlags(),
+		Commands:  []*cli.Command{demoCommand()},
 		Action: func(c *cli.Context) error {
 			cfg, err := configFrom(c)
 			if err != nil {

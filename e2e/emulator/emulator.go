@@ -79,6 +79,8 @@ type Record struct {
 	// CompletionTokens are the usage the engine reported.
 	TokenEvents                    int
 	PromptTokens, CompletionTokens int
+	// MaxTokenGap is the largest gap between two consecutive token events.
+	MaxTokenGap time.Duration
 }
 
 // Server is a running emulated engine.

@@ -94,6 +94,8 @@ func (g *generation) stream() {
 		g.mark(func(r *Record) {
 			if r.FirstToken.IsZero() {
 				r.FirstToken = now
+			} else {
+				r.MaxTokenGap = max(r.MaxTokenGap, now.Sub(r.LastToken))
 			}
 			r.LastToken = now
 			r.TokenEvents = events

@@ -1,0 +1,150 @@
+// Package demo shows timing-sidecar at work without a GPU: it starts the
+// emulated engine and a sidecar in front of it on loopback ports, sends a
+// streaming and a non-streaming request that opt in to metrics, and prints
+// each request's metrics next to the engine's own record of what it did.
+package demo
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/timing-sidecar/timing-sidecar/e2e/emulator"
+	"github.com/timing-sidecar/timing-sidecar/proxy"
+)
+
+// Run runs the demo with the engine paced by timing and writes the report
+// to w.
+func Run(ctx context.Context, timing emulator.Timing, w io.Writer) error {
+	engine := emulator.New(emulator.Config{Timing: timing, Strict: true})
+	if err := engine.Start("127.0.0.1:0"); err != nil {
+		return err
+	}
+	defer engine.Close()
+
+	cfg := proxy.DefaultConfig()
+	cfg.Upstream = engine.URL()
+	sidecar, err := proxy.New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	go sidecar.Serve(ln) //nolint:errcheck // ends with Shutdown
+	defer sidecar.Shutdown(context.Background())
+	base := "http://" + ln.Addr().String()
+
+	fmt.Fprintf(w, "timing-sidecar demo\n  emulated engine %s (strict: refuses unknown fields such as include_metrics)\n  sidecar         %s -> engine, per-request metrics %s\n",
+		engine.URL(), base, cfg.Mode)
+	fmt.Fprintf(w, "  engine timing   queue %v, time to first token %v, inter-token gap %v, %d tokens, %d per event\n",
+		timing.HeaderDelay, timing.TTFT, timing.ITL, timing.OutputTokens, timing.TokensPerEvent)
+
+	for _, r := range []struct {
+		title, body string
+		stream      bool
+	}{
+		{`streaming chat completion ("stream": true, "include_metrics": true)`,
+			`{"model":"emulated","stream":true,"include_metrics":true,"messages":[{"role":"user","content":"Tell me about foxes"}]}`, true},
+		{`non-streaming chat completion ("include_metrics": true)`,
+			`{"model":"emulated","include_metrics":true,"messages":[{"role":"user","content":"Tell me about foxes"}]}`, false},
+	} {
+		metrics, id, err := send(ctx, base, r.body, r.stream)
+		if err != nil {
+			return fmt.Errorf("%s: %w", r.title, err)
+		}
+		waitCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		rec, err := engine.Wait(waitCtx, id)
+		cancel()
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "\n%s\n", r.title)
+		report(w, metrics, rec, r.stream)
+		fmt.Fprintf(w, "  \"metrics\": %s\n", metrics)
+	}
+	return nil
+}
+
+// send posts body to the sidecar and returns the metrics object of the
+// response and the response's id.
+func send(ctx context.Context, base, body string, stream bool) (string, string, error) {
+	req, err := http.NewRequestWithContext(ctx, "POST", base+"/v1/chat/completions", strings.NewReader(body))
+	if err != nil {
+		return "", "", err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", "", err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		return "", "", fmt.Errorf("status %d: %s", resp.StatusCode, b)
+	}
+	if !stream {
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return "", "", err
+		}
+		return gjson.GetBytes(b, "metrics").Raw, gjson.GetBytes(b, "id").Str, nil
+	}
+	var metrics, id string
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok || data == "[DONE]" {
+			continue
+		}
+		id = gjson.Get(data, "id").Str
+		if m := gjson.Get(data, "metrics"); m.Exists() {
+			metrics = m.Raw
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return "", "", err
+	}
+	if metrics == "" {
+		return "", "", fmt.Errorf("no metrics in the stream")
+	}
+	return metrics, id, nil
+}
+
+// report prints the sidecar's figures beside the engine's record.
+func report(w io.Writer, metrics string, rec emulator.Record, stream bool) {
+	tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
+	fmt.Fprintln(tw, "  metric\tsidecar\tengine\thow the engine's figure is taken")
+	ms := func(d time.Duration) string { return fmt.Sprintf("%.3f", float64(d)/float64(time.Millisecond)) }
+	row := func(field, truth, how string) {
+		got := gjson.Get(metrics, field).Raw
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", field, got, truth, how)
+	}
+	if stream {
+		gen := rec.LastToken.Sub(rec.FirstToken)
+		row("queue_time_ms", ms(rec.HeadersSent.Sub(rec.Received)), "headers sent − request received")
+		row("time_to_first_token_ms", ms(rec.FirstToken.Sub(rec.HeadersSent)), "first token − headers")
+		row("generation_time_ms", ms(gen), "last token − first token")
+		if rec.CompletionTokens > 1 {
+			row("mean_itl_ms", ms(gen/time.Duration(rec.CompletionTokens-1)), "generation / (tokens − 1)")
+		}
+		row("tokens_per_second", fmt.Sprintf("%.3f", float64(rec.CompletionTokens)/rec.LastToken.Sub(rec.HeadersSent).Seconds()), "tokens / (last token − headers)")
+		row("max_itl_ms", ms(rec.MaxTokenGap), "largest gap between token events")
+	} else {
+		row("tokens_per_second", fmt.Sprintf("%.3f", float64(rec.CompletionTokens)/rec.HeadersSent.Sub(rec.Received).Seconds()), "tokens / (response − request)")
+	}
+	row("e2e_latency_ms", ms(rec.Done.Sub(rec.Received)), "request received − response done; the sidecar adds its own hop")
+	row("prompt_tokens", fmt.Sprint(rec.PromptTokens), "usage reported")
+	row("completion_tokens", fmt.Sprint(rec.CompletionTokens), "usage reported")
+	tw.Flush()
+}
