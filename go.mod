@@ -3,6 +3,7 @@ module github.com/timing-sidecar/timing-sidecar
 go 1.26.8
 
 require (
+	github.com/openai/openai-go/v3 v3.102.0
 	github.com/tidwall/gjson v1.20.4
 	github.com/tidwall/sjson v1.2.10
 	github.com/urfave/cli/v2 v2.27.7
@@ -11,6 +12,7 @@ require (
 )
 
 require (
+	github.com/coder/websocket v1.8.15 // indirect
 	github.com/cpuguy83/go-md2man/v2 v2.0.7 // indirect
 	github.com/klauspost/compress v1.20.4 // indirect
 	github.com/molecule-man/go-brrr v1.3.1 // indirect

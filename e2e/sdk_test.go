@@ -1,0 +1,276 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/timing-sidecar/timing-sidecar/e2e/emulator"
+)
+
+// timing paces the engine so every figure is 20 ms or more.
+var timing = emulator.Timing{HeaderDelay: 20 * time.Millisecond, TTFT: 40 * time.Millisecond, ITL: 20 * time.Millisecond,
+	TokensPerEvent: 2, OutputTokens: 8}
+
+func sdk(base string) openai.Client {
+	return openai.NewClient(option.WithBaseURL(base+"/v1/"), option.WithAPIKey("sk-e2e"), option.WithMaxRetries(0))
+}
+
+var chatParams = openai.ChatCompletionNewParams{
+	Model:    "emulated",
+	Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Tell me about foxes")},
+}
+
+var withMetrics = option.WithJSONSet("include_metrics", true)
+
+// streamChat runs a streaming chat and returns the raw metrics of the usage
+// chunk, the response id and the stream's error.
+func streamChat(ctx context.Context, c openai.Client, params openai.ChatCompletionNewParams, opts ...option.RequestOption) (string, string, error) {
+	s := c.Chat.Completions.NewStreaming(ctx, params, opts...)
+	defer s.Close()
+	var raw, id string
+	for s.Next() {
+		chunk := s.Current()
+		id = chunk.ID
+		if f, ok := chunk.JSON.ExtraFields["metrics"]; ok {
+			raw = f.Raw()
+		}
+	}
+	return raw, id, s.Err()
+}
+
+// TestConfiguredByFlagsOrEnvironment runs the main paths against a sidecar
+// configured once by flags and once by environment variables only.
+func TestConfiguredByFlagsOrEnvironment(t *testing.T) {
+	engine := startEngine(t, emulator.Config{Timing: timing, Strict: true})
+	for _, cfg := range []struct {
+		name string
+		args []string
+		env  []string
+	}{
+		{"flags", []string{"--listen", "127.0.0.1:0", "--upstream", engine.URL()}, nil},
+		{"environment", nil, []string{"TIMING_SIDECAR_LISTEN=127.0.0.1:0", "TIMING_SIDECAR_UPSTREAM=" + engine.URL()}},
+	} {
+		t.Run(cfg.name, func(t *testing.T) {
+			c := sdk(startSidecar(t, cfg.args, cfg.env...).base)
+			ctx := context.Background()
+
+			t.Run("streaming chat", func(t *testing.T) {
+				p := chatParams
+				p.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
+				raw, id, err := streamChat(ctx, c, p, withMetrics)
+				if err != nil {
+					t.Fatal(err)
+				}
+				checkStream(t, parseMetrics(t, raw), record(t, engine, id))
+			})
+
+			t.Run("streaming chat without include_usage", func(t *testing.T) {
+				raw, id, err := streamChat(ctx, c, chatParams, withMetrics)
+				if err != nil {
+					t.Fatal(err)
+				}
+				checkStream(t, parseMetrics(t, raw), record(t, engine, id))
+			})
+
+			t.Run("streaming completions", func(t *testing.T) {
+				s := c.Completions.NewStreaming(ctx, openai.CompletionNewParams{
+					Model:  "emulated",
+					Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("Once upon a time")},
+				}, withMetrics)
+				var raw, id string
+				var text strings.Builder
+				for s.Next() {
+					id = s.Current().ID
+					for _, ch := range s.Current().Choices {
+						text.WriteString(ch.Text)
+					}
+					if f, ok := s.Current().JSON.ExtraFields["metrics"]; ok {
+						raw = f.Raw()
+					}
+				}
+				if err := s.Err(); err != nil {
+					t.Fatal(err)
+				}
+				if text.String() != " the quick brown fox jumps over the lazy" {
+					t.Errorf("text %q", text.String())
+				}
+				checkStream(t, parseMetrics(t, raw), record(t, engine, id))
+			})
+
+			t.Run("non-streaming", func(t *testing.T) {
+				resp, err := c.Chat.Completions.New(ctx, chatParams, withMetrics)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if resp.Choices[0].Message.Content != "the quick brown fox jumps over the lazy" || resp.Usage.CompletionTokens != 8 {
+					t.Errorf("response not parsed intact: %+v", resp)
+				}
+				rec := record(t, engine, resp.ID)
+				m := parseMetrics(t, resp.JSON.ExtraFields["metrics"].Raw())
+				m.null(t, "time_to_first_token_ms", "generation_time_ms", "queue_time_ms", "mean_itl_ms", "max_itl_ms")
+				m.near(t, "e2e_latency_ms", msOf(rec.HeadersSent.Sub(rec.Received)))
+				m.relNear(t, "tokens_per_second", 8/rec.HeadersSent.Sub(rec.Received).Seconds())
+			})
+
+			t.Run("n=2 gets metrics null", func(t *testing.T) {
+				p := chatParams
+				p.N = openai.Int(2)
+				resp, err := c.Chat.Completions.New(ctx, p, withMetrics)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := resp.JSON.ExtraFields["metrics"].Raw(); got != "null" || len(resp.Choices) != 2 {
+					t.Errorf("metrics %s with %d choices", got, len(resp.Choices))
+				}
+				p.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
+				raw, _, err := streamChat(ctx, c, p, withMetrics)
+				if err != nil || raw != "null" {
+					t.Errorf("stream: metrics %q, %v", raw, err)
+				}
+			})
+
+			t.Run("upstream 400 passes through", func(t *testing.T) {
+				_, err := c.Chat.Completions.New(ctx, chatParams, withMetrics, option.WithHeader(emulator.HeaderStatus, "400"))
+				var apiErr *openai.Error
+				if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || !strings.Contains(apiErr.Message, "emulated error 400") {
+					t.Fatalf("got %v, want the engine's 400", err)
+				}
+			})
+		})
+	}
+}
+
+func TestOptedOutRequestMatchesDirectBytes(t *testing.T) {
+	engine := startEngine(t, emulator.Config{Timing: emulator.Timing{ITL: time.Millisecond, OutputTokens: 6}})
+	sc := startSidecar(t, []string{"--listen", "127.0.0.1:0", "--upstream", engine.URL()})
+	for _, body := range []string{
+		`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true}}`,
+		`{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"m","prompt":["a","b"],"stream":true,"n":2}`,
+	} {
+		get := func(base string) (int, string, string) {
+			req, _ := http.NewRequest("POST", base+"/v1/"+map[bool]string{true: "completions", false: "chat/completions"}[strings.Contains(body, "prompt")], strings.NewReader(body))
+			req.Header.Set(emulator.HeaderRequestID, "same")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode, resp.Header.Get("Content-Type"), string(b)
+		}
+		ds, dct, direct := get(engine.URL())
+		ps, pct, proxied := get(sc.base)
+		if ds != ps || dct != pct || direct != proxied {
+			t.Errorf("through the sidecar %d %s\n%s\ndirect %d %s\n%s", ps, pct, proxied, ds, dct, direct)
+		}
+	}
+}
+
+func TestEngineKilledMidStream(t *testing.T) {
+	engine := startEngine(t, emulator.Config{Timing: timing})
+	c := sdk(startSidecar(t, []string{"--listen", "127.0.0.1:0", "--upstream", engine.URL()}).base)
+	s := c.Chat.Completions.NewStreaming(context.Background(), chatParams, withMetrics, option.WithHeader(emulator.HeaderCutAfter, "2"))
+	defer s.Close()
+	var text strings.Builder
+	for s.Next() {
+		for _, ch := range s.Current().Choices {
+			text.WriteString(ch.Delta.Content)
+		}
+	}
+	if s.Err() == nil {
+		t.Fatal("a stream the engine dropped ended without an error")
+	}
+	if text.String() != " the quick brown fox" {
+		t.Errorf("client got %q before the failure, want the two events the engine sent", text.String())
+	}
+}
+
+func TestClientCancelMidStreamAbortsTheEngine(t *testing.T) {
+	engine := startEngine(t, emulator.Config{Timing: emulator.Timing{ITL: 20 * time.Millisecond, OutputTokens: 500}})
+	c := sdk(startSidecar(t, []string{"--listen", "127.0.0.1:0", "--upstream", engine.URL()}).base)
+	ctx, cancel := context.WithCancel(context.Background())
+	s := c.Chat.Completions.NewStreaming(ctx, chatParams, withMetrics)
+	var id string
+	for i := 0; i < 4 && s.Next(); i++ {
+		id = s.Current().ID
+	}
+	left := time.Now()
+	cancel()
+	s.Close()
+	rec := record(t, engine, id)
+	if rec.ClientGone.IsZero() {
+		t.Fatal("the engine never saw its client leave")
+	}
+	if d := rec.ClientGone.Sub(left); d > 100*time.Millisecond {
+		t.Fatalf("the engine saw the client leave %v after it did, want ≤ 100ms", d)
+	}
+	if rec.TokenEvents >= 500 {
+		t.Fatal("the engine generated the whole response for nobody")
+	}
+}
+
+func TestModes(t *testing.T) {
+	engine := startEngine(t, emulator.Config{Timing: timing})
+	ctx := context.Background()
+	t.Run("off", func(t *testing.T) {
+		c := sdk(startSidecar(t, []string{"--listen", "127.0.0.1:0", "--upstream", engine.URL(), "--per-request-metrics", "off"}).base)
+		resp, err := c.Chat.Completions.New(ctx, chatParams, withMetrics)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := resp.JSON.ExtraFields["metrics"]; ok {
+			t.Error("metrics added in off mode")
+		}
+		if rec := record(t, engine, resp.ID); !strings.Contains(string(rec.Body), `"include_metrics":true`) {
+			t.Errorf("off mode changed the request: %s", rec.Body)
+		}
+	})
+	t.Run("always", func(t *testing.T) {
+		c := sdk(startSidecar(t, nil, "TIMING_SIDECAR_LISTEN=127.0.0.1:0", "TIMING_SIDECAR_UPSTREAM="+engine.URL(),
+			"TIMING_SIDECAR_PER_REQUEST_METRICS=always").base)
+		raw, id, err := streamChat(ctx, c, chatParams)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkStream(t, parseMetrics(t, raw), record(t, engine, id))
+	})
+}
+
+func TestUnreachableEngineThenRecovery(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	c := sdk(startSidecar(t, []string{"--listen", "127.0.0.1:0", "--upstream", "http://" + addr}).base)
+	start := time.Now()
+	_, err = c.Chat.Completions.New(context.Background(), chatParams, withMetrics)
+	var apiErr *openai.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 502 || apiErr.Code != "upstream_unavailable" || apiErr.Type != "upstream_error" {
+		t.Fatalf("got %v, want a JSON 502", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("the 502 took %v", d)
+	}
+	engine := emulator.New(emulator.Config{Timing: timing})
+	if err := engine.Start(addr); err != nil {
+		t.Skipf("the freed port was taken meanwhile: %v", err)
+	}
+	t.Cleanup(func() { engine.Close() })
+	resp, err := c.Chat.Completions.New(context.Background(), chatParams, withMetrics)
+	if err != nil {
+		t.Fatalf("no recovery once the engine is up: %v", err)
+	}
+	parseMetrics(t, resp.JSON.ExtraFields["metrics"].Raw())
+}
