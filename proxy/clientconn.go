@@ -49,10 +49,12 @@ func (c *clientConn) watch(onGone func()) {
 		return
 	}
 	c.onGone = onGone
+	// The server's read deadline for this request has done its job; it
+	// would otherwise end the watch early. That includes a read-ahead
+	// still running from the previous request when this one was
+	// pipelined: a new deadline reaches a blocked read too.
+	c.Conn.SetReadDeadline(time.Time{}) //nolint:errcheck
 	if c.ahead == nil && len(c.pending) == 0 {
-		// The server's read deadline for this request has done its job;
-		// it would otherwise end the watch early.
-		c.Conn.SetReadDeadline(time.Time{}) //nolint:errcheck
 		c.ahead = make(chan struct{})
 		go c.readAhead(c.ahead)
 	}

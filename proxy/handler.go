@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"errors"
+	"net"
 	"runtime/debug"
 	"time"
 
@@ -31,6 +32,10 @@ func isMeasured(ctx *fasthttp.RequestCtx) bool {
 func (p *Proxy) handle(ctx *fasthttp.RequestCtx) {
 	arrival := time.Now()
 	defer p.recoverRequest(ctx)
+	// Flush each response as soon as it is written. fasthttp otherwise
+	// holds a response while the client has pipelined requests waiting,
+	// and a short answer would wait for a long generation behind it.
+	ctx.SetWriteDeadline(time.Time{}) //nolint:errcheck
 	if p.cfg.Mode != ModeOff && isMeasured(ctx) {
 		p.serveMeasured(ctx, arrival)
 		return
@@ -86,9 +91,11 @@ func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, arrival time.Time) {
 // the client itself and returns false.
 func (p *Proxy) forward(ctx *fasthttp.RequestCtx, body []byte, identity bool) (*exchange, *fasthttp.Response, bool) {
 	req := fasthttp.AcquireRequest()
-	upstreamRequest(req, ctx, body, identity)
+	upstreamRequest(req, ctx, body, identity, p.up.addr.host)
 	resp := fasthttp.AcquireResponse()
 	resp.SkipBody = ctx.IsHead()
+	// A response without Content-Type must not read as text/plain.
+	resp.Header.SetNoDefaultContentType(true)
 	x := &exchange{up: p.up}
 	cc, _ := ctx.Conn().(*clientConn)
 	if cc != nil {
@@ -105,8 +112,10 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, body []byte, identity bool) (*
 	}
 	fasthttp.ReleaseResponse(resp)
 	if errors.Is(err, errAborted) {
-		// Nobody is left to answer; close the connection.
-		ctx.SetConnectionClose()
+		// The client left: close the connection without a response, so
+		// a client that only half-closed cannot mistake it for a success.
+		ctx.HijackSetNoResponse(true)
+		ctx.Hijack(func(net.Conn) {})
 		return nil, nil, false
 	}
 	p.log.Warn("upstream request failed", "path", string(ctx.Path()), "err", err)

@@ -40,9 +40,16 @@ func removeHopHeaders(h header) {
 // upstreamRequest fills req from the client's request, with body as its
 // body. identity asks the engine for an unencoded response, which the
 // sidecar must read.
-func upstreamRequest(req *fasthttp.Request, ctx *fasthttp.RequestCtx, body []byte, identity bool) {
+func upstreamRequest(req *fasthttp.Request, ctx *fasthttp.RequestCtx, body []byte, identity bool, upstreamHost string) {
 	ctx.Request.Header.CopyTo(&req.Header)
+	// fasthttp would add "Content-Type: application/octet-stream" to a body
+	// without one, and FastAPI engines then refuse the JSON.
+	req.Header.SetNoDefaultContentType(true)
 	removeHopHeaders(&req.Header)
+	if len(req.Header.Host()) == 0 {
+		// HTTP/1.0 clients may send no Host; HTTP/1.1 requires one.
+		req.Header.SetHost(upstreamHost)
+	}
 	// The sidecar holds the whole body already; the engine need not
 	// invite it.
 	req.Header.Del("Expect")
@@ -55,16 +62,23 @@ func upstreamRequest(req *fasthttp.Request, ctx *fasthttp.RequestCtx, body []byt
 	req.URI().DisablePathNormalizing = true
 	req.SetRequestURIBytes(ctx.RequestURI())
 	req.SetBodyRaw(body)
-	if len(body) > 0 || ctx.Request.Header.ContentLength() != 0 {
+	if len(body) > 0 || ctx.Request.Header.ContentLength() > 0 {
 		req.Header.SetContentLength(len(body))
 	}
 }
 
 // copyResponseHeader sets the client response's status and headers from
-// the engine's, without hop-by-hop headers.
+// the engine's, without hop-by-hop headers. It adds header by header rather
+// than with CopyTo, which would reset the server's "no default Date or
+// Content-Type" settings: the engine's headers pass as they are.
 func copyResponseHeader(ctx *fasthttp.RequestCtx, resp *fasthttp.Response) {
-	resp.Header.CopyTo(&ctx.Response.Header)
-	removeHopHeaders(&ctx.Response.Header)
+	h := &ctx.Response.Header
+	h.SetStatusCode(resp.StatusCode())
+	h.SetStatusMessage(resp.Header.StatusMessage())
+	for k, v := range resp.Header.All() {
+		h.AddBytesKV(k, v)
+	}
+	removeHopHeaders(h)
 }
 
 func isEventStream(resp *fasthttp.Response) bool {

@@ -34,13 +34,14 @@ func New(cfg Config, log *slog.Logger) (*Proxy, error) {
 		Handler:      p.handle,
 		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) { requestError(err).write(ctx) },
 		// Nothing bounds a response: a generation may stream for minutes.
-		WriteTimeout:                  0,
-		ReadTimeout:                   cfg.ClientReadTimeout,
-		IdleTimeout:                   cfg.ClientIdleTimeout,
-		MaxRequestBodySize:            cfg.MaxRequestBodySize,
-		ReadBufferSize:                cfg.MaxRequestHeaderSize,
+		WriteTimeout:       0,
+		ReadTimeout:        cfg.ClientReadTimeout,
+		IdleTimeout:        cfg.ClientIdleTimeout,
+		MaxRequestBodySize: cfg.MaxRequestBodySize,
+		ReadBufferSize:     cfg.MaxRequestHeaderSize,
+		// The engine's Server passes through. fasthttp manages Date itself
+		// (it drops a copied one), so the sidecar's clock dates responses.
 		NoDefaultServerHeader:         true,
-		NoDefaultDate:                 true,
 		NoDefaultContentType:          true,
 		DisablePreParseMultipartForm:  true,
 		DisableHeaderNamesNormalizing: false,

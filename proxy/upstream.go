@@ -69,22 +69,38 @@ func (c *upstreamConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// get returns a pooled connection that has not idled too long, or a new one.
+// get returns the most recently used pooled connection that is still open,
+// or a new one.
 func (u *upstream) get() (*upstreamConn, error) {
-	now := time.Now()
-	u.mu.Lock()
-	for len(u.idle) > 0 {
+	for {
+		u.mu.Lock()
+		u.reapLocked(time.Now())
+		if len(u.idle) == 0 {
+			u.mu.Unlock()
+			return u.dial()
+		}
 		c := u.idle[len(u.idle)-1]
 		u.idle = u.idle[:len(u.idle)-1]
-		if now.Sub(c.idleSince) < u.keepAlive {
-			u.mu.Unlock()
+		u.mu.Unlock()
+		if alive(c.Conn) {
 			c.reused = true
 			return c, nil
 		}
-		go c.Close() //nolint:errcheck // stale: the engine may have closed it already
+		c.Close()
 	}
-	u.mu.Unlock()
-	return u.dial()
+}
+
+// reapLocked closes pooled connections idle for longer than the keep-alive.
+// The pool is ordered by idleSince, oldest first.
+func (u *upstream) reapLocked(now time.Time) {
+	n := 0
+	for n < len(u.idle) && now.Sub(u.idle[n].idleSince) >= u.keepAlive {
+		u.idle[n].Close()
+		n++
+	}
+	if n > 0 {
+		u.idle = append(u.idle[:0], u.idle[n:]...)
+	}
 }
 
 func (u *upstream) dial() (*upstreamConn, error) {
@@ -113,6 +129,7 @@ func (u *upstream) dial() (*upstreamConn, error) {
 func (u *upstream) put(c *upstreamConn) {
 	c.idleSince = time.Now()
 	u.mu.Lock()
+	u.reapLocked(c.idleSince)
 	if len(u.idle) < u.maxIdle {
 		u.idle = append(u.idle, c)
 		c = nil
@@ -208,12 +225,19 @@ func (x *exchange) finish(resp *fasthttp.Response, readToEnd bool) {
 
 // roundTrip sends req and reads the response headers into resp; the body is
 // then read from resp.BodyStream(), with the idle timeout applied to each
-// read. A request that fails on a reused connection before the engine sent
-// a single byte is sent once more on a new connection: the engine closed
-// the idle connection as the request went out, and never saw it.
+// read. A request that fails on a reused connection, with the connection
+// closed before the engine sent a single byte, is sent once more on a new
+// connection: the engine closed the idle connection as the request went
+// out. (Pooled connections are checked before reuse, so this is a narrow
+// race; an engine that did read the request aborts it when its connection
+// closes, so it does not run twice.)
 func (x *exchange) roundTrip(req *fasthttp.Request, resp *fasthttp.Response) error {
 	for attempt := 0; ; attempt++ {
-		c, err := x.up.get()
+		get := x.up.get
+		if attempt > 0 {
+			get = x.up.dial
+		}
+		c, err := get()
 		if err != nil {
 			return err
 		}

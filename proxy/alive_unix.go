@@ -1,0 +1,37 @@
+//go:build unix
+
+package proxy
+
+import (
+	"crypto/tls"
+	"net"
+	"syscall"
+)
+
+// alive reports whether a pooled connection is still open, with a
+// non-blocking peek: the engine may have closed it while it sat idle
+// (uvicorn drops idle keep-alive connections after 5 s), and a request
+// written to it would fail after the engine had closed its side.
+func alive(c net.Conn) bool {
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn()
+	}
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return true
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	open := false
+	var b [1]byte
+	err = raw.Read(func(fd uintptr) bool {
+		// 0 bytes: the engine closed it; bytes: nothing should be
+		// there between responses; EAGAIN: open and quiet.
+		_, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		open = err == syscall.EAGAIN || err == syscall.EWOULDBLOCK
+		return true
+	})
+	return err == nil && open
+}
