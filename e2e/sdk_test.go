@@ -81,6 +81,34 @@ func TestConfiguredByFlagsOrEnvironment(t *testing.T) {
 				checkStream(t, parseMetrics(t, raw), record(t, engine, id))
 			})
 
+			t.Run("continuous usage: metrics only on the final usage chunk", func(t *testing.T) {
+				p := chatParams
+				p.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
+				s := c.Chat.Completions.NewStreaming(ctx, p, withMetrics, option.WithJSONSet("stream_options.continuous_usage_stats", true))
+				var raw, id string
+				chunks, withUsage := 0, 0
+				for s.Next() {
+					ch := s.Current()
+					id, chunks = ch.ID, chunks+1
+					if ch.Usage.CompletionTokens > 0 {
+						withUsage++
+					}
+					if f, ok := ch.JSON.ExtraFields["metrics"]; ok {
+						if len(ch.Choices) != 0 || raw != "" {
+							t.Errorf("metrics on a chunk other than the final usage chunk: %s", ch.RawJSON())
+						}
+						raw = f.Raw()
+					}
+				}
+				if err := s.Err(); err != nil {
+					t.Fatal(err)
+				}
+				if withUsage < chunks-1 {
+					t.Errorf("only %d of %d chunks carried running usage", withUsage, chunks)
+				}
+				checkStream(t, parseMetrics(t, raw), record(t, engine, id))
+			})
+
 			t.Run("streaming completions", func(t *testing.T) {
 				s := c.Completions.NewStreaming(ctx, openai.CompletionNewParams{
 					Model:  "emulated",
