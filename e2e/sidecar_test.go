@@ -43,8 +43,11 @@ func TestMain(m *testing.M) {
 
 // sidecar is a running timing-sidecar process.
 type sidecar struct {
-	cmd  *exec.Cmd
-	base string // http://host:port
+	cmd   *exec.Cmd
+	base  string // http://host:port
+	admin string // http://host:port of the admin endpoints
+	// accessLog receives the access-log lines (stdout) as they come.
+	accessLog chan string
 }
 
 // startSidecar runs the binary with args and extra environment, listening
@@ -52,15 +55,26 @@ type sidecar struct {
 func startSidecar(t *testing.T, args []string, env ...string) *sidecar {
 	t.Helper()
 	cmd := exec.Command(binary, args...)
-	cmd.Env = append(os.Environ(), env...)
+	// Every sidecar gets a free admin port unless the test says otherwise.
+	cmd.Env = append(append(os.Environ(), "TIMING_SIDECAR_ADMIN_LISTEN=127.0.0.1:0"), env...)
 	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	s := &sidecar{cmd: cmd}
+	s := &sidecar{cmd: cmd, accessLog: make(chan string, 1000)}
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			s.accessLog <- sc.Text()
+		}
+	}()
 	t.Cleanup(func() {
 		cmd.Process.Signal(syscall.SIGTERM)
 		done := make(chan error, 1)
@@ -75,23 +89,25 @@ func startSidecar(t *testing.T, args []string, env ...string) *sidecar {
 			t.Error("sidecar did not exit within 10s of SIGTERM")
 		}
 	})
-	listening := make(chan string, 1)
+	type addrs struct {
+		Msg         string `json:"msg"`
+		Listen      string `json:"listen"`
+		AdminListen string `json:"admin_listen"`
+	}
+	listening := make(chan addrs, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
-			var line struct {
-				Msg    string `json:"msg"`
-				Listen string `json:"listen"`
-			}
+			var line addrs
 			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "timing-sidecar listening" {
-				listening <- line.Listen
+				listening <- line
 			}
 			t.Logf("sidecar: %s", sc.Text())
 		}
 	}()
 	select {
-	case addr := <-listening:
-		s.base = "http://" + addr
+	case a := <-listening:
+		s.base, s.admin = "http://"+a.Listen, "http://"+a.AdminListen
 	case <-time.After(10 * time.Second):
 		t.Fatal("the sidecar did not start listening within 10s")
 	}

@@ -46,6 +46,20 @@ const (
 	DefaultMaxBufferedResponse  = 16 << 20
 	DefaultMaxEventSize         = 64 << 10
 	DefaultMaxIdleUpstreamConns = 256
+	DefaultAdminListen          = ":9101"
+	DefaultMaxModelLabels       = 32
+	DefaultMaxTenantLabels      = 32
+	DefaultReadinessProbe       = ProbeHTTP
+	DefaultReadinessPath        = "/health"
+	DefaultReadinessInterval    = 2 * time.Second
+)
+
+// Readiness probes of the engine.
+const (
+	// ProbeHTTP is a GET of the readiness path that must answer 2xx.
+	ProbeHTTP = "http"
+	// ProbeTCP is a TCP connect.
+	ProbeTCP = "tcp"
 )
 
 // Config is everything the proxy needs; the binary fills it from flags.
@@ -84,6 +98,28 @@ type Config struct {
 	// MaxEventSize is the largest stream event that is inspected; larger
 	// events pass through intact, uninspected.
 	MaxEventSize int
+
+	// AdminListen is the address of /metrics, /healthz and /readyz.
+	AdminListen string
+	// AccessLog writes one JSON line per request.
+	AccessLog bool
+	// InjectUsage asks the engine for usage on streams whose client did
+	// not, and removes that usage event before it reaches the client.
+	InjectUsage bool
+	// MaxModelLabels bounds the distinct "model" label values.
+	MaxModelLabels int
+	// TenantHeader names the request header that carries the tenant.
+	TenantHeader string
+	// TenantLabel adds the tenant as a label to the request and token
+	// counters; MaxTenantLabels bounds its values.
+	TenantLabel     bool
+	MaxTenantLabels int
+	// ReadinessProbe is how /readyz checks the engine: ProbeHTTP or
+	// ProbeTCP; ReadinessPath is the HTTP probe's path; the probe runs
+	// every ReadinessInterval and /readyz answers from its last result.
+	ReadinessProbe    string
+	ReadinessPath     string
+	ReadinessInterval time.Duration
 }
 
 // DefaultConfig returns a Config with every default applied.
@@ -102,6 +138,14 @@ func DefaultConfig() Config {
 		MaxRequestHeaderSize:   DefaultMaxRequestHeaderSize,
 		MaxBufferedResponse:    DefaultMaxBufferedResponse,
 		MaxEventSize:           DefaultMaxEventSize,
+		AdminListen:            DefaultAdminListen,
+		AccessLog:              true,
+		InjectUsage:            true,
+		MaxModelLabels:         DefaultMaxModelLabels,
+		MaxTenantLabels:        DefaultMaxTenantLabels,
+		ReadinessProbe:         DefaultReadinessProbe,
+		ReadinessPath:          DefaultReadinessPath,
+		ReadinessInterval:      DefaultReadinessInterval,
 	}
 }
 
@@ -110,6 +154,23 @@ func (c *Config) Validate() error {
 	var errs []error
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		errs = append(errs, fmt.Errorf("listen address %q: %w", c.Listen, err))
+	}
+	if _, _, err := net.SplitHostPort(c.AdminListen); err != nil {
+		errs = append(errs, fmt.Errorf("admin listen address %q: %w", c.AdminListen, err))
+	}
+	switch c.ReadinessProbe {
+	case ProbeHTTP, ProbeTCP:
+	default:
+		errs = append(errs, fmt.Errorf("readiness probe %q: want http or tcp", c.ReadinessProbe))
+	}
+	if c.ReadinessInterval <= 0 {
+		errs = append(errs, fmt.Errorf("readiness interval %v: must be positive", c.ReadinessInterval))
+	}
+	if c.ReadinessProbe == ProbeHTTP && (c.ReadinessPath == "" || c.ReadinessPath[0] != '/') {
+		errs = append(errs, fmt.Errorf("readiness path %q: must start with /", c.ReadinessPath))
+	}
+	if c.TenantLabel && c.TenantHeader == "" {
+		errs = append(errs, errors.New("tenant label needs a tenant header to read it from"))
 	}
 	if _, err := parseUpstream(c.Upstream); err != nil {
 		errs = append(errs, err)
@@ -146,9 +207,11 @@ func (c *Config) Validate() error {
 		{"max request header size", c.MaxRequestHeaderSize, 1024},
 		{"max buffered response", c.MaxBufferedResponse, 1},
 		{"max event size", c.MaxEventSize, 1024},
+		{"max model labels", c.MaxModelLabels, 1},
+		{"max tenant labels", c.MaxTenantLabels, 1},
 	} {
 		if s.v < s.min {
-			errs = append(errs, fmt.Errorf("%s %d: must be at least %d bytes", s.name, s.v, s.min))
+			errs = append(errs, fmt.Errorf("%s %d: must be at least %d", s.name, s.v, s.min))
 		}
 	}
 	return errors.Join(errs...)

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"errors"
 	"net"
 	"runtime/debug"
@@ -10,86 +9,99 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/timing-sidecar/timing-sidecar/rewrite"
-	"github.com/timing-sidecar/timing-sidecar/timing"
+	"github.com/timing-sidecar/timing-sidecar/telemetry"
 )
-
-// measuredPaths are the endpoints whose responses get metrics.
-var measuredPaths = [][]byte{[]byte("/v1/chat/completions"), []byte("/v1/completions")}
-
-func isMeasured(ctx *fasthttp.RequestCtx) bool {
-	if !ctx.IsPost() {
-		return false
-	}
-	path := ctx.Path()
-	for _, p := range measuredPaths {
-		if bytes.Equal(path, p) {
-			return true
-		}
-	}
-	return false
-}
 
 func (p *Proxy) handle(ctx *fasthttp.RequestCtx) {
 	arrival := time.Now()
-	defer p.recoverRequest(ctx)
+	f := p.begin(ctx, arrival)
+	defer func() {
+		p.recoverRequest(ctx, f)
+		if !f.streaming {
+			if f.rec.Status == 0 {
+				f.rec.Status = ctx.Response.StatusCode()
+				f.rec.BytesOut = len(ctx.Response.Body())
+			}
+			p.finish(f)
+		}
+	}()
 	// Flush each response as soon as it is written. fasthttp otherwise
 	// holds a response while the client has pipelined requests waiting,
 	// and a short answer would wait for a long generation behind it.
 	ctx.SetWriteDeadline(time.Time{}) //nolint:errcheck
-	if p.cfg.Mode != ModeOff && isMeasured(ctx) {
-		p.serveMeasured(ctx, arrival)
+	if ctx.IsPost() && f.rec.Endpoint != telemetry.EndpointOther {
+		p.serveMeasured(ctx, f)
 		return
 	}
-	x, resp, ok := p.forward(ctx, ctx.PostBody(), false)
+	x, resp, ok := p.forward(ctx, f, ctx.PostBody(), false)
 	if ok {
-		p.relayBody(ctx, x, resp, nil, nil)
+		p.relayBody(ctx, f, x, resp, nil, nil)
 	}
 }
 
 // recoverRequest is the per-request panic boundary: a bug answers one
 // request with a 500 instead of taking the pod's traffic down.
-func (p *Proxy) recoverRequest(ctx *fasthttp.RequestCtx) {
+func (p *Proxy) recoverRequest(ctx *fasthttp.RequestCtx, f *flight) {
 	if r := recover(); r != nil {
-		p.log.Error("panic while serving a request", "panic", r, "path", string(ctx.Path()), "stack", string(debug.Stack()))
+		p.log.Error("panic while serving a request", "panic", r, "path", string(ctx.Path()),
+			"request_id", f.rec.ID, "stack", string(debug.Stack()))
 		apiError{fasthttp.StatusInternalServerError, "internal_error", "sidecar_panic",
 			"timing-sidecar: internal error while proxying the request"}.write(ctx)
+		setResponseID(ctx, f)
 		ctx.SetConnectionClose()
+		f.streaming = false
+		f.rec.Status = fasthttp.StatusInternalServerError
 	}
 }
 
-// serveMeasured handles a chat or completions request.
-func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, arrival time.Time) {
+// serveMeasured handles a chat or completions request: every one is timed;
+// the metrics object goes into the response when the mode and the request
+// ask for it.
+func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight) {
 	body := ctx.PostBody()
 	req := rewrite.InspectRequest(body)
-	wanted := req.Understood && (p.cfg.Mode == ModeAlways || req.IncludeMetrics)
+	f.rec.Model, f.rec.Stream, f.multiple = req.Model, req.Stream, req.MultipleChoices
+	transparent := p.cfg.Mode == ModeOff
+	f.wantMetrics = !transparent && req.Understood && (p.cfg.Mode == ModeAlways || req.IncludeMetrics)
+	// A stream that did not ask for usage can still be counted exactly:
+	// ask the engine for it and keep the event from the client. Not with
+	// running usage on, which would then show on every event.
+	f.hideUsage = !transparent && !f.wantMetrics && p.cfg.InjectUsage && req.Understood &&
+		req.Stream && !req.IncludeUsage && !req.ContinuousUsage
 	upBody := body
-	if req.HasIncludeMetrics || wanted {
+	if !transparent && (req.HasIncludeMetrics || f.wantMetrics || f.hideUsage) {
 		var err error
-		if upBody, err = rewrite.UpstreamBody(body, req, wanted); err != nil {
-			p.log.Warn("could not edit request body; forwarding it unchanged", "err", err)
-			upBody, wanted = body, false
+		if upBody, err = rewrite.UpstreamBody(body, req, f.wantMetrics || f.hideUsage); err != nil {
+			p.log.Warn("could not edit request body; forwarding it unchanged", "err", err, "request_id", f.rec.ID)
+			upBody, f.wantMetrics, f.hideUsage = body, false, false
 		}
 	}
-	x, resp, ok := p.forward(ctx, upBody, wanted)
+	x, resp, ok := p.forward(ctx, f, upBody, f.wantMetrics || f.hideUsage)
 	if !ok {
 		return
 	}
-	clock := timing.Clock{Arrival: arrival, Accepted: time.Now()}
-	switch {
-	case !wanted || resp.StatusCode() != fasthttp.StatusOK || isEncoded(resp):
+	f.clock.Accepted = time.Now()
+	if resp.StatusCode() != fasthttp.StatusOK || isEncoded(resp) {
 		// Errors and what the sidecar cannot read pass through as they are.
-		p.relayBody(ctx, x, resp, nil, nil)
-	case isEventStream(resp):
-		p.relayEvents(ctx, x, resp, clock, req.MultipleChoices)
+		p.relayBody(ctx, f, x, resp, nil, nil)
+		return
+	}
+	f.measured = true
+	f.rec.Stream = isEventStream(resp)
+	switch {
+	case f.rec.Stream:
+		p.relayEvents(ctx, f, x, resp)
+	case f.wantMetrics:
+		p.relayWithMetrics(ctx, f, x, resp)
 	default:
-		p.relayWithMetrics(ctx, x, resp, clock, req.MultipleChoices)
+		p.relayBody(ctx, f, x, resp, nil, nil)
 	}
 }
 
 // forward sends the client's request upstream with body and waits for the
 // response headers, watching the client meanwhile. On failure it answers
 // the client itself and returns false.
-func (p *Proxy) forward(ctx *fasthttp.RequestCtx, body []byte, identity bool) (*exchange, *fasthttp.Response, bool) {
+func (p *Proxy) forward(ctx *fasthttp.RequestCtx, f *flight, body []byte, identity bool) (*exchange, *fasthttp.Response, bool) {
 	req := fasthttp.AcquireRequest()
 	upstreamRequest(req, ctx, body, identity, p.up.addr.host)
 	resp := fasthttp.AcquireResponse()
@@ -116,9 +128,12 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, body []byte, identity bool) (*
 		// a client that only half-closed cannot mistake it for a success.
 		ctx.HijackSetNoResponse(true)
 		ctx.Hijack(func(net.Conn) {})
+		f.rec.Status, f.rec.ClientGone = telemetry.StatusClientGone, true
 		return nil, nil, false
 	}
-	p.log.Warn("upstream request failed", "path", string(ctx.Path()), "err", err)
+	p.log.Warn("upstream request failed", "path", f.rec.Path, "request_id", f.rec.ID, "err", err)
+	f.rec.UpstreamError = upstreamErrorKind(err, true)
 	upstreamError(err).write(ctx)
+	setResponseID(ctx, f)
 	return nil, nil, false
 }

@@ -4,24 +4,41 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
+
+	"github.com/timing-sidecar/timing-sidecar/telemetry"
 )
 
-// Proxy is the sidecar's HTTP server and its upstream client.
+// Proxy is the sidecar's HTTP server, its upstream client and its admin
+// endpoints.
 type Proxy struct {
-	cfg    Config
-	log    *slog.Logger
-	up     *upstream
-	server *fasthttp.Server
-	pools  *pools
+	cfg       Config
+	log       *slog.Logger
+	up        *upstream
+	server    *fasthttp.Server
+	pools     *pools
+	registry  *prometheus.Registry
+	telemetry *telemetry.Recorder
+	admin     *http.Server
+	prober    *http.Client
+	ready     readiness
+	probeOnce sync.Once
+	stop      chan struct{}
+	stopOnce  sync.Once
 }
 
-// New checks cfg and builds a Proxy.
-func New(cfg Config, log *slog.Logger) (*Proxy, error) {
+// New checks cfg and builds a Proxy. log gets operational messages;
+// accessLog, if not nil and cfg.AccessLog is on, gets one JSON line per
+// request.
+func New(cfg Config, log *slog.Logger, accessLog io.Writer) (*Proxy, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -29,10 +46,17 @@ func New(cfg Config, log *slog.Logger) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{cfg: cfg, log: log, up: up, pools: newPools(cfg.MaxEventSize)}
+	p := &Proxy{cfg: cfg, log: log, up: up, pools: newPools(cfg.MaxEventSize), registry: newRegistry(), stop: make(chan struct{})}
+	opts := telemetry.Options{MaxModels: cfg.MaxModelLabels, TenantLabel: cfg.TenantLabel, MaxTenants: cfg.MaxTenantLabels}
+	if cfg.AccessLog && accessLog != nil {
+		opts.AccessLog = slog.New(slog.NewJSONHandler(accessLog, nil))
+	}
+	p.telemetry = telemetry.NewRecorder(p.registry, opts)
+	p.admin = &http.Server{Handler: p.AdminHandler(), ReadHeaderTimeout: 10 * time.Second}
+	p.prober = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 	p.server = &fasthttp.Server{
 		Handler:      p.handle,
-		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) { requestError(err).write(ctx) },
+		ErrorHandler: p.handleBadRequest,
 		// Nothing bounds a response: a generation may stream for minutes.
 		WriteTimeout:       0,
 		ReadTimeout:        cfg.ClientReadTimeout,
@@ -51,22 +75,34 @@ func New(cfg Config, log *slog.Logger) (*Proxy, error) {
 	return p, nil
 }
 
+// handleBadRequest answers a request fasthttp could not read, and counts it.
+func (p *Proxy) handleBadRequest(ctx *fasthttp.RequestCtx, err error) {
+	p.telemetry.Begin()
+	e := requestError(err)
+	e.write(ctx)
+	p.telemetry.Finish(&telemetry.Request{Method: string(ctx.Method()), Path: string(ctx.Path()),
+		Endpoint: endpointOf(ctx), Status: e.Status, Start: time.Now()})
+}
+
 // Serve answers requests on ln until Shutdown.
 func (p *Proxy) Serve(ln net.Listener) error {
 	return p.server.Serve(clientListener{ln})
 }
 
-// Shutdown stops accepting connections and waits, until ctx is done, for
-// requests in flight to finish.
+// Shutdown fails readiness, stops accepting connections and waits, until
+// ctx is done, for requests in flight to finish.
 func (p *Proxy) Shutdown(ctx context.Context) error {
+	p.ready.stopping.Store(true)
+	p.stopOnce.Do(func() { close(p.stop) })
 	defer p.up.closeIdle()
-	return p.server.ShutdownWithContext(ctx)
+	adminErr := p.admin.Shutdown(ctx)
+	return errors.Join(p.server.ShutdownWithContext(ctx), adminErr)
 }
 
-// Run listens on cfg.Listen and serves until ctx is cancelled, then shuts
-// down gracefully.
-func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
-	p, err := New(cfg, log)
+// Run listens on cfg.Listen and cfg.AdminListen and serves until ctx is
+// cancelled, then shuts down gracefully.
+func Run(ctx context.Context, cfg Config, log *slog.Logger, accessLog io.Writer) error {
+	p, err := New(cfg, log, accessLog)
 	if err != nil {
 		return err
 	}
@@ -74,9 +110,16 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
-	log.Info("timing-sidecar listening", "listen", ln.Addr().String(), "upstream", cfg.Upstream, "per_request_metrics", string(cfg.Mode))
-	served := make(chan error, 1)
+	adminLn, err := net.Listen("tcp", cfg.AdminListen)
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("admin listen on %s: %w", cfg.AdminListen, err)
+	}
+	log.Info("timing-sidecar listening", "listen", ln.Addr().String(), "admin_listen", adminLn.Addr().String(),
+		"upstream", cfg.Upstream, "per_request_metrics", string(cfg.Mode))
+	served := make(chan error, 2)
 	go func() { served <- p.Serve(ln) }()
+	go func() { served <- p.ServeAdmin(adminLn) }()
 	select {
 	case err := <-served:
 		return fmt.Errorf("serve: %w", err)

@@ -20,13 +20,21 @@ import (
 // returns its base URL.
 func startProxy(t *testing.T, upstream string, configure func(*Config)) string {
 	t.Helper()
+	_, base := startSidecar(t, upstream, configure, nil)
+	return base
+}
+
+// startSidecar runs a sidecar with its access log going to accessLog and
+// returns it and its base URL.
+func startSidecar(t *testing.T, upstream string, configure func(*Config), accessLog io.Writer) (*Proxy, string) {
+	t.Helper()
 	cfg := DefaultConfig()
 	cfg.Upstream = upstream
 	cfg.Listen = "127.0.0.1:0"
 	if configure != nil {
 		configure(&cfg)
 	}
-	p, err := New(cfg, slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	p, err := New(cfg, slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})), accessLog)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +48,7 @@ func startProxy(t *testing.T, upstream string, configure func(*Config)) string {
 		defer cancel()
 		p.Shutdown(ctx)
 	})
-	return "http://" + ln.Addr().String()
+	return p, "http://" + ln.Addr().String()
 }
 
 type testWriter struct{ t *testing.T }
@@ -295,20 +303,23 @@ func TestSeveralChoicesGetNullMetrics(t *testing.T) {
 func TestRequestsWithoutMetricsPassByteForByte(t *testing.T) {
 	engine := newFakeEngine(t)
 	tests := []struct {
-		name string
-		mode Mode
-		path string
-		body string
+		name        string
+		mode        Mode
+		path        string
+		body        string
+		injectUsage bool
 	}{
-		{"not opted in, stream", ModeOptIn, "/v1/chat/completions", `{"model":"m", "stream":true}`},
-		{"not opted in, unary", ModeOptIn, "/v1/completions", `{"model":"m","prompt":"hi"}`},
-		{"off mode keeps include_metrics", ModeOff, "/v1/chat/completions", `{"stream":true,"include_metrics":true}`},
-		{"not JSON", ModeAlways, "/v1/chat/completions", `{"stream":true,`},
-		{"include_metrics of the wrong type", ModeOptIn, "/v1/chat/completions", `{"stream":true,"include_metrics":"yes"}`},
+		{"not opted in, stream, usage not injected", ModeOptIn, "/v1/chat/completions", `{"model":"m", "stream":true}`, false},
+		{"not opted in, stream with its own usage", ModeOptIn, "/v1/chat/completions", `{"stream":true,"stream_options":{"include_usage":true}}`, true},
+		{"not opted in, unary", ModeOptIn, "/v1/completions", `{"model":"m","prompt":"hi"}`, true},
+		{"off mode keeps include_metrics", ModeOff, "/v1/chat/completions", `{"stream":true,"include_metrics":true}`, true},
+		{"not JSON", ModeAlways, "/v1/chat/completions", `{"stream":true,`, true},
+		{"include_metrics of the wrong type", ModeOptIn, "/v1/chat/completions", `{"stream":true,"include_metrics":"yes"}`, true},
+		{"running usage without include_usage", ModeOptIn, "/v1/chat/completions", `{"stream":true,"stream_options":{"continuous_usage_stats":true}}`, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			base := startProxy(t, engine.URL(), func(c *Config) { c.Mode = tt.mode })
+			base := startProxy(t, engine.URL(), func(c *Config) { c.Mode, c.InjectUsage = tt.mode, tt.injectUsage })
 			resp := post(t, base+tt.path, tt.body, map[string]string{"Accept-Encoding": "identity"})
 			got, err := io.ReadAll(resp.Body)
 			resp.Body.Close()
@@ -327,6 +338,28 @@ func TestRequestsWithoutMetricsPassByteForByte(t *testing.T) {
 				t.Errorf("client got\n%s\nengine sent\n%s", got, fr.Sent.Bytes())
 			}
 		})
+	}
+}
+
+// TestHiddenUsageLeavesTheClientsBytes: for a stream that did not ask for
+// usage, the sidecar asks the engine for it and removes the usage event, so
+// the client gets exactly what the engine would have sent it.
+func TestHiddenUsageLeavesTheClientsBytes(t *testing.T) {
+	engine := newFakeEngine(t)
+	base := startProxy(t, engine.URL(), nil)
+	resp := post(t, base+"/v1/chat/completions", `{"model":"m","stream":true,"stream_options":{"x":1}}`, nil)
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	fr := engine.next(t)
+	<-fr.Finished
+	if !strings.Contains(string(fr.Body), `"stream_options":{"x":1,"include_usage":true}`) {
+		t.Fatalf("engine got %s, want include_usage added", fr.Body)
+	}
+	sent := fr.Sent.String()
+	usage := sent[strings.Index(sent, `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage"`):]
+	usage = usage[:strings.Index(usage, "\n\n")+2]
+	if want := strings.Replace(sent, usage, "", 1); string(got) != want {
+		t.Fatalf("client got\n%s\nwant the engine's stream without its usage event\n%s", got, want)
 	}
 }
 

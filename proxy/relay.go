@@ -14,9 +14,13 @@ import (
 
 // relayBody streams the engine's response to the client as it arrives,
 // unchanged. prefix holds body bytes already read from resp; readErr, if
-// set, is the error that ended reading them.
-func (p *Proxy) relayBody(ctx *fasthttp.RequestCtx, x *exchange, resp *fasthttp.Response, prefix []byte, readErr error) {
+// set, is the error that ended reading them. For a measured non-streaming
+// response it keeps a copy of the body (up to the buffering limit) to read
+// the engine's usage from at the end.
+func (p *Proxy) relayBody(ctx *fasthttp.RequestCtx, f *flight, x *exchange, resp *fasthttp.Response, prefix []byte, readErr error) {
 	copyResponseHeader(ctx, resp)
+	setResponseID(ctx, f)
+	f.rec.Status = resp.StatusCode()
 	if resp.BodyStream() == nil {
 		// HEAD, 204, 304: headers only.
 		x.finish(resp, true)
@@ -31,49 +35,88 @@ func (p *Proxy) relayBody(ctx *fasthttp.RequestCtx, x *exchange, resp *fasthttp.
 	if isEventStream(resp) {
 		ctx.Response.ImmediateHeaderFlush = true
 	}
-	ctx.SetBodyStream(&bodyRelay{x: x, resp: resp, body: x.body(resp), prefix: prefix, err: readErr}, size)
+	b := &bodyRelay{p: p, f: f, x: x, resp: resp, body: x.body(resp), prefix: prefix, err: readErr}
+	if f.measured && !f.wantMetrics {
+		b.capture = bytebufferpool.Get()
+		b.capture.B = append(b.capture.B, prefix...)
+	}
+	f.streaming = true
+	ctx.SetBodyStream(b, size)
 }
 
 // bodyRelay is the client's body stream for a response passed through.
 type bodyRelay struct {
-	x      *exchange
-	resp   *fasthttp.Response
-	body   io.Reader
-	prefix []byte
-	err    error // a read error met while the prefix was read
-	eof    bool
+	p       *Proxy
+	f       *flight
+	x       *exchange
+	resp    *fasthttp.Response
+	body    io.Reader
+	prefix  []byte
+	err     error // a read error met while the prefix was read
+	eof     bool
+	capture *bytebufferpool.ByteBuffer // the body, for its usage; nil if not needed
 }
 
 func (b *bodyRelay) Read(p []byte) (int, error) {
 	if len(b.prefix) > 0 {
 		n := copy(p, b.prefix)
 		b.prefix = b.prefix[n:]
+		b.f.rec.BytesOut += n
 		return n, nil
 	}
 	if b.err != nil {
 		return 0, b.err
 	}
 	n, err := b.body.Read(p)
-	if err == io.EOF {
+	b.f.rec.BytesOut += n
+	if b.capture != nil && len(b.capture.B)+n <= b.p.cfg.MaxBufferedResponse {
+		b.capture.B = append(b.capture.B, p[:n]...)
+	}
+	switch {
+	case err == io.EOF:
 		b.eof = true
+		b.f.clock.Done = time.Now()
+	case err != nil:
+		b.err = err
 	}
 	return n, err
 }
 
 // CloseWithError is called by fasthttp once the body is written or the
 // write failed (the client left).
-func (b *bodyRelay) CloseWithError(error) error {
+func (b *bodyRelay) CloseWithError(writeErr error) error {
+	f := b.f
+	noteEnd(f, b.x, b.err, writeErr)
+	if b.capture != nil {
+		if b.eof {
+			f.usage = rewrite.BodyUsage(b.capture.B)
+		}
+		bytebufferpool.Put(b.capture)
+	}
 	b.x.finish(b.resp, b.eof)
+	b.p.finish(f)
 	return nil
+}
+
+// noteEnd records how a relayed body ended: an engine failure (readErr) or
+// a client that left (writeErr, or the watcher's abort).
+func noteEnd(f *flight, x *exchange, readErr, writeErr error) {
+	switch {
+	case x.isAborted() || (writeErr != nil && readErr == nil):
+		f.rec.ClientGone = true
+	case readErr != nil && readErr != io.EOF:
+		f.rec.UpstreamError = upstreamErrorKind(readErr, false)
+	}
 }
 
 // relayWithMetrics reads a non-streaming response whole, splices the
 // metrics in and sends it with its new length. A response too large to
 // buffer passes through without metrics.
-func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, x *exchange, resp *fasthttp.Response, clock timing.Clock, multiple bool) {
+func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *exchange, resp *fasthttp.Response) {
 	limit := p.cfg.MaxBufferedResponse
 	if resp.BodyStream() == nil || resp.Header.ContentLength() > limit {
-		p.relayBody(ctx, x, resp, nil, nil)
+		f.wantMetrics = false
+		p.relayBody(ctx, f, x, resp, nil, nil)
 		return
 	}
 	buf := bytebufferpool.Get()
@@ -82,20 +125,25 @@ func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, x *exchange, resp *fa
 	if err != nil || !complete {
 		// Too large, or the engine failed mid-body: forward what arrived
 		// and let the rest (or the failure) follow.
-		prefix := append([]byte(nil), buf.B...)
-		p.relayBody(ctx, x, resp, prefix, err)
+		f.wantMetrics = false
+		p.relayBody(ctx, f, x, resp, append([]byte(nil), buf.B...), err)
 		return
 	}
-	clock.Done = time.Now()
+	f.clock.Done = time.Now()
+	f.usage = rewrite.BodyUsage(buf.B)
 	copyResponseHeader(ctx, resp)
+	setResponseID(ctx, f)
+	f.rec.Status = resp.StatusCode()
 	x.finish(resp, true)
 
-	metrics := appendMetrics(nil, &clock, rewrite.BodyUsage(buf.B), false, multiple)
+	m := timing.Compute(&f.clock, f.usage, false)
+	metrics := appendMetrics(nil, &m, f.multiple)
 	out := bytebufferpool.Get()
 	defer bytebufferpool.Put(out)
 	body, ok := rewrite.AppendWithMetrics(out.B[:0], buf.B, metrics)
 	if ok {
 		out.B = body // keep the grown buffer for the pool
+		ctx.Response.Header.SetBytesV("Server-Timing", serverTiming(&m))
 	} else {
 		body = buf.B // not a JSON object: as the engine sent it
 	}
@@ -105,11 +153,10 @@ func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, x *exchange, resp *fa
 
 // appendMetrics appends the metrics JSON, or null when one object cannot
 // describe several choices (as vLLM does).
-func appendMetrics(dst []byte, clock *timing.Clock, usage timing.Usage, streamed, multiple bool) []byte {
+func appendMetrics(dst []byte, m *timing.Metrics, multiple bool) []byte {
 	if multiple {
 		return append(dst, "null"...)
 	}
-	m := timing.Compute(clock, usage, streamed)
 	return m.AppendJSON(dst)
 }
 
@@ -132,36 +179,46 @@ func readUpTo(buf *bytebufferpool.ByteBuffer, r io.Reader, limit int) (complete 
 }
 
 // relayEvents streams an event stream to the client event by event,
-// marking the clock on token events and splicing the metrics into the final
-// usage event.
-func (p *Proxy) relayEvents(ctx *fasthttp.RequestCtx, x *exchange, resp *fasthttp.Response, clock timing.Clock, multiple bool) {
+// marking the clock on token events. It splices the metrics into the final
+// usage event when the client asked for them, and removes the usage event
+// when only the sidecar did.
+func (p *Proxy) relayEvents(ctx *fasthttp.RequestCtx, f *flight, x *exchange, resp *fasthttp.Response) {
 	copyResponseHeader(ctx, resp)
+	setResponseID(ctx, f)
+	f.rec.Status = resp.StatusCode()
 	if resp.BodyStream() == nil {
 		x.finish(resp, true)
 		return
 	}
 	r := p.pools.relay.Get().(*eventRelay)
-	r.pools = p.pools
-	r.x, r.resp, r.clock, r.multiple = x, resp, clock, multiple
+	r.p, r.f, r.x, r.resp = p, f, x, resp
 	r.events.Reset(x.body(resp))
+	if f.wantMetrics && f.trailers {
+		// Announced now, filled in when the stream ends.
+		ctx.Response.Header.SetTrailer("Server-Timing") //nolint:errcheck
+		r.trailer = &ctx.Response.Header
+	}
 	ctx.Response.ImmediateHeaderFlush = true
+	f.streaming = true
 	ctx.SetBodyStream(r, -1)
 }
 
 // eventRelay is the client's body stream for a measured event stream. Each
 // Read returns at most one event, so fasthttp writes and flushes every event
-// as its own chunk the moment it is complete.
+// as its own chunk the moment it is complete. It runs on the connection's
+// goroutine, which also writes the trailer after the last Read.
 type eventRelay struct {
-	pools    *pools
-	x        *exchange
-	resp     *fasthttp.Response
-	events   *rewrite.EventReader
-	clock    timing.Clock
-	multiple bool
-	pending  []byte // the rest of the current event, not yet handed out
-	spliced  []byte // scratch for the usage event with metrics
-	metrics  []byte // scratch for the metrics JSON
-	eof      bool
+	p       *Proxy
+	f       *flight
+	x       *exchange
+	resp    *fasthttp.Response
+	events  *rewrite.EventReader
+	trailer *fasthttp.ResponseHeader // set when a Server-Timing trailer is announced
+	pending []byte                   // the rest of the current event, not yet handed out
+	spliced []byte                   // scratch for the usage event with metrics
+	metrics []byte                   // scratch for the metrics JSON
+	readErr error
+	eof     bool
 }
 
 func (r *eventRelay) Read(p []byte) (int, error) {
@@ -169,12 +226,15 @@ func (r *eventRelay) Read(p []byte) (int, error) {
 		piece, whole, err := r.events.Next()
 		if err == io.EOF {
 			r.eof = true
+			r.f.clock.Done = time.Now()
+			r.fillTrailer()
 			return 0, io.EOF
 		}
 		if err != nil {
 			// Everything received so far has been handed out; a non-EOF
 			// error makes fasthttp end the chunked body without its final
 			// chunk, so the client sees a truncated stream, not a clean end.
+			r.readErr = err
 			return 0, err
 		}
 		r.pending = piece
@@ -184,28 +244,48 @@ func (r *eventRelay) Read(p []byte) (int, error) {
 	}
 	n := copy(p, r.pending)
 	r.pending = r.pending[n:]
+	r.f.rec.BytesOut += n
 	return n, nil
 }
 
-// inspect marks the clock for a whole event and splices the metrics into
-// the final usage event.
+// inspect marks the clock for a whole event, and splices the metrics into,
+// or removes, the final usage event.
 func (r *eventRelay) inspect(raw []byte) {
 	ev := rewrite.ClassifyEvent(raw)
+	f := r.f
 	switch ev.Kind {
 	case rewrite.EventToken:
-		r.clock.MarkToken(time.Now())
+		f.clock.MarkToken(time.Now())
 	case rewrite.EventUsage:
-		r.clock.Done = time.Now()
-		r.metrics = appendMetrics(r.metrics[:0], &r.clock, ev.Usage, true, r.multiple)
-		if out, ok := rewrite.AppendEventWithMetrics(r.spliced[:0], raw, ev, r.metrics); ok {
-			r.spliced, r.pending = out, out
+		f.usage = ev.Usage
+		switch {
+		case f.wantMetrics:
+			f.clock.Done = time.Now()
+			m := timing.Compute(&f.clock, f.usage, true)
+			r.metrics = appendMetrics(r.metrics[:0], &m, f.multiple)
+			if out, ok := rewrite.AppendEventWithMetrics(r.spliced[:0], raw, ev, r.metrics); ok {
+				r.spliced, r.pending = out, out
+			}
+		case f.hideUsage:
+			r.pending = nil
 		}
 	}
 }
 
-func (r *eventRelay) CloseWithError(error) error {
+// fillTrailer sets the Server-Timing trailer for the whole stream.
+func (r *eventRelay) fillTrailer() {
+	if r.trailer == nil {
+		return
+	}
+	m := timing.Compute(&r.f.clock, r.f.usage, true)
+	r.trailer.SetBytesV("Server-Timing", serverTiming(&m))
+}
+
+func (r *eventRelay) CloseWithError(writeErr error) error {
+	noteEnd(r.f, r.x, r.readErr, writeErr)
 	r.x.finish(r.resp, r.eof)
-	pools := r.pools
+	r.p.finish(r.f)
+	pools := r.p.pools
 	r.events.Reset(nil)
 	*r = eventRelay{events: r.events, spliced: r.spliced[:0], metrics: r.metrics[:0]}
 	pools.relay.Put(r)

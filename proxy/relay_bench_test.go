@@ -37,7 +37,7 @@ func (l *loopReader) Read(p []byte) (int, error) {
 func newBenchRelay(stream string) *eventRelay {
 	r := newPools(DefaultMaxEventSize).relay.Get().(*eventRelay)
 	r.events.Reset(&loopReader{data: []byte(stream)})
-	r.clock = timing.Clock{Arrival: time.Now(), Accepted: time.Now()}
+	r.f = &flight{clock: timing.Clock{Arrival: time.Now(), Accepted: time.Now()}, wantMetrics: true, measured: true}
 	return r
 }
 

@@ -53,6 +53,14 @@ func newUpstream(cfg *Config) (*upstream, error) {
 	return u, nil
 }
 
+// baseURL is the engine's scheme and host, without a trailing slash.
+func (u *upstream) baseURL() string {
+	if u.addr.tls {
+		return "https://" + u.addr.host
+	}
+	return "http://" + u.addr.host
+}
+
 // upstreamConn is one connection to the engine with its buffers.
 type upstreamConn struct {
 	net.Conn

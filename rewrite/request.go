@@ -20,6 +20,11 @@ type Request struct {
 	Stream bool
 	// IncludeUsage is "stream_options": {"include_usage": true}.
 	IncludeUsage bool
+	// ContinuousUsage is "stream_options": {"continuous_usage_stats": true}
+	// (vLLM's running usage on every event).
+	ContinuousUsage bool
+	// Model is the "model" field when it is a string.
+	Model string
 	// MultipleChoices is n > 1 or several prompts in one completions
 	// request: one metrics object cannot describe them, so it is null.
 	MultipleChoices bool
@@ -52,11 +57,17 @@ func InspectRequest(body []byte) Request {
 			if !value.IsBool() && value.Type != gjson.Null {
 				r.Understood = false
 			}
+		case "model":
+			r.Model = ""
+			if value.Type == gjson.String {
+				r.Model = value.Str
+			}
 		case "stream_options":
-			r.IncludeUsage = false
+			r.IncludeUsage, r.ContinuousUsage = false, false
 			switch {
 			case value.IsObject():
 				r.IncludeUsage = value.Get("include_usage").Type == gjson.True
+				r.ContinuousUsage = value.Get("continuous_usage_stats").Type == gjson.True
 			case value.Type != gjson.Null:
 				r.Understood = false
 			}
@@ -97,10 +108,10 @@ func multiplePrompts(p gjson.Result) bool {
 
 // UpstreamBody returns the body to send upstream. It removes the sidecar's
 // "include_metrics" field (strict OpenAI-compatible servers reject unknown
-// fields) and, for a measured stream that did not ask for usage, sets
+// fields) and, with askUsage, for a stream that did not ask for usage, sets
 // stream_options.include_usage so the engine reports exact token counts.
 // The client's other stream_options are kept. body is not modified.
-func UpstreamBody(body []byte, r Request, measured bool) ([]byte, error) {
+func UpstreamBody(body []byte, r Request, askUsage bool) ([]byte, error) {
 	var err error
 	out := body
 	if r.HasIncludeMetrics {
@@ -108,7 +119,7 @@ func UpstreamBody(body []byte, r Request, measured bool) ([]byte, error) {
 			return body, err
 		}
 	}
-	if measured && r.Stream && !r.IncludeUsage {
+	if askUsage && r.Stream && !r.IncludeUsage {
 		if gjson.GetBytes(out, "stream_options").Type == gjson.Null {
 			out, err = sjson.SetRawBytesOptions(out, "stream_options", []byte(`{"include_usage":true}`), sjsonOptions)
 		} else {

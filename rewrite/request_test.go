@@ -12,13 +12,14 @@ func TestInspectRequest(t *testing.T) {
 		body string
 		want Request
 	}{
-		{"plain chat", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, Request{Understood: true}},
+		{"plain chat", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, Request{Understood: true, Model: "m"}},
 		{"opted-in stream", `{"model":"m","stream":true,"include_metrics":true}`,
-			Request{Understood: true, HasIncludeMetrics: true, IncludeMetrics: true, Stream: true}},
+			Request{Understood: true, HasIncludeMetrics: true, IncludeMetrics: true, Stream: true, Model: "m"}},
+		{"model not a string", `{"model":7}`, Request{Understood: true}},
 		{"include_metrics false", `{"include_metrics":false}`, Request{Understood: true, HasIncludeMetrics: true}},
 		{"include_metrics null is not ours", `{"include_metrics":null}`, Request{Understood: true}},
 		{"stream with usage", `{"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}}`,
-			Request{Understood: true, Stream: true, IncludeUsage: true}},
+			Request{Understood: true, Stream: true, IncludeUsage: true, ContinuousUsage: true}},
 		{"stream_options null", `{"stream":true,"stream_options":null}`, Request{Understood: true, Stream: true}},
 		{"n=2", `{"n":2}`, Request{Understood: true, MultipleChoices: true}},
 		{"n=1", `{"n":1}`, Request{Understood: true}},

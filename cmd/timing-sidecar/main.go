@@ -44,7 +44,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			if err != nil {
 				return err
 			}
-			return proxy.Run(c.Context, cfg, log)
+			return proxy.Run(c.Context, cfg, log, stdout)
 		},
 	}
 }
@@ -65,6 +65,16 @@ func configFrom(c *cli.Context) (proxy.Config, error) {
 		MaxRequestHeaderSize:   c.Int("max-request-header-size"),
 		MaxBufferedResponse:    c.Int("max-buffered-response-size"),
 		MaxEventSize:           c.Int("max-event-size"),
+		AdminListen:            c.String("admin-listen"),
+		AccessLog:              c.Bool("access-log"),
+		InjectUsage:            c.Bool("inject-usage"),
+		MaxModelLabels:         c.Int("max-model-labels"),
+		TenantHeader:           c.String("tenant-header"),
+		TenantLabel:            c.Bool("tenant-label"),
+		MaxTenantLabels:        c.Int("max-tenant-labels"),
+		ReadinessProbe:         c.String("readiness-probe"),
+		ReadinessPath:          c.String("readiness-path"),
+		ReadinessInterval:      c.Duration("readiness-interval"),
 	}
 	if err := cfg.Validate(); err != nil {
 		return cfg, fmt.Errorf("invalid configuration:\n%w", err)

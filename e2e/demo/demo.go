@@ -33,7 +33,7 @@ func Run(ctx context.Context, timing emulator.Timing, w io.Writer) error {
 
 	cfg := proxy.DefaultConfig()
 	cfg.Upstream = engine.URL()
-	sidecar, err := proxy.New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	sidecar, err := proxy.New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
 	if err != nil {
 		return err
 	}

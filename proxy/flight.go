@@ -1,0 +1,142 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/hex"
+	"errors"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/timing-sidecar/timing-sidecar/telemetry"
+	"github.com/timing-sidecar/timing-sidecar/timing"
+)
+
+// flight is one request on its way through the sidecar: its clock, what
+// the engine reported, and the record telemetry gets when it ends.
+type flight struct {
+	rec   telemetry.Request
+	clock timing.Clock
+	usage timing.Usage
+	// measured: the clock ran (a chat or completions request the engine
+	// accepted with 200).
+	measured bool
+	// wantMetrics: the response carries a metrics object.
+	wantMetrics bool
+	// multiple: several choices, so the metrics object is null.
+	multiple bool
+	// hideUsage: the sidecar asked for the usage event; the client does
+	// not get it.
+	hideUsage bool
+	// trailers: the client accepts trailers (TE: trailers).
+	trailers bool
+	// streaming: a body stream finishes the flight, not the handler.
+	streaming bool
+}
+
+var requestIDHeader = []byte("X-Request-Id")
+
+// begin starts a flight: request id, tenant, and the in-flight gauge.
+func (p *Proxy) begin(ctx *fasthttp.RequestCtx, arrival time.Time) *flight {
+	f := &flight{clock: timing.Clock{Arrival: arrival}}
+	f.rec = telemetry.Request{
+		Method:   string(ctx.Method()),
+		Path:     string(ctx.Path()),
+		Endpoint: endpointOf(ctx),
+		BytesIn:  len(ctx.PostBody()),
+		Start:    arrival,
+	}
+	if id := ctx.Request.Header.PeekBytes(requestIDHeader); len(id) > 0 {
+		f.rec.ID = string(id)
+	} else {
+		f.rec.ID = newRequestID()
+		ctx.Request.Header.SetBytesKV(requestIDHeader, []byte(f.rec.ID))
+	}
+	if p.cfg.TenantHeader != "" {
+		f.rec.Tenant = string(ctx.Request.Header.Peek(p.cfg.TenantHeader))
+	}
+	f.trailers = bytes.Contains(ctx.Request.Header.Peek("Te"), []byte("trailers"))
+	p.telemetry.Begin()
+	return f
+}
+
+// newRequestID makes a 16-hex-digit id for a request that came without one.
+func newRequestID() string {
+	var b [8]byte
+	v := rand.Uint64()
+	for i := range b {
+		b[i] = byte(v >> (8 * i))
+	}
+	return hex.EncodeToString(b[:])
+}
+
+func endpointOf(ctx *fasthttp.RequestCtx) string {
+	switch string(ctx.Path()) {
+	case "/v1/chat/completions":
+		return telemetry.EndpointChat
+	case "/v1/completions":
+		return telemetry.EndpointCompletions
+	}
+	return telemetry.EndpointOther
+}
+
+// finish records the flight. It runs once, when the response is complete
+// (or failed): at the end of the handler, or when a body stream closes.
+func (p *Proxy) finish(f *flight) {
+	if f.measured {
+		if f.clock.Done.IsZero() {
+			f.clock.Done = time.Now()
+		}
+		f.rec.Measured = true
+		f.rec.Metrics = timing.Compute(&f.clock, f.usage, f.rec.Stream)
+	}
+	p.telemetry.Finish(&f.rec)
+}
+
+// setResponseID returns the request id to the client.
+func setResponseID(ctx *fasthttp.RequestCtx, f *flight) {
+	ctx.Response.Header.SetBytesKV(requestIDHeader, []byte(f.rec.ID))
+}
+
+// upstreamErrorKind names an engine failure for the errors counter.
+func upstreamErrorKind(err error, beforeHeaders bool) string {
+	var ne net.Error
+	timeout := errors.Is(err, errHeaderTimeout) || errors.Is(err, fasthttp.ErrTimeout) || (errors.As(err, &ne) && ne.Timeout())
+	var op *net.OpError
+	switch {
+	case !beforeHeaders && timeout:
+		return telemetry.ErrorIdleTimeout
+	case !beforeHeaders:
+		return telemetry.ErrorInterrupted
+	case timeout:
+		return telemetry.ErrorTimeout
+	case errors.As(err, &op) && op.Op == "dial":
+		return telemetry.ErrorConnect
+	default:
+		return telemetry.ErrorClosed
+	}
+}
+
+// serverTiming formats the W3C Server-Timing value of the measured figures.
+func serverTiming(m *timing.Metrics) []byte {
+	var b []byte
+	add := func(name string, n timing.Number) {
+		if !n.Set {
+			return
+		}
+		if len(b) > 0 {
+			b = append(b, ", "...)
+		}
+		b = append(b, name...)
+		b = append(b, ";dur="...)
+		b = strconv.AppendFloat(b, n.Value, 'f', 3, 64)
+	}
+	add("queue", m.QueueTime)
+	add("ttft", m.TimeToFirstToken)
+	add("gen", m.GenerationTime)
+	add("e2e", m.E2ELatency)
+	return b
+}

@@ -1,0 +1,202 @@
+package telemetry
+
+import (
+	"context"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/timing-sidecar/timing-sidecar/timing"
+)
+
+// Bucket boundaries in seconds, vLLM's (vllm/v1/metrics), so dashboards
+// built for the engine's histograms read the sidecar's the same way.
+var (
+	ttftBuckets = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+		1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0}
+	itlBuckets = []float64{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+		2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0}
+	latencyBuckets = []float64{0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+		40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0}
+)
+
+// Options configures a Recorder.
+type Options struct {
+	// MaxModels bounds the distinct "model" label values.
+	MaxModels int
+	// TenantLabel adds a "tenant" label to the request and token counters;
+	// MaxTenants bounds its values.
+	TenantLabel bool
+	MaxTenants  int
+	// AccessLog, when set, gets one line per request.
+	AccessLog *slog.Logger
+}
+
+// Recorder records finished requests.
+type Recorder struct {
+	models, tenants *boundedLabel
+	tenantLabel     bool
+	accessLog       *slog.Logger
+
+	queue, ttft, itl, maxITL, e2e *prometheus.HistogramVec
+	requests                      *prometheus.CounterVec
+	promptTokens, outputTokens    *prometheus.CounterVec
+	upstreamErrors                *prometheus.CounterVec
+	clientDisconnects             prometheus.Counter
+	inFlight                      prometheus.Gauge
+}
+
+// NewRecorder registers the sidecar's series with reg.
+func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
+	r := &Recorder{
+		models:      newBoundedLabel(opts.MaxModels),
+		tenants:     newBoundedLabel(opts.MaxTenants),
+		tenantLabel: opts.TenantLabel,
+		accessLog:   opts.AccessLog,
+	}
+	perModel := []string{"endpoint", "model"}
+	counted := []string{"endpoint", "model"}
+	requestLabels := []string{"endpoint", "stream", "status", "model"}
+	if r.tenantLabel {
+		counted = append(counted, "tenant")
+		requestLabels = append(requestLabels, "tenant")
+	}
+	histogram := func(name, help string, buckets []float64) *prometheus.HistogramVec {
+		return prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: name, Help: help, Buckets: buckets,
+			// Native histograms too, for scrapers that ask for them: they
+			// cost a few buckets per series and resolve any quantile.
+			NativeHistogramBucketFactor:     1.1,
+			NativeHistogramMaxBucketNumber:  160,
+			NativeHistogramMinResetDuration: time.Hour,
+		}, perModel)
+	}
+	r.queue = histogram("timing_sidecar_queue_time_seconds",
+		"Time from the sidecar holding the whole request to the engine's response headers, for streamed responses.", latencyBuckets)
+	r.ttft = histogram("timing_sidecar_time_to_first_token_seconds",
+		"Time from the sidecar holding the whole request to the first token event (as vLLM's histogram; the body field counts from the engine's response headers).", ttftBuckets)
+	r.itl = histogram("timing_sidecar_inter_token_latency_seconds",
+		"Each streamed request's mean inter-token latency: (last token - first token) / (completion tokens - 1).", itlBuckets)
+	r.maxITL = histogram("timing_sidecar_max_inter_token_latency_seconds",
+		"Each streamed request's largest gap between two token events.", itlBuckets)
+	r.e2e = histogram("timing_sidecar_e2e_request_latency_seconds",
+		"Time from the sidecar holding the whole request to the end of the response.", latencyBuckets)
+	r.requests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_requests_total",
+		Help: "Requests handled, by endpoint, streaming, status (499: the client left first) and model."}, requestLabels)
+	r.promptTokens = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_prompt_tokens_total",
+		Help: "Prompt tokens, from the engine's usage."}, counted)
+	r.outputTokens = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_generation_tokens_total",
+		Help: "Generated tokens, from the engine's usage."}, counted)
+	r.upstreamErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_upstream_errors_total",
+		Help: "Engine failures by kind: connect, timeout, closed (before headers), interrupted or idle_timeout (mid-body)."}, []string{"kind"})
+	r.clientDisconnects = prometheus.NewCounter(prometheus.CounterOpts{Name: "timing_sidecar_client_disconnects_total",
+		Help: "Requests whose client left before the response was complete; the engine's request was aborted."})
+	r.inFlight = prometheus.NewGauge(prometheus.GaugeOpts{Name: "timing_sidecar_in_flight_requests",
+		Help: "Requests being handled now."})
+	reg.MustRegister(r.queue, r.ttft, r.itl, r.maxITL, r.e2e, r.requests, r.promptTokens, r.outputTokens,
+		r.upstreamErrors, r.clientDisconnects, r.inFlight)
+	return r
+}
+
+// Begin counts a request in flight; every Begin is followed by one Finish.
+func (r *Recorder) Begin() { r.inFlight.Inc() }
+
+// Finish records a finished request.
+func (r *Recorder) Finish(req *Request) {
+	r.inFlight.Dec()
+	model := r.models.value(req.Model)
+	tenant := r.tenants.value(req.Tenant)
+	stream := "false"
+	if req.Stream {
+		stream = "true"
+	}
+	status := strconv.Itoa(req.Status)
+	if r.tenantLabel {
+		r.requests.WithLabelValues(req.Endpoint, stream, status, model, tenant).Inc()
+	} else {
+		r.requests.WithLabelValues(req.Endpoint, stream, status, model).Inc()
+	}
+	if req.UpstreamError != "" {
+		r.upstreamErrors.WithLabelValues(req.UpstreamError).Inc()
+	}
+	if req.ClientGone {
+		r.clientDisconnects.Inc()
+	}
+	if req.Measured {
+		r.observe(req, model, tenant)
+	}
+	if r.accessLog != nil {
+		r.log(req)
+	}
+}
+
+func (r *Recorder) observe(req *Request, model, tenant string) {
+	m := &req.Metrics
+	observe := func(h *prometheus.HistogramVec, n timing.Number) {
+		if n.Set {
+			h.WithLabelValues(req.Endpoint, model).Observe(n.Value / 1000)
+		}
+	}
+	if ttft, ok := req.timeToFirstToken(); ok {
+		r.ttft.WithLabelValues(req.Endpoint, model).Observe(ttft / 1000)
+	}
+	observe(r.queue, m.QueueTime)
+	observe(r.itl, m.MeanITL)
+	observe(r.maxITL, m.MaxITL)
+	observe(r.e2e, m.E2ELatency)
+	labels := []string{req.Endpoint, model}
+	if r.tenantLabel {
+		labels = append(labels, tenant)
+	}
+	if m.PromptTokens.Set {
+		r.promptTokens.WithLabelValues(labels...).Add(float64(m.PromptTokens.Value))
+	}
+	if m.CompletionTokens.Set {
+		r.outputTokens.WithLabelValues(labels...).Add(float64(m.CompletionTokens.Value))
+	}
+}
+
+// log writes the access-log line: what was asked, what came back and the
+// timing, never the prompt, the output or credentials.
+func (r *Recorder) log(req *Request) {
+	m := &req.Metrics
+	attrs := []slog.Attr{
+		slog.String("request_id", req.ID),
+		slog.String("method", req.Method),
+		slog.String("path", req.Path),
+		slog.String("model", req.Model),
+		slog.Bool("stream", req.Stream),
+		slog.Int("status", req.Status),
+		number("time_to_first_token_ms", m.TimeToFirstToken),
+		number("generation_time_ms", m.GenerationTime),
+		number("queue_time_ms", m.QueueTime),
+		number("mean_itl_ms", m.MeanITL),
+		number("tokens_per_second", m.TokensPerSecond),
+		number("e2e_latency_ms", m.E2ELatency),
+		number("max_itl_ms", m.MaxITL),
+		count("prompt_tokens", m.PromptTokens),
+		count("completion_tokens", m.CompletionTokens),
+		slog.Int("bytes_in", req.BytesIn),
+		slog.Int("bytes_out", req.BytesOut),
+		slog.String("upstream_error", req.UpstreamError),
+		slog.Bool("client_gone", req.ClientGone),
+		slog.String("tenant", req.Tenant),
+	}
+	r.accessLog.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs...)
+}
+
+func number(key string, n timing.Number) slog.Attr {
+	if !n.Set {
+		return slog.Any(key, nil)
+	}
+	return slog.Float64(key, float64(int64(n.Value*1000+0.5))/1000)
+}
+
+func count(key string, c timing.Count) slog.Attr {
+	if !c.Set {
+		return slog.Any(key, nil)
+	}
+	return slog.Int64(key, c.Value)
+}

@@ -1,0 +1,58 @@
+package telemetry
+
+import (
+	"time"
+
+	"github.com/timing-sidecar/timing-sidecar/timing"
+)
+
+// Endpoints, as the "endpoint" label names them.
+const (
+	EndpointChat        = "chat_completions"
+	EndpointCompletions = "completions"
+	EndpointOther       = "other"
+)
+
+// Upstream error kinds, as the "kind" label names them.
+const (
+	ErrorConnect     = "connect"      // could not connect to the engine
+	ErrorTimeout     = "timeout"      // no connection or no response headers in time
+	ErrorClosed      = "closed"       // the engine closed or reset the connection before headers
+	ErrorInterrupted = "interrupted"  // the engine's body ended early (closed or reset)
+	ErrorIdleTimeout = "idle_timeout" // the engine went silent mid-body past the idle timeout
+	StatusClientGone = 499            // the status recorded when the client left before the response
+)
+
+// Request is what the sidecar knows of one finished request.
+type Request struct {
+	ID       string
+	Method   string
+	Path     string
+	Endpoint string
+	Model    string
+	Tenant   string
+	Stream   bool
+	// Status is the HTTP status sent, or StatusClientGone.
+	Status int
+	// Measured says Metrics holds this request's figures.
+	Measured bool
+	Metrics  timing.Metrics
+	BytesIn  int
+	BytesOut int
+	// UpstreamError is the kind of engine failure, if any.
+	UpstreamError string
+	// ClientGone says the client left before the response was complete.
+	ClientGone bool
+	Start      time.Time
+}
+
+// timeToFirstToken is arrival to first token: the Prometheus definition,
+// shared with vLLM's histogram and OpenTelemetry's GenAI metric. The body
+// field counts from acceptance instead, as vLLM's body field does.
+func (r *Request) timeToFirstToken() (float64, bool) {
+	q, t := r.Metrics.QueueTime, r.Metrics.TimeToFirstToken
+	if !q.Set || !t.Set {
+		return 0, false
+	}
+	return q.Value + t.Value, true
+}
