@@ -302,3 +302,50 @@ func TestUnreachableEngineThenRecovery(t *testing.T) {
 	}
 	parseMetrics(t, resp.JSON.ExtraFields["metrics"].Raw())
 }
+
+func TestAdminEndpointsAndAccessLog(t *testing.T) {
+	engine := startEngine(t, emulator.Config{Timing: timing})
+	sc := startSidecar(t, []string{"--listen", "127.0.0.1:0", "--upstream", engine.URL(), "--readiness-interval", "50ms"})
+	c := sdk(sc.base)
+	if _, _, err := streamChat(context.Background(), c, chatParams); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Chat.Completions.New(context.Background(), chatParams, withMetrics); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		select {
+		case line := <-sc.accessLog:
+			if !contains(line, `"msg":"request"`, `"path":"/v1/chat/completions"`, `"status":200`, `"completion_tokens":8`) {
+				t.Errorf("access log line %s", line)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("no access-log line on stdout")
+		}
+	}
+	get := func(path string) (int, string) {
+		resp, err := http.Get(sc.admin + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get("/metrics"); code != 200 || !contains(body,
+		`timing_sidecar_requests_total{endpoint="chat_completions",model="emulated",status="200",stream="true"} 1`,
+		`timing_sidecar_generation_tokens_total{endpoint="chat_completions",model="emulated"} 16`,
+		`timing_sidecar_time_to_first_token_seconds_count{endpoint="chat_completions",model="emulated"} 1`) {
+		t.Errorf("/metrics %d:\n%s", code, body)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for code, _ := get("/readyz"); code != 200; code, _ = get("/readyz") {
+		if time.Now().After(deadline) {
+			t.Fatal("/readyz never became ready with the engine up")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if code, _ := get("/healthz"); code != 200 {
+		t.Errorf("/healthz %d", code)
+	}
+}

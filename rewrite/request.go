@@ -1,6 +1,8 @@
 package rewrite
 
 import (
+	"strings"
+
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 )
@@ -60,7 +62,8 @@ func InspectRequest(body []byte) Request {
 		case "model":
 			r.Model = ""
 			if value.Type == gjson.String {
-				r.Model = value.Str
+				// A copy: the body's memory is reused after the request.
+				r.Model = strings.Clone(value.Str)
 			}
 		case "stream_options":
 			r.IncludeUsage, r.ContinuousUsage = false, false

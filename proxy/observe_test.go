@@ -1,0 +1,355 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+)
+
+// syncBuffer is an access log the test can read while the proxy writes.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) lines() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return strings.Split(strings.TrimSpace(b.buf.String()), "\n")
+}
+
+// series finds one series of a gathered family by its labels.
+func series(t *testing.T, p *Proxy, name string, labels map[string]string) *dto.Metric {
+	t.Helper()
+	mfs, err := p.registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			got := map[string]string{}
+			for _, l := range m.GetLabel() {
+				got[l.GetName()] = l.GetValue()
+			}
+			for k, v := range labels {
+				if got[k] != v {
+					continue next
+				}
+			}
+			if len(got) == len(labels) {
+				return m
+			}
+		}
+	}
+	return nil
+}
+
+func counterValue(t *testing.T, p *Proxy, name string, labels map[string]string) float64 {
+	t.Helper()
+	if m := series(t, p, name, labels); m != nil {
+		return m.GetCounter().GetValue()
+	}
+	return 0
+}
+
+func histogramCount(t *testing.T, p *Proxy, name string, labels map[string]string) (uint64, float64) {
+	t.Helper()
+	if m := series(t, p, name, labels); m != nil {
+		return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+	}
+	return 0, 0
+}
+
+// TestMixedLoadIsCountedAndLogged sends streaming and non-streaming,
+// opted-in and not, failing and unmeasured requests, then checks that the
+// series and the access log agree with what was sent.
+func TestMixedLoadIsCountedAndLogged(t *testing.T) {
+	engine := newFakeEngine(t)
+	var log syncBuffer
+	p, base := startSidecar(t, engine.URL(), nil, &log)
+	type call struct {
+		path, body string
+		headers    map[string]string
+	}
+	slow := map[string]string{"X-Fake-Header-Delay": "20", "X-Fake-TTFT": "30", "X-Fake-ITL": "20", "Authorization": "Bearer sk-secret"}
+	calls := []call{
+		{"/v1/chat/completions", `{"model":"a","stream":true,"include_metrics":true,"messages":[{"role":"user","content":"PROMPT-TEXT"}]}`, slow},
+		{"/v1/chat/completions", `{"model":"a","stream":true,"include_metrics":true}`, slow},
+		{"/v1/chat/completions", `{"model":"a","stream":true,"include_metrics":true}`, slow},
+		{"/v1/chat/completions", `{"model":"b","stream":true}`, nil},
+		{"/v1/chat/completions", `{"model":"b","stream":true}`, nil},
+		{"/v1/completions", `{"model":"a","prompt":"x","include_metrics":true}`, nil},
+		{"/v1/completions", `{"model":"a","prompt":"x","include_metrics":true}`, nil},
+		{"/v1/chat/completions", `{"model":"b"}`, nil},
+		{"/v1/chat/completions", `{"model":"a","stream":true}`, map[string]string{"X-Fake-Status": "400"}},
+	}
+	var firstTokens []time.Duration // the engine's arrival-to-first-token truth for model a streams
+	for _, c := range calls {
+		resp := post(t, base+c.path, c.body, c.headers)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		fr := engine.next(t)
+		<-fr.Finished
+		if strings.Contains(c.body, `"model":"a","stream":true,"include`) {
+			firstTokens = append(firstTokens, fr.FirstToken.Sub(fr.Received))
+		}
+	}
+	resp, err := client.Get(base + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	engine.next(t)
+
+	requests := map[[4]string]float64{
+		{"chat_completions", "true", "200", "a"}:  3,
+		{"chat_completions", "true", "200", "b"}:  2,
+		{"completions", "false", "200", "a"}:      2,
+		{"chat_completions", "false", "200", "b"}: 1,
+		{"chat_completions", "true", "400", "a"}:  1,
+		{"other", "false", "200", ""}:             1,
+	}
+	for l, want := range requests {
+		labels := map[string]string{"endpoint": l[0], "stream": l[1], "status": l[2], "model": l[3]}
+		if got := counterValue(t, p, "timing_sidecar_requests_total", labels); got != want {
+			t.Errorf("requests_total%v = %v, want %v", labels, got, want)
+		}
+	}
+	chatA := map[string]string{"endpoint": "chat_completions", "model": "a"}
+	chatB := map[string]string{"endpoint": "chat_completions", "model": "b"}
+	cmplA := map[string]string{"endpoint": "completions", "model": "a"}
+	for _, h := range []struct {
+		name   string
+		labels map[string]string
+		want   uint64
+	}{
+		{"timing_sidecar_time_to_first_token_seconds", chatA, 3},
+		{"timing_sidecar_time_to_first_token_seconds", chatB, 2}, // not opted in: measured all the same
+		{"timing_sidecar_time_to_first_token_seconds", cmplA, 0}, // non-streaming: no first token to see
+		{"timing_sidecar_e2e_request_latency_seconds", chatB, 3},
+		{"timing_sidecar_e2e_request_latency_seconds", cmplA, 2},
+		{"timing_sidecar_queue_time_seconds", chatA, 3},
+		{"timing_sidecar_inter_token_latency_seconds", chatA, 3},
+		{"timing_sidecar_max_inter_token_latency_seconds", chatA, 3},
+	} {
+		if got, _ := histogramCount(t, p, h.name, h.labels); got != h.want {
+			t.Errorf("%s%v count = %d, want %d", h.name, h.labels, got, h.want)
+		}
+	}
+	// TTFT from arrival: within ±max(5 ms, 5%) of the engine's own figure,
+	// on average over the three streams.
+	var truth float64
+	for _, d := range firstTokens {
+		truth += d.Seconds()
+	}
+	truth /= float64(len(firstTokens))
+	if n, sum := histogramCount(t, p, "timing_sidecar_time_to_first_token_seconds", chatA); math.Abs(sum/float64(n)-truth) > math.Max(0.005, 0.05*truth) {
+		t.Errorf("mean TTFT %.4fs, engine's %.4fs", sum/float64(n), truth)
+	}
+	// Token counts: the fake engine reports 7 prompt and 4 generated
+	// tokens; the model b streams did not ask for usage but are counted.
+	if got := counterValue(t, p, "timing_sidecar_generation_tokens_total", chatB); got != 12 {
+		t.Errorf("generation tokens for b = %v, want 12 (two streams with hidden usage, one unary)", got)
+	}
+	if got := counterValue(t, p, "timing_sidecar_prompt_tokens_total", chatA); got != 21 {
+		t.Errorf("prompt tokens for a = %v, want 21", got)
+	}
+	if m := series(t, p, "timing_sidecar_in_flight_requests", map[string]string{}); m.GetGauge().GetValue() != 0 {
+		t.Errorf("in flight = %v after all requests ended", m.GetGauge().GetValue())
+	}
+
+	lines := log.lines()
+	if len(lines) != len(calls)+1 {
+		t.Fatalf("%d access-log lines for %d requests:\n%s", len(lines), len(calls)+1, strings.Join(lines, "\n"))
+	}
+	ids := map[string]bool{}
+	for i, l := range lines {
+		var e map[string]any
+		if err := json.Unmarshal([]byte(l), &e); err != nil {
+			t.Fatalf("line %d is not JSON: %s", i, l)
+		}
+		if id, _ := e["request_id"].(string); id == "" || ids[id] {
+			t.Errorf("line %d: request id %q missing or repeated", i, e["request_id"])
+		} else {
+			ids[id] = true
+		}
+		for _, k := range []string{"time", "method", "path", "model", "stream", "status", "time_to_first_token_ms",
+			"e2e_latency_ms", "prompt_tokens", "completion_tokens", "bytes_in", "bytes_out", "upstream_error", "tenant"} {
+			if _, ok := e[k]; !ok {
+				t.Errorf("line %d lacks %s: %s", i, k, l)
+			}
+		}
+	}
+	if all := strings.Join(lines, "\n"); strings.Contains(all, "PROMPT-TEXT") || strings.Contains(all, "sk-secret") || strings.Contains(all, " t0") {
+		t.Errorf("the access log holds a prompt, output or credential:\n%s", all)
+	}
+	var first map[string]any
+	json.Unmarshal([]byte(lines[0]), &first)
+	if first["status"] != 200.0 || first["model"] != "a" || first["stream"] != true || first["prompt_tokens"] != 7.0 || first["time_to_first_token_ms"] == nil {
+		t.Errorf("first line %s", lines[0])
+	}
+}
+
+func TestRequestIDIsForwardedAndReturned(t *testing.T) {
+	engine := newFakeEngine(t)
+	base := startProxy(t, engine.URL(), nil)
+	resp := post(t, base+"/v1/chat/completions", `{"model":"m"}`, map[string]string{"X-Request-Id": "client-chosen"})
+	resp.Body.Close()
+	if fr := engine.next(t); fr.Header.Get("X-Request-Id") != "client-chosen" || resp.Header.Get("X-Request-Id") != "client-chosen" {
+		t.Errorf("engine got %q, client got %q", fr.Header.Get("X-Request-Id"), resp.Header.Get("X-Request-Id"))
+	}
+	resp = post(t, base+"/v1/chat/completions", `{"model":"m","stream":true}`, nil)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	fr := engine.next(t)
+	id := resp.Header.Get("X-Request-Id")
+	if !regexp.MustCompile(`^[0-9a-f]{16}$`).MatchString(id) || fr.Header.Get("X-Request-Id") != id {
+		t.Errorf("made-up id: client got %q, engine got %q", id, fr.Header.Get("X-Request-Id"))
+	}
+}
+
+func TestServerTiming(t *testing.T) {
+	engine := newFakeEngine(t)
+	base := startProxy(t, engine.URL(), nil)
+	resp := post(t, base+"/v1/chat/completions", `{"include_metrics":true}`, map[string]string{"X-Fake-TTFT": "30"})
+	resp.Body.Close()
+	if st := resp.Header.Get("Server-Timing"); !regexp.MustCompile(`^e2e;dur=\d+\.\d{3}$`).MatchString(st) {
+		t.Errorf("non-streaming Server-Timing = %q", st)
+	}
+	resp = post(t, base+"/v1/chat/completions", `{"model":"m"}`, nil)
+	resp.Body.Close()
+	if st := resp.Header.Get("Server-Timing"); st != "" {
+		t.Errorf("Server-Timing %q on a response without metrics", st)
+	}
+
+	// A stream whose client accepts trailers gets the figures at the end.
+	conn, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"stream":true,"include_metrics":true}`
+	io.WriteString(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTE: trailers\r\nX-Fake-ITL: 20\r\nContent-Length: "+
+		itoa(len(body))+"\r\n\r\n"+body)
+	sresp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, sresp.Body)
+	st := sresp.Trailer.Get("Server-Timing")
+	if !regexp.MustCompile(`^queue;dur=\d+\.\d{3}, ttft;dur=\d+\.\d{3}, gen;dur=\d+\.\d{3}, e2e;dur=\d+\.\d{3}$`).MatchString(st) {
+		t.Errorf("stream Server-Timing trailer = %q (trailers %v)", st, sresp.Trailer)
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+func TestTenantLabel(t *testing.T) {
+	engine := newFakeEngine(t)
+	var log syncBuffer
+	p, base := startSidecar(t, engine.URL(), func(c *Config) {
+		c.TenantHeader, c.TenantLabel, c.MaxTenantLabels = "X-Tenant-Id", true, 1
+	}, &log)
+	for _, tenant := range []string{"acme", "globex", "acme"} {
+		resp := post(t, base+"/v1/chat/completions", `{"model":"m"}`, map[string]string{"X-Tenant-Id": tenant})
+		resp.Body.Close()
+	}
+	for labels, want := range map[string]float64{"acme": 2, "other": 1} {
+		got := counterValue(t, p, "timing_sidecar_requests_total",
+			map[string]string{"endpoint": "chat_completions", "stream": "false", "status": "200", "model": "m", "tenant": labels})
+		if got != want {
+			t.Errorf("tenant %s: %v requests, want %v", labels, got, want)
+		}
+	}
+	if !strings.Contains(log.lines()[1], `"tenant":"globex"`) {
+		t.Errorf("access log lacks the tenant: %s", log.lines()[1])
+	}
+}
+
+// eventually polls cond until it holds or the deadline passes: readiness
+// is a cached probe result with no event to wait on.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 3s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestReadinessFollowsTheEngine(t *testing.T) {
+	for _, probe := range []string{ProbeHTTP, ProbeTCP} {
+		t.Run(probe, func(t *testing.T) {
+			engine := newFakeEngine(t)
+			p, _ := startSidecar(t, engine.URL(), func(c *Config) {
+				c.ReadinessProbe, c.ReadinessInterval = probe, 20*time.Millisecond
+			}, nil)
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			go p.ServeAdmin(ln)
+			status := func(path string) int {
+				rec := httptest.NewRecorder()
+				p.AdminHandler().ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+				return rec.Code
+			}
+			eventually(t, "ready while the engine answers", func() bool { return status("/readyz") == 200 })
+			if status("/healthz") != 200 {
+				t.Error("healthz not 200")
+			}
+			metrics := httptest.NewRecorder()
+			p.AdminHandler().ServeHTTP(metrics, httptest.NewRequest("GET", "/metrics", nil))
+			if !strings.Contains(metrics.Body.String(), "timing_sidecar_in_flight_requests") {
+				t.Error("/metrics lacks the sidecar's series")
+			}
+			engine.srv.Close()
+			eventually(t, "not ready once the engine is down", func() bool { return status("/readyz") == 503 })
+			if status("/healthz") != 200 {
+				t.Error("healthz failed with the engine down; it must only say the process is up")
+			}
+		})
+	}
+}
+
+func TestReadinessFailsWhileShuttingDown(t *testing.T) {
+	engine := newFakeEngine(t)
+	p, _ := startSidecar(t, engine.URL(), func(c *Config) { c.ReadinessInterval = 20 * time.Millisecond }, nil)
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	go p.ServeAdmin(ln)
+	rec := func() *httptest.ResponseRecorder {
+		r := httptest.NewRecorder()
+		p.AdminHandler().ServeHTTP(r, httptest.NewRequest("GET", "/readyz", nil))
+		return r
+	}
+	eventually(t, "ready", func() bool { return rec().Code == 200 })
+	p.ready.stopping.Store(true)
+	if r := rec(); r.Code != 503 || !strings.Contains(r.Body.String(), "shutting down") {
+		t.Fatalf("readyz while shutting down: %d %s", r.Code, r.Body.String())
+	}
+}

@@ -1,0 +1,114 @@
+package telemetry
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/timing-sidecar/timing-sidecar/timing"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files")
+
+func num(v float64) timing.Number { return timing.Number{Value: v, Set: true} }
+func cnt(v int64) timing.Count    { return timing.Count{Value: v, Set: true} }
+
+// requests is a fixed mix: two streams and a non-streaming request for two
+// models, a failed request, a client that left and an unmeasured path.
+var requests = []Request{
+	{ID: "r1", Endpoint: EndpointChat, Model: "llama", Stream: true, Status: 200, Measured: true, Metrics: timing.Metrics{
+		QueueTime: num(20), TimeToFirstToken: num(80), GenerationTime: num(150), MeanITL: num(15), MaxITL: num(30),
+		E2ELatency: num(260), TokensPerSecond: num(47), PromptTokens: cnt(12), CompletionTokens: cnt(11)}},
+	{ID: "r2", Endpoint: EndpointChat, Model: "llama", Stream: true, Status: 200, Measured: true, Metrics: timing.Metrics{
+		QueueTime: num(5), TimeToFirstToken: num(1500), GenerationTime: num(4000), MeanITL: num(40), MaxITL: num(900),
+		E2ELatency: num(5510), PromptTokens: cnt(900), CompletionTokens: cnt(101)}},
+	{ID: "r3", Endpoint: EndpointCompletions, Model: "qwen", Status: 200, Measured: true, Metrics: timing.Metrics{
+		E2ELatency: num(700), TokensPerSecond: num(91), PromptTokens: cnt(5), CompletionTokens: cnt(64)}},
+	{ID: "r4", Endpoint: EndpointChat, Model: "qwen", Stream: true, Status: 502, UpstreamError: ErrorConnect},
+	{ID: "r5", Endpoint: EndpointChat, Model: "qwen", Status: StatusClientGone, ClientGone: true},
+	{ID: "r6", Endpoint: EndpointOther, Status: 200},
+}
+
+func TestExpositionGolden(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	r := NewRecorder(reg, Options{MaxModels: 8, MaxTenants: 8})
+	for i := range requests {
+		r.Begin()
+		r.Finish(&requests[i])
+	}
+	golden := "testdata/mix.prom"
+	if *update {
+		var buf bytes.Buffer
+		mfs, _ := reg.Gather()
+		for _, mf := range mfs {
+			writeText(&buf, mf)
+		}
+		os.WriteFile(golden, buf.Bytes(), 0o644)
+	}
+	f, err := os.Open(golden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := testutil.GatherAndCompare(reg, f); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLabelsAreBounded(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	r := NewRecorder(reg, Options{MaxModels: 2, TenantLabel: true, MaxTenants: 1})
+	for _, m := range []string{"a", "b", "c", "d", "a"} {
+		r.Begin()
+		r.Finish(&Request{Endpoint: EndpointChat, Model: m, Tenant: "t-" + m, Status: 200})
+	}
+	want := `
+# HELP timing_sidecar_requests_total Requests handled, by endpoint, streaming, status (499: the client left first) and model.
+# TYPE timing_sidecar_requests_total counter
+timing_sidecar_requests_total{endpoint="chat_completions",model="a",status="200",stream="false",tenant="t-a"} 2
+timing_sidecar_requests_total{endpoint="chat_completions",model="b",status="200",stream="false",tenant="other"} 1
+timing_sidecar_requests_total{endpoint="chat_completions",model="other",status="200",stream="false",tenant="other"} 2
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "timing_sidecar_requests_total"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestAccessLogLine(t *testing.T) {
+	var buf bytes.Buffer
+	r := NewRecorder(prometheus.NewRegistry(), Options{MaxModels: 8, MaxTenants: 8, AccessLog: slog.New(slog.NewJSONHandler(&buf, nil))})
+	req := requests[0]
+	req.Method, req.Path, req.Tenant, req.BytesIn, req.BytesOut = "POST", "/v1/chat/completions", "acme", 120, 3400
+	r.Begin()
+	r.Finish(&req)
+	var line map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &line); err != nil {
+		t.Fatalf("not one JSON line: %q", buf.String())
+	}
+	want := map[string]any{
+		"msg": "request", "request_id": "r1", "method": "POST", "path": "/v1/chat/completions", "model": "llama",
+		"stream": true, "status": 200.0, "time_to_first_token_ms": 80.0, "generation_time_ms": 150.0,
+		"queue_time_ms": 20.0, "mean_itl_ms": 15.0, "tokens_per_second": 47.0, "e2e_latency_ms": 260.0,
+		"max_itl_ms": 30.0, "prompt_tokens": 12.0, "completion_tokens": 11.0, "bytes_in": 120.0, "bytes_out": 3400.0,
+		"upstream_error": "", "client_gone": false, "tenant": "acme",
+	}
+	for k, v := range want {
+		if line[k] != v {
+			t.Errorf("%s = %v, want %v", k, line[k], v)
+		}
+	}
+	buf.Reset()
+	r.Begin()
+	r.Finish(&requests[4])
+	json.Unmarshal(buf.Bytes(), &line)
+	if line["time_to_first_token_ms"] != nil || line["status"] != 499.0 || line["client_gone"] != true {
+		t.Errorf("unmeasured request logged as %v", line)
+	}
+}
