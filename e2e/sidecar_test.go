@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -30,7 +31,9 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binary = filepath.Join(dir, "timing-sidecar")
-	build := exec.Command("go", "build", "-o", binary, "github.com/timing-sidecar/timing-sidecar/cmd/timing-sidecar")
+	// The release build, as the Dockerfile runs it.
+	build := exec.Command("../.ci/build", binary)
+	build.Env = append(os.Environ(), "VERSION=e2e", "COMMIT=e2e-commit")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build timing-sidecar:", err)
@@ -48,6 +51,27 @@ type sidecar struct {
 	admin string // http://host:port of the admin endpoints
 	// accessLog receives the access-log lines (stdout) as they come.
 	accessLog chan string
+
+	waitOnce sync.Once
+	exitErr  error
+}
+
+// wait waits for the process to exit, once, and returns how it exited.
+func (s *sidecar) wait(t *testing.T, within time.Duration) error {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		s.waitOnce.Do(func() { s.exitErr = s.cmd.Wait() })
+		close(done)
+	}()
+	select {
+	case <-done:
+		return s.exitErr
+	case <-time.After(within):
+		s.cmd.Process.Kill()
+		t.Fatalf("sidecar did not exit within %v", within)
+		return nil
+	}
 }
 
 // startSidecar runs the binary with args and extra environment, listening
@@ -55,8 +79,9 @@ type sidecar struct {
 func startSidecar(t *testing.T, args []string, env ...string) *sidecar {
 	t.Helper()
 	cmd := exec.Command(binary, args...)
-	// Every sidecar gets a free admin port unless the test says otherwise.
-	cmd.Env = append(append(os.Environ(), "TIMING_SIDECAR_ADMIN_LISTEN=127.0.0.1:0"), env...)
+	// Every sidecar gets a free admin port and no drain delay unless the
+	// test says otherwise.
+	cmd.Env = append(append(os.Environ(), "TIMING_SIDECAR_ADMIN_LISTEN=127.0.0.1:0", "TIMING_SIDECAR_DRAIN_DELAY=0s"), env...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -77,16 +102,8 @@ func startSidecar(t *testing.T, args []string, env ...string) *sidecar {
 	}()
 	t.Cleanup(func() {
 		cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("sidecar exited with %v after SIGTERM", err)
-			}
-		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-			t.Error("sidecar did not exit within 10s of SIGTERM")
+		if err := s.wait(t, 10*time.Second); err != nil {
+			t.Errorf("sidecar exited with %v after SIGTERM", err)
 		}
 	})
 	type addrs struct {

@@ -52,6 +52,9 @@ const (
 	DefaultReadinessProbe       = ProbeHTTP
 	DefaultReadinessPath        = "/health"
 	DefaultReadinessInterval    = 2 * time.Second
+	// Shorter than Kubernetes' default 30 s terminationGracePeriodSeconds.
+	DefaultShutdownGrace = 25 * time.Second
+	DefaultDrainDelay    = 5 * time.Second
 )
 
 // Readiness probes of the engine.
@@ -120,6 +123,13 @@ type Config struct {
 	ReadinessProbe    string
 	ReadinessPath     string
 	ReadinessInterval time.Duration
+
+	// ShutdownGrace is the longest time from SIGTERM to exit: requests in
+	// flight, streams included, get until then to finish.
+	ShutdownGrace time.Duration
+	// DrainDelay is how long after SIGTERM new connections are still
+	// accepted (with /readyz failing), while load balancers catch up.
+	DrainDelay time.Duration
 }
 
 // DefaultConfig returns a Config with every default applied.
@@ -146,6 +156,8 @@ func DefaultConfig() Config {
 		ReadinessProbe:         DefaultReadinessProbe,
 		ReadinessPath:          DefaultReadinessPath,
 		ReadinessInterval:      DefaultReadinessInterval,
+		ShutdownGrace:          DefaultShutdownGrace,
+		DrainDelay:             DefaultDrainDelay,
 	}
 }
 
@@ -168,6 +180,9 @@ func (c *Config) Validate() error {
 	}
 	if c.ReadinessProbe == ProbeHTTP && (c.ReadinessPath == "" || c.ReadinessPath[0] != '/') {
 		errs = append(errs, fmt.Errorf("readiness path %q: must start with /", c.ReadinessPath))
+	}
+	if c.DrainDelay < 0 || c.ShutdownGrace <= 0 || c.DrainDelay > c.ShutdownGrace {
+		errs = append(errs, fmt.Errorf("drain delay %v and shutdown grace %v: want 0 ≤ drain delay ≤ shutdown grace, grace positive", c.DrainDelay, c.ShutdownGrace))
 	}
 	if c.TenantLabel && c.TenantHeader == "" {
 		errs = append(errs, errors.New("tenant label needs a tenant header to read it from"))

@@ -100,7 +100,10 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 }
 
 // Run listens on cfg.Listen and cfg.AdminListen and serves until ctx is
-// cancelled, then shuts down gracefully.
+// cancelled (SIGTERM), then shuts down gracefully: /readyz fails at once;
+// new connections are still accepted for the drain delay, while load
+// balancers stop sending; then the listeners close and requests in flight,
+// streams included, get the rest of the shutdown grace to finish.
 func Run(ctx context.Context, cfg Config, log *slog.Logger, accessLog io.Writer) error {
 	p, err := New(cfg, log, accessLog)
 	if err != nil {
@@ -125,12 +128,21 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, accessLog io.Writer)
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}
-	log.Info("timing-sidecar shutting down")
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	deadline := time.Now().Add(cfg.ShutdownGrace)
+	p.ready.stopping.Store(true)
+	log.Info("timing-sidecar shutting down: not ready, draining", "drain_delay", cfg.DrainDelay.String(), "shutdown_grace", cfg.ShutdownGrace.String())
+	time.Sleep(cfg.DrainDelay)
+	shutdownCtx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
-	if err := p.Shutdown(shutdownCtx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+	err = p.Shutdown(shutdownCtx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		log.Warn("shutdown grace over; closing the requests still in flight")
+		err = nil
+	}
+	if err != nil {
 		return fmt.Errorf("shut down: %w", err)
 	}
+	log.Info("timing-sidecar stopped")
 	return nil
 }
 

@@ -56,6 +56,10 @@ func serveFlags() []cli.Flag {
 			Usage: "The engine's path the http readiness probe requests."},
 		&cli.DurationFlag{Name: "readiness-interval", EnvVars: env("readiness-interval"), Value: proxy.DefaultReadinessInterval,
 			Usage: "How often the engine is probed (each probe may take this long); /readyz answers from the last result."},
+		&cli.DurationFlag{Name: "shutdown-grace", EnvVars: env("shutdown-grace"), Value: proxy.DefaultShutdownGrace,
+			Usage: "Longest time from SIGTERM to exit: requests in flight, streams included, get until then to finish. Keep it below the pod's terminationGracePeriodSeconds."},
+		&cli.DurationFlag{Name: "drain-delay", EnvVars: env("drain-delay"), Value: proxy.DefaultDrainDelay,
+			Usage: "How long after SIGTERM new connections are still accepted, with /readyz failing, while load balancers stop sending; part of the shutdown grace."},
 		&cli.StringFlag{Name: "log-level", EnvVars: env("log-level"), Value: "info",
 			Usage: "Log level: debug, info, warn or error. Logs are JSON on standard error."},
 	}

@@ -30,6 +30,7 @@ func main() {
 func newApp(stdout, stderr io.Writer) *cli.App {
 	return &cli.App{
 		Name:      "timing-sidecar",
+		Version:   version,
 		Usage:     "a reverse proxy for OpenAI-compatible LLM servers that adds per-request timing metrics to responses",
 		Writer:    stdout,
 		ErrWriter: stderr,
@@ -75,6 +76,8 @@ func configFrom(c *cli.Context) (proxy.Config, error) {
 		ReadinessProbe:         c.String("readiness-probe"),
 		ReadinessPath:          c.String("readiness-path"),
 		ReadinessInterval:      c.Duration("readiness-interval"),
+		ShutdownGrace:          c.Duration("shutdown-grace"),
+		DrainDelay:             c.Duration("drain-delay"),
 	}
 	if err := cfg.Validate(); err != nil {
 		return cfg, fmt.Errorf("invalid configuration:\n%w", err)

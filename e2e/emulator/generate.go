@@ -118,13 +118,20 @@ func (g *generation) finish() {
 func (g *generation) watchClient() {
 	select {
 	case <-g.r.Context().Done():
-		g.s.mu.Lock()
-		if g.e.rec.Done.IsZero() {
-			g.e.rec.ClientGone = time.Now()
-		}
-		g.s.mu.Unlock()
+		g.noteGone()
 	case <-g.e.done:
 	}
+}
+
+// noteGone records that the client left, once, unless the request is
+// already done. The handler calls it too when it sees the client gone, so
+// the record has it before the handler returns.
+func (g *generation) noteGone() {
+	g.s.mu.Lock()
+	if g.e.rec.Done.IsZero() && g.e.rec.ClientGone.IsZero() {
+		g.e.rec.ClientGone = time.Now()
+	}
+	g.s.mu.Unlock()
 }
 
 func (g *generation) mark(f func(*Record)) {
@@ -227,7 +234,11 @@ func promptTokens(parts ...json.RawMessage) int {
 // wait sleeps for d unless the client leaves first.
 func (g *generation) wait(d time.Duration) bool {
 	if d <= 0 {
-		return g.r.Context().Err() == nil
+		if g.r.Context().Err() != nil {
+			g.noteGone()
+			return false
+		}
+		return true
 	}
 	t := time.NewTimer(d)
 	defer t.Stop()
@@ -235,6 +246,7 @@ func (g *generation) wait(d time.Duration) bool {
 	case <-t.C:
 		return true
 	case <-g.r.Context().Done():
+		g.noteGone()
 		return false
 	}
 }

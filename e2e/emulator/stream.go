@@ -113,10 +113,15 @@ func (g *generation) stream() {
 // event writes and flushes one event; false when the client is gone.
 func (g *generation) event(data []byte, f http.Flusher) bool {
 	if _, err := g.w.Write(append(append([]byte("data: "), data...), '\n', '\n')); err != nil {
+		g.noteGone()
 		return false
 	}
 	f.Flush()
-	return g.r.Context().Err() == nil
+	if g.r.Context().Err() != nil {
+		g.noteGone()
+		return false
+	}
+	return true
 }
 
 // cut drops the connection mid-stream, as an engine that crashed.

@@ -1,0 +1,144 @@
+package e2e
+
+import (
+	"bufio"
+	"debug/elf"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/timing-sidecar/timing-sidecar/e2e/emulator"
+	"github.com/timing-sidecar/timing-sidecar/proxy"
+)
+
+func TestVersion(t *testing.T) {
+	out, err := exec.Command(binary, "--version").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "timing-sidecar e2e (commit e2e-commit, " + runtime.Version() + ")\n"
+	if string(out) != want {
+		t.Fatalf("--version printed %q, want %q", out, want)
+	}
+}
+
+// TestReleaseBinaryIsStatic: the distroless static image has no libc, so
+// the binary must not ask for a dynamic loader.
+func TestReleaseBinaryIsStatic(t *testing.T) {
+	f, err := elf.Open(binary)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			t.Fatal("the release binary is dynamically linked")
+		}
+	}
+}
+
+// TestDockerfile keeps the image in line with the build script and the
+// binary: no Docker engine is needed to check what it will run.
+func TestDockerfile(t *testing.T) {
+	b, err := os.ReadFile("../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	df := string(b)
+	for _, want := range []string{
+		`RUN VERSION="$VERSION" COMMIT="$COMMIT" .ci/build /out/timing-sidecar`,
+		"FROM gcr.io/distroless/static:nonroot",
+		"USER nonroot:nonroot",
+		`ENTRYPOINT ["/timing-sidecar"]`,
+		"EXPOSE " + strings.TrimPrefix(proxy.DefaultListen, ":") + " " + strings.TrimPrefix(proxy.DefaultAdminListen, ":"),
+	} {
+		if !strings.Contains(df, want) {
+			t.Errorf("Dockerfile lacks %q", want)
+		}
+	}
+	ignore, err := os.ReadFile("../.dockerignore")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, needed := range []string{"go.mod", "go.sum", ".ci", "cmd", "proxy"} {
+		for _, line := range strings.Split(string(ignore), "\n") {
+			if strings.TrimSpace(line) == needed {
+				t.Errorf(".dockerignore excludes %s, which the build needs", needed)
+			}
+		}
+	}
+}
+
+// TestGracefulShutdown: at SIGTERM the sidecar fails /readyz at once, a
+// stream in flight completes intact, new connections are refused after the
+// drain delay, and the process exits 0 once the stream is done.
+func TestGracefulShutdown(t *testing.T) {
+	engine := startEngine(t, emulator.Config{Timing: emulator.Timing{ITL: 25 * time.Millisecond, OutputTokens: 40}})
+	sc := startSidecar(t, []string{"--listen", "127.0.0.1:0", "--upstream", engine.URL(),
+		"--drain-delay", "200ms", "--shutdown-grace", "10s", "--readiness-interval", "20ms"})
+	body := `{"model":"m","stream":true,"include_metrics":true,"messages":[{"role":"user","content":"hi"}]}`
+	resp, err := http.Post(sc.base+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	first, err := br.ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	signalled := time.Now()
+	sc.cmd.Process.Signal(syscall.SIGTERM)
+
+	ready, err := http.Get(sc.admin + "/readyz")
+	if err != nil {
+		t.Fatalf("admin port gone at once: %v", err)
+	}
+	ready.Body.Close()
+	if ready.StatusCode != 503 {
+		t.Errorf("/readyz = %d right after SIGTERM, want 503", ready.StatusCode)
+	}
+	// After the drain delay the listener is closed: new connections fail.
+	addr := strings.TrimPrefix(sc.base, "http://")
+	for {
+		conn, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			if d := time.Since(signalled); d < 200*time.Millisecond {
+				t.Errorf("new connections refused %v after SIGTERM, before the 200ms drain delay", d)
+			}
+			break
+		}
+		conn.Close()
+		if time.Since(signalled) > 2*time.Second {
+			t.Fatal("still accepting connections 2s after SIGTERM")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// The stream in flight completes intact.
+	rest, err := readAllString(br)
+	if err != nil {
+		t.Fatalf("the stream in flight was cut: %v", err)
+	}
+	stream := first + rest
+	if n := strings.Count(stream, `"delta":{"content":`); n != 40 {
+		t.Errorf("%d token events, want 40", n)
+	}
+	if !strings.Contains(stream, `"metrics":{"time_to_first_token_ms":`) || !strings.HasSuffix(stream, "data: [DONE]\n\n") {
+		t.Errorf("stream ended without its metrics or [DONE]:\n%s", stream[max(0, len(stream)-400):])
+	}
+	if err := sc.wait(t, 10*time.Second); err != nil {
+		t.Fatalf("exit after SIGTERM: %v, want 0", err)
+	}
+}
+
+func readAllString(br *bufio.Reader) (string, error) {
+	b, err := io.ReadAll(br)
+	return string(b), err
+}
