@@ -164,7 +164,7 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Stream        bool `json:"stream"`
 		StreamOptions *struct {
-			IncludeUsage bool `json:"include_usage"`
+			IncludeUsage *bool `json:"include_usage"` // vLLM: true unless false or null
 		} `json:"stream_options"`
 		N      int `json:"n"`
 		Prompt any `json:"prompt"`
@@ -224,7 +224,7 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 	if chat {
 		send(`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":"stop","stop_reason":null}]}`)
 	}
-	if req.StreamOptions != nil && req.StreamOptions.IncludeUsage {
+	if so := req.StreamOptions; so != nil && (so.IncludeUsage == nil || *so.IncludeUsage) {
 		send(fmt.Sprintf(`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":7,"total_tokens":%d,"completion_tokens":%d}}`, 7+events*perEvent, events*perEvent))
 	}
 	send("[DONE]")

@@ -95,8 +95,11 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 	p.ready.stopping.Store(true)
 	p.stopOnce.Do(func() { close(p.stop) })
 	defer p.up.closeIdle()
-	adminErr := p.admin.Shutdown(ctx)
-	return errors.Join(p.server.ShutdownWithContext(ctx), adminErr)
+	// The admin port stays up while requests drain: /readyz keeps saying
+	// "shutting down", /healthz keeps the pod alive, /metrics counts the
+	// last requests.
+	err := p.server.ShutdownWithContext(ctx)
+	return errors.Join(err, p.admin.Shutdown(ctx))
 }
 
 // Run listens on cfg.Listen and cfg.AdminListen and serves until ctx is
@@ -125,6 +128,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, accessLog io.Writer)
 	go func() { served <- p.ServeAdmin(adminLn) }()
 	select {
 	case err := <-served:
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		p.Shutdown(ctx) //nolint:errcheck // the serve error is the one to report
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}

@@ -272,7 +272,7 @@ func TestNonStreamingMetrics(t *testing.T) {
 func TestStreamAsksForUsageAndKeepsClientOptions(t *testing.T) {
 	engine := newFakeEngine(t)
 	base := startProxy(t, engine.URL(), nil)
-	resp := post(t, base+"/v1/chat/completions", `{"stream":true,"include_metrics":true,"stream_options":{"continuous_usage_stats":true}}`, nil)
+	resp := post(t, base+"/v1/chat/completions", `{"stream":true,"include_metrics":true,"stream_options":{"continuous_usage_stats":true,"include_usage":false}}`, nil)
 	events, _ := readEvents(t, resp.Body)
 	resp.Body.Close()
 	fr := engine.next(t)
@@ -315,7 +315,8 @@ func TestRequestsWithoutMetricsPassByteForByte(t *testing.T) {
 		{"off mode keeps include_metrics", ModeOff, "/v1/chat/completions", `{"stream":true,"include_metrics":true}`, true},
 		{"not JSON", ModeAlways, "/v1/chat/completions", `{"stream":true,`, true},
 		{"include_metrics of the wrong type", ModeOptIn, "/v1/chat/completions", `{"stream":true,"include_metrics":"yes"}`, true},
-		{"running usage without include_usage", ModeOptIn, "/v1/chat/completions", `{"stream":true,"stream_options":{"continuous_usage_stats":true}}`, true},
+		{"running usage without include_usage", ModeOptIn, "/v1/chat/completions", `{"stream":true,"stream_options":{"continuous_usage_stats":true,"include_usage":false}}`, true},
+		{"stream options without include_usage (vLLM sends usage)", ModeOptIn, "/v1/chat/completions", `{"stream":true,"stream_options":{}}`, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -347,12 +348,12 @@ func TestRequestsWithoutMetricsPassByteForByte(t *testing.T) {
 func TestHiddenUsageLeavesTheClientsBytes(t *testing.T) {
 	engine := newFakeEngine(t)
 	base := startProxy(t, engine.URL(), nil)
-	resp := post(t, base+"/v1/chat/completions", `{"model":"m","stream":true,"stream_options":{"x":1}}`, nil)
+	resp := post(t, base+"/v1/chat/completions", `{"model":"m","stream":true,"stream_options":{"include_usage":false,"x":1}}`, nil)
 	got, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	fr := engine.next(t)
 	<-fr.Finished
-	if !strings.Contains(string(fr.Body), `"stream_options":{"x":1,"include_usage":true}`) {
+	if !strings.Contains(string(fr.Body), `"stream_options":{"include_usage":true,"x":1}`) {
 		t.Fatalf("engine got %s, want include_usage added", fr.Body)
 	}
 	sent := fr.Sent.String()

@@ -1,7 +1,9 @@
 package proxy
 
 import (
+	"errors"
 	"io"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -57,9 +59,10 @@ type bodyRelay struct {
 	capture *bytebufferpool.ByteBuffer // the body, for its usage; nil if not needed
 }
 
-func (b *bodyRelay) Read(p []byte) (int, error) {
+func (b *bodyRelay) Read(p []byte) (n int, err error) {
+	defer b.p.recoverRead(b.f, &err)
 	if len(b.prefix) > 0 {
-		n := copy(p, b.prefix)
+		n = copy(p, b.prefix)
 		b.prefix = b.prefix[n:]
 		b.f.rec.BytesOut += n
 		return n, nil
@@ -67,10 +70,16 @@ func (b *bodyRelay) Read(p []byte) (int, error) {
 	if b.err != nil {
 		return 0, b.err
 	}
-	n, err := b.body.Read(p)
+	n, err = b.body.Read(p)
 	b.f.rec.BytesOut += n
-	if b.capture != nil && len(b.capture.B)+n <= b.p.cfg.MaxBufferedResponse {
-		b.capture.B = append(b.capture.B, p[:n]...)
+	if b.capture != nil {
+		if len(b.capture.B)+n <= b.p.cfg.MaxBufferedResponse {
+			b.capture.B = append(b.capture.B, p[:n]...)
+		} else {
+			// Too large to read the usage from: stop keeping a copy.
+			bytebufferpool.Put(b.capture)
+			b.capture = nil
+		}
 	}
 	switch {
 	case err == io.EOF:
@@ -96,6 +105,20 @@ func (b *bodyRelay) CloseWithError(writeErr error) error {
 	b.x.finish(b.resp, b.eof)
 	b.p.finish(f)
 	return nil
+}
+
+// errPanic ends a response whose relay panicked.
+var errPanic = errors.New("timing-sidecar: internal error while relaying the response")
+
+// recoverRead is the panic boundary of a body stream, which runs after the
+// handler's own: the response is cut (the client sees a truncated body)
+// and the panic logged with its stack.
+func (p *Proxy) recoverRead(f *flight, err *error) {
+	if r := recover(); r != nil {
+		p.log.Error("panic while relaying a response", "panic", r, "path", f.rec.Path,
+			"request_id", f.rec.ID, "stack", string(debug.Stack()))
+		*err = errPanic
+	}
 }
 
 // noteEnd records how a relayed body ended: an engine failure (readErr) or
@@ -149,6 +172,7 @@ func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *exchang
 	}
 	ctx.Response.SetBody(body)
 	ctx.Response.Header.SetContentLength(len(body))
+	f.rec.BytesOut = len(body)
 }
 
 // appendMetrics appends the metrics JSON, or null when one object cannot
@@ -221,7 +245,8 @@ type eventRelay struct {
 	eof     bool
 }
 
-func (r *eventRelay) Read(p []byte) (int, error) {
+func (r *eventRelay) Read(p []byte) (n int, err error) {
+	defer r.p.recoverRead(r.f, &err)
 	for len(r.pending) == 0 {
 		piece, whole, err := r.events.Next()
 		if err == io.EOF {
@@ -242,7 +267,7 @@ func (r *eventRelay) Read(p []byte) (int, error) {
 			r.inspect(piece)
 		}
 	}
-	n := copy(p, r.pending)
+	n = copy(p, r.pending)
 	r.pending = r.pending[n:]
 	r.f.rec.BytesOut += n
 	return n, nil

@@ -20,7 +20,9 @@ type Request struct {
 	IncludeMetrics    bool
 	// Stream is "stream": true.
 	Stream bool
-	// IncludeUsage is "stream_options": {"include_usage": true}.
+	// IncludeUsage says the engine will send the usage event: a
+	// "stream_options" object whose include_usage is not false or null
+	// (vLLM defaults it to true).
 	IncludeUsage bool
 	// ContinuousUsage is "stream_options": {"continuous_usage_stats": true}
 	// (vLLM's running usage on every event).
@@ -69,7 +71,10 @@ func InspectRequest(body []byte) Request {
 			r.IncludeUsage, r.ContinuousUsage = false, false
 			switch {
 			case value.IsObject():
-				r.IncludeUsage = value.Get("include_usage").Type == gjson.True
+				// vLLM's default is true once stream_options is there:
+				// only an explicit false or null turns usage off.
+				iu := value.Get("include_usage")
+				r.IncludeUsage = !iu.Exists() || (iu.Type != gjson.False && iu.Type != gjson.Null)
 				r.ContinuousUsage = value.Get("continuous_usage_stats").Type == gjson.True
 			case value.Type != gjson.Null:
 				r.Understood = false

@@ -17,8 +17,9 @@ type request struct {
 	Prompt        json.RawMessage `json:"prompt"`
 	Stream        bool            `json:"stream"`
 	StreamOptions *struct {
-		IncludeUsage         bool `json:"include_usage"`
-		ContinuousUsageStats bool `json:"continuous_usage_stats"`
+		// A pointer: vLLM defaults it to true when stream_options is sent.
+		IncludeUsage         *bool `json:"include_usage"`
+		ContinuousUsageStats bool  `json:"continuous_usage_stats"`
 	} `json:"stream_options"`
 	N                   *int `json:"n"`
 	MaxTokens           *int `json:"max_tokens"`
@@ -264,6 +265,13 @@ func text(from, n int) string {
 		b.WriteString(words[i%len(words)])
 	}
 	return b.String()
+}
+
+// includeUsage is vLLM's rule: the usage event comes when stream_options
+// is sent, unless include_usage is false or null.
+func (g *generation) includeUsage() bool {
+	so := g.req.StreamOptions
+	return so != nil && (so.IncludeUsage == nil || *so.IncludeUsage)
 }
 
 func (g *generation) finishReason() string {

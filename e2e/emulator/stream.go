@@ -22,7 +22,7 @@ func (g *generation) stream() {
 	flusher.Flush()
 	g.mark(func(r *Record) { r.Status, r.HeadersSent = http.StatusOK, time.Now() })
 
-	continuous := g.req.StreamOptions != nil && g.req.StreamOptions.ContinuousUsageStats
+	continuous := g.includeUsage() && g.req.StreamOptions.ContinuousUsageStats
 	object := "text_completion"
 	if g.chat {
 		object = "chat.completion.chunk"
@@ -101,7 +101,7 @@ func (g *generation) stream() {
 			r.TokenEvents = events
 		})
 	}
-	if g.req.StreamOptions != nil && g.req.StreamOptions.IncludeUsage {
+	if g.includeUsage() {
 		if !send([]struct{}{}, true) {
 			return
 		}

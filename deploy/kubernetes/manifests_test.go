@@ -1,0 +1,304 @@
+// Package kubernetes holds the deployment manifests; its tests keep them
+// honest without a cluster: every document decodes strictly into the
+// Kubernetes API types, the kustomize component builds against a plain
+// vLLM Deployment, and everything the manifests ask of the sidecar (env
+// names, ports, probe paths, shutdown timing) is what the binary accepts
+// and serves.
+package kubernetes
+
+import (
+	"bytes"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/yaml"
+
+	"github.com/timing-sidecar/timing-sidecar/proxy"
+)
+
+// serviceMonitor is the part of the Prometheus Operator's CRD the example
+// uses; strict decoding catches a misspelt field.
+type serviceMonitor struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Metadata   struct {
+		Name   string            `json:"name"`
+		Labels map[string]string `json:"labels"`
+	} `json:"metadata"`
+	Spec struct {
+		Selector struct {
+			MatchLabels map[string]string `json:"matchLabels"`
+		} `json:"selector"`
+		Endpoints []struct {
+			Port     string `json:"port"`
+			Path     string `json:"path"`
+			Interval string `json:"interval"`
+		} `json:"endpoints"`
+	} `json:"spec"`
+}
+
+// objects is a decoded set of manifests.
+type objects struct {
+	deployments []appsv1.Deployment
+	services    []corev1.Service
+	monitors    []serviceMonitor
+}
+
+// decode splits YAML documents and decodes each strictly by kind.
+func decode(t *testing.T, name string, data []byte) objects {
+	t.Helper()
+	var o objects
+	for _, doc := range regexp.MustCompile(`(?m)^---\s*$`).Split(string(data), -1) {
+		if strings.TrimSpace(doc) == "" {
+			continue
+		}
+		var head struct{ Kind string }
+		if err := yaml.Unmarshal([]byte(doc), &head); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		var err error
+		switch head.Kind {
+		case "Deployment":
+			var d appsv1.Deployment
+			err = yaml.UnmarshalStrict([]byte(doc), &d)
+			o.deployments = append(o.deployments, d)
+		case "Service":
+			var s corev1.Service
+			err = yaml.UnmarshalStrict([]byte(doc), &s)
+			o.services = append(o.services, s)
+		case "ServiceMonitor":
+			var m serviceMonitor
+			err = yaml.UnmarshalStrict([]byte(doc), &m)
+			o.monitors = append(o.monitors, m)
+		default:
+			t.Fatalf("%s: unexpected kind %q", name, head.Kind)
+		}
+		if err != nil {
+			t.Fatalf("%s: %s does not decode strictly: %v", name, head.Kind, err)
+		}
+	}
+	return o
+}
+
+// build runs kustomize on dir and decodes the result.
+func build(t *testing.T, dir string) objects {
+	t.Helper()
+	res, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
+	if err != nil {
+		t.Fatalf("kustomize build %s: %v", dir, err)
+	}
+	out, err := res.AsYaml()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return decode(t, dir, out)
+}
+
+// knownEnv reads the environment variables the binary accepts from the
+// README's flags table, which a test in cmd/timing-sidecar keeps equal to
+// the flag definitions.
+func knownEnv(t *testing.T) map[string]bool {
+	t.Helper()
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]bool{}
+	for _, m := range regexp.MustCompile("`(TIMING_SIDECAR_[A-Z_]+)`").FindAllSubmatch(readme, -1) {
+		env[string(m[1])] = true
+	}
+	if len(env) < 20 {
+		t.Fatalf("found only %d environment variables in the README's flags table", len(env))
+	}
+	return env
+}
+
+// checkSidecar checks the sidecar container of a pod spec against the
+// binary, and returns it.
+func checkSidecar(t *testing.T, spec *corev1.PodSpec) *corev1.Container {
+	t.Helper()
+	var sc *corev1.Container
+	for i := range spec.InitContainers {
+		if spec.InitContainers[i].Name == "timing-sidecar" {
+			sc = &spec.InitContainers[i]
+		}
+	}
+	if sc == nil {
+		t.Fatal("no timing-sidecar init container")
+	}
+	if sc.RestartPolicy == nil || *sc.RestartPolicy != corev1.ContainerRestartPolicyAlways {
+		t.Error("timing-sidecar is not a native sidecar (restartPolicy: Always)")
+	}
+	known := knownEnv(t)
+	env := map[string]string{}
+	for _, e := range sc.Env {
+		if !known[e.Name] {
+			t.Errorf("env %s is not a setting the binary accepts", e.Name)
+		}
+		env[e.Name] = e.Value
+	}
+	if env["TIMING_SIDECAR_PER_REQUEST_METRICS"] == "" {
+		t.Error("per-request metrics is not one env var away")
+	}
+	ports := map[string]int32{}
+	for _, p := range sc.Ports {
+		ports[p.Name] = p.ContainerPort
+	}
+	listen := func(key, def string) int32 {
+		addr := def
+		if v, ok := env[key]; ok {
+			addr = v
+		}
+		n, _ := strconv.Atoi(addr[strings.LastIndex(addr, ":")+1:])
+		return int32(n)
+	}
+	if ports["timing-http"] != listen("TIMING_SIDECAR_LISTEN", proxy.DefaultListen) ||
+		ports["timing-admin"] != listen("TIMING_SIDECAR_ADMIN_LISTEN", proxy.DefaultAdminListen) {
+		t.Errorf("container ports %v do not match the listen addresses", ports)
+	}
+	p, err := proxy.New(proxy.DefaultConfig(), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, probe := range map[string]*corev1.Probe{"readiness": sc.ReadinessProbe, "liveness": sc.LivenessProbe} {
+		if probe == nil || probe.HTTPGet == nil {
+			t.Fatalf("no HTTP %s probe", name)
+		}
+		if probe.HTTPGet.Port.StrVal != "timing-admin" {
+			t.Errorf("%s probe on port %v, want the admin port", name, probe.HTTPGet.Port.String())
+		}
+		rec := httptest.NewRecorder()
+		p.AdminHandler().ServeHTTP(rec, httptest.NewRequest("GET", probe.HTTPGet.Path, nil))
+		if rec.Code == http.StatusNotFound || rec.Code == http.StatusMethodNotAllowed {
+			t.Errorf("%s probe path %s is not served by the admin port", name, probe.HTTPGet.Path)
+		}
+	}
+	grace := proxy.DefaultShutdownGrace
+	if v, ok := env["TIMING_SIDECAR_SHUTDOWN_GRACE"]; ok {
+		if grace, err = time.ParseDuration(v); err != nil {
+			t.Fatalf("TIMING_SIDECAR_SHUTDOWN_GRACE %q: %v", v, err)
+		}
+	}
+	if spec.TerminationGracePeriodSeconds == nil || time.Duration(*spec.TerminationGracePeriodSeconds)*time.Second <= grace {
+		t.Errorf("terminationGracePeriodSeconds %v must be set and longer than the shutdown grace %v", spec.TerminationGracePeriodSeconds, grace)
+	}
+	return sc
+}
+
+func TestExample(t *testing.T) {
+	var all []byte
+	files, _ := filepath.Glob("example/*.yaml")
+	for _, f := range files {
+		if filepath.Base(f) == "kustomization.yaml" {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		decode(t, f, b)
+		all = append(append(all, b...), "\n---\n"...)
+	}
+	built := build(t, "example")
+	if len(built.deployments) != 1 || len(built.services) != 1 || len(built.monitors) != 1 {
+		t.Fatalf("example builds to %d deployments, %d services, %d monitors", len(built.deployments), len(built.services), len(built.monitors))
+	}
+	d := built.deployments[0]
+	checkSidecar(t, &d.Spec.Template.Spec)
+	gpu := d.Spec.Template.Spec.Containers[0].Resources.Limits["nvidia.com/gpu"]
+	if got := d.Spec.Template.Spec.Containers[0]; got.Name != "vllm" || gpu.IsZero() ||
+		!strings.Contains(strings.Join(got.Args, " "), "--model") || got.Ports[0].ContainerPort != 8000 {
+		t.Errorf("vLLM container %+v", got)
+	}
+	svc := built.services[0]
+	if svc.Spec.Ports[0].TargetPort != intstr.FromInt32(8001) {
+		t.Errorf("the Service sends clients to %v, not the sidecar", svc.Spec.Ports[0].TargetPort)
+	}
+	if d.Spec.Template.Annotations["prometheus.io/port"] != "9101" {
+		t.Error("no Prometheus scrape annotations on the admin port")
+	}
+	for _, ep := range built.monitors[0].Spec.Endpoints {
+		found := false
+		for _, p := range svc.Spec.Ports {
+			found = found || p.Name == ep.Port
+		}
+		if !found {
+			t.Errorf("ServiceMonitor scrapes port %q the Service does not have", ep.Port)
+		}
+	}
+	if !bytes.Contains(all, []byte("TIMING_SIDECAR_")) {
+		t.Error("settings are not given as env vars")
+	}
+}
+
+// TestPatchAddsTheSidecarToAnExistingDeployment builds the component
+// against a plain vLLM Deployment and Service named differently from the
+// example, as a user's are.
+func TestPatchAddsTheSidecarToAnExistingDeployment(t *testing.T) {
+	built := build(t, "testdata/existing-vllm")
+	if len(built.deployments) != 1 || len(built.services) != 1 {
+		t.Fatalf("built %d deployments and %d services", len(built.deployments), len(built.services))
+	}
+	d := built.deployments[0]
+	if d.Name != "llama" {
+		t.Errorf("the patch renamed the Deployment to %q", d.Name)
+	}
+	spec := &d.Spec.Template.Spec
+	checkSidecar(t, spec)
+	if len(spec.Containers) != 1 || spec.Containers[0].Name != "vllm" || spec.Containers[0].Args[1] != "meta-llama/Llama-3.1-8B-Instruct" {
+		t.Errorf("the user's vLLM container changed: %+v", spec.Containers)
+	}
+	if d.Spec.Template.Annotations["team"] != "search" || d.Spec.Template.Annotations["prometheus.io/scrape"] != "true" {
+		t.Errorf("annotations not merged: %v", d.Spec.Template.Annotations)
+	}
+	svc := built.services[0]
+	if svc.Name != "llama" || svc.Spec.Ports[0].Port != 80 || svc.Spec.Ports[0].TargetPort != intstr.FromInt32(8001) {
+		t.Errorf("Service %s port %d -> %v, want 80 -> 8001", svc.Name, svc.Spec.Ports[0].Port, svc.Spec.Ports[0].TargetPort)
+	}
+}
+
+// TestPatchFilesStandAlone: the files the README's kubectl patch commands
+// use decode as what kubectl expects.
+func TestPatchFilesStandAlone(t *testing.T) {
+	var forKustomize, forKubectl appsv1.Deployment
+	for file, d := range map[string]*appsv1.Deployment{"patch/sidecar.yaml": &forKustomize, "patch/kubectl-sidecar.yaml": &forKubectl} {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := yaml.UnmarshalStrict(b, d); err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+	}
+	if forKubectl.Name != "" {
+		t.Errorf("kubectl-sidecar.yaml names a Deployment (%q): kubectl patch would refuse another name", forKubectl.Name)
+	}
+	forKustomize.ObjectMeta = forKubectl.ObjectMeta
+	if !reflect.DeepEqual(forKustomize, forKubectl) {
+		t.Error("kubectl-sidecar.yaml differs from sidecar.yaml beyond the name")
+	}
+	b, err := os.ReadFile("patch/service.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ops []struct {
+		Op, Path string
+		Value    int
+	}
+	if err := yaml.UnmarshalStrict(b, &ops); err != nil || len(ops) != 1 || ops[0].Value != 8001 {
+		t.Fatalf("service patch %+v, %v", ops, err)
+	}
+}
