@@ -35,7 +35,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Writer:    stdout,
 		ErrWriter: stderr,
 		Flags:     serveFlags(),
-		Commands:  []*cli.Command{demoCommand()},
+		Commands:  []*cli.Command{demoCommand(), emulateCommand(), benchCommand()},
 		Action: func(c *cli.Context) error {
 			cfg, err := configFrom(c)
 			if err != nil {

@@ -44,6 +44,7 @@ const (
 	HeaderErrorAfter     = "X-Emulator-Error-After"      // in-stream error event after this many token events
 	HeaderCutAfter       = "X-Emulator-Cut-After"        // drop the connection after this many token events
 	HeaderRequestID      = "X-Request-Id"                // becomes the response id's suffix
+	HeaderStamp          = "X-Emulator-Stamp"            // "1": each token event's text is " @<send time, Unix ns>"
 )
 
 // Config configures a Server.

@@ -52,6 +52,9 @@ type generation struct {
 	prompt  int
 	// faults, -1 when off
 	errorAfter, cutAfter int
+	// stamp: token events carry their send time instead of words, so a
+	// load tool can measure each event's delivery delay.
+	stamp bool
 }
 
 func (s *Server) generate(w http.ResponseWriter, r *http.Request) {
@@ -163,6 +166,7 @@ func (g *generation) timingFor(h http.Header) (Timing, error) {
 		t.TokensPerEvent = n
 	}
 	g.errorAfter, g.cutAfter = -1, -1
+	g.stamp = h.Get(HeaderStamp) == "1"
 	if v, err := strconv.Atoi(h.Get(HeaderErrorAfter)); err == nil {
 		g.errorAfter = v
 	}

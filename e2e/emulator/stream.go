@@ -3,6 +3,7 @@ package emulator
 import (
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"time"
 )
 
@@ -75,15 +76,18 @@ func (g *generation) stream() {
 				fr = &reason
 			}
 			var choices any
+			t := text(done, n)
+			if g.stamp {
+				t = " @" + strconv.FormatInt(time.Now().UnixNano(), 10)
+			}
 			if g.chat {
-				t := text(done, n)
 				c := chatChunkChoice{Index: i, Delta: chatDelta{Content: &t}, FinishReason: fr}
 				if last {
 					c.StopReason = json.RawMessage("null")
 				}
 				choices = []chatChunkChoice{c}
 			} else {
-				choices = []completionChunkChoice{{Index: i, Text: text(done, n), FinishReason: fr}}
+				choices = []completionChunkChoice{{Index: i, Text: t, FinishReason: fr}}
 			}
 			if !send(choices, continuous) {
 				return

@@ -1,0 +1,74 @@
+package main
+
+import (
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/timing-sidecar/timing-sidecar/e2e/bench"
+	"github.com/timing-sidecar/timing-sidecar/e2e/emulator"
+)
+
+// emulateCommand runs the emulated engine on its own, as an engine to try
+// the sidecar against and as the benchmark's upstream.
+func emulateCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "emulate",
+		Usage: "run the built-in emulated OpenAI-compatible engine (vLLM's wire format, no GPU)",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "listen", EnvVars: env("emulate-listen"), Value: "127.0.0.1:8000", Usage: "Address the emulated engine listens on."},
+			&cli.DurationFlag{Name: "ttft", EnvVars: env("emulate-ttft"), Value: 50 * time.Millisecond, Usage: "Time from response headers to the first token."},
+			&cli.DurationFlag{Name: "itl", EnvVars: env("emulate-itl"), Value: 10 * time.Millisecond, Usage: "Gap between token events."},
+			&cli.IntFlag{Name: "tokens", EnvVars: env("emulate-tokens"), Value: 16, Usage: "Tokens per choice when a request sets no max_tokens."},
+		},
+		Action: func(c *cli.Context) error {
+			e := emulator.New(emulator.Config{Timing: emulator.Timing{TTFT: c.Duration("ttft"), ITL: c.Duration("itl"),
+				TokensPerEvent: 1, OutputTokens: c.Int("tokens")}})
+			srv := &http.Server{Addr: c.String("listen"), Handler: e.Handler(), ReadHeaderTimeout: 10 * time.Second}
+			fmt.Fprintf(c.App.ErrWriter, "emulated engine listening on %s\n", c.String("listen"))
+			go func() { <-c.Context.Done(); srv.Close() }()
+			if err := srv.ListenAndServe(); err != http.ErrServerClosed {
+				return err
+			}
+			return nil
+		},
+	}
+}
+
+// benchCommand is the load tool.
+func benchCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "bench",
+		Usage:     "load an OpenAI-compatible URL in front of the emulated engine and report per-event delivery delay and throughput",
+		ArgsUsage: "URL",
+		Flags: []cli.Flag{
+			&cli.IntFlag{Name: "concurrency", Aliases: []string{"c"}, EnvVars: env("bench-concurrency"), Value: 64, Usage: "Requests in flight at all times."},
+			&cli.DurationFlag{Name: "duration", Aliases: []string{"d"}, EnvVars: env("bench-duration"), Value: 10 * time.Second, Usage: "How long new requests start."},
+			&cli.IntFlag{Name: "tokens", EnvVars: env("bench-tokens"), Value: 64, Usage: "Tokens (one per event) per response."},
+			&cli.DurationFlag{Name: "itl", EnvVars: env("bench-itl"), Value: 20 * time.Millisecond, Usage: "The engine's gap between events."},
+			&cli.BoolFlag{Name: "unary", EnvVars: env("bench-unary"), Usage: "Non-streaming requests: report requests/s and latency."},
+			&cli.BoolFlag{Name: "include-metrics", EnvVars: env("bench-include-metrics"), Value: true, Usage: `Send "include_metrics": true.`},
+			&cli.BoolFlag{Name: "json", EnvVars: env("bench-json"), Usage: "Print the result as JSON."},
+		},
+		Action: func(c *cli.Context) error {
+			if c.NArg() != 1 {
+				return fmt.Errorf("bench needs the target URL, e.g. http://127.0.0.1:8001")
+			}
+			r, err := bench.Run(c.Context, bench.Options{
+				Target: c.Args().First(), Concurrency: c.Int("concurrency"), Duration: c.Duration("duration"),
+				Tokens: c.Int("tokens"), ITL: c.Duration("itl"), Unary: c.Bool("unary"),
+				IncludeMetrics: c.Bool("include-metrics"), Progress: c.App.ErrWriter,
+			})
+			if err != nil {
+				return err
+			}
+			if c.Bool("json") {
+				return r.WriteJSON(c.App.Writer)
+			}
+			r.WriteTable(c.App.Writer)
+			return nil
+		},
+	}
+}
