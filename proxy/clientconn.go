@@ -31,9 +31,11 @@ func (l clientListener) Accept() (net.Conn, error) {
 type clientConn struct {
 	net.Conn
 
-	mu      sync.Mutex
-	ahead   chan struct{} // non-nil while a read-ahead runs; closed when it ends
-	one     [1]byte
+	mu    sync.Mutex
+	ahead chan struct{} // non-nil while a read-ahead runs; closed when it ends
+	// buf takes what the read-ahead reads: usually the client's next
+	// request whole, handed to the server without another read.
+	buf     [1024]byte
 	pending []byte // read ahead, not yet handed to the server
 	err     error  // the connection failed or closed
 	onGone  func() // the watched request's abort
@@ -68,11 +70,11 @@ func (c *clientConn) unwatch() {
 }
 
 func (c *clientConn) readAhead(done chan struct{}) {
-	n, err := c.Conn.Read(c.one[:])
+	n, err := c.Conn.Read(c.buf[:])
 	var gone func()
 	c.mu.Lock()
 	if n > 0 {
-		c.pending = c.one[:n]
+		c.pending = c.buf[:n]
 	}
 	// A timeout comes from a deadline the server set for its next read
 	// after the response; its own read will meet the same deadline.

@@ -104,6 +104,8 @@ type Config struct {
 
 	// AdminListen is the address of /metrics, /healthz and /readyz.
 	AdminListen string
+	// AdminPprof serves Go's profiler under /debug/pprof/ on the admin port.
+	AdminPprof bool
 	// AccessLog writes one JSON line per request.
 	AccessLog bool
 	// InjectUsage asks the engine for usage on streams whose client did

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"iter"
 
 	"github.com/valyala/fasthttp"
 )
@@ -9,21 +10,36 @@ import (
 // hopHeaders are meaningful for one connection only and are never
 // forwarded, in either direction (RFC 9110 7.6.1, plus the de-facto
 // Proxy-Connection and Keep-Alive).
-var hopHeaders = []string{
+var hopHeaders = [...]string{
 	"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate",
 	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
 }
 
 // header is what fasthttp's request and response headers have in common.
 type header interface {
+	All() iter.Seq2[[]byte, []byte]
 	PeekAll(key string) [][]byte
 	Del(key string)
 	ResetConnectionClose()
 }
 
 // removeHopHeaders removes hop-by-hop headers and every header named in
-// Connection.
+// Connection. One pass finds which are there (usually none), so the common
+// request costs no deletions.
 func removeHopHeaders(h header) {
+	var found [len(hopHeaders)]bool
+	anyFound := false
+	for k := range h.All() {
+		for i, name := range hopHeaders {
+			if len(k) == len(name) && bytes.EqualFold(k, []byte(name)) {
+				found[i], anyFound = true, true
+			}
+		}
+	}
+	h.ResetConnectionClose()
+	if !anyFound {
+		return
+	}
 	for _, v := range h.PeekAll("Connection") {
 		for name := range bytes.SplitSeq(v, []byte{','}) {
 			if name = bytes.TrimSpace(name); len(name) > 0 {
@@ -31,10 +47,11 @@ func removeHopHeaders(h header) {
 			}
 		}
 	}
-	for _, name := range hopHeaders {
-		h.Del(name)
+	for i, name := range hopHeaders {
+		if found[i] {
+			h.Del(name)
+		}
 	}
-	h.ResetConnectionClose()
 }
 
 // upstreamRequest fills req from the client's request, with body as its

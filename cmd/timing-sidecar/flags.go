@@ -38,6 +38,8 @@ func serveFlags() []cli.Flag {
 			Usage: "Largest stream event, in bytes, that is inspected; a larger one passes through intact but is not read for tokens or usage."},
 		&cli.StringFlag{Name: "admin-listen", EnvVars: env("admin-listen"), Value: proxy.DefaultAdminListen,
 			Usage: "Address of the admin endpoints: /metrics (the sidecar's Prometheus series), /healthz and /readyz. The engine's own /metrics stays on the proxied port."},
+		&cli.BoolFlag{Name: "admin-pprof", EnvVars: env("admin-pprof"),
+			Usage: "Serve Go's profiler under /debug/pprof/ on the admin port, for performance work."},
 		&cli.BoolFlag{Name: "access-log", EnvVars: env("access-log"), Value: true,
 			Usage: "Write one JSON line per request to standard output (never the prompt, the output or credentials)."},
 		&cli.BoolFlag{Name: "inject-usage", EnvVars: env("inject-usage"), Value: true,

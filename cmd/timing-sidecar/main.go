@@ -67,6 +67,7 @@ func configFrom(c *cli.Context) (proxy.Config, error) {
 		MaxBufferedResponse:    c.Int("max-buffered-response-size"),
 		MaxEventSize:           c.Int("max-event-size"),
 		AdminListen:            c.String("admin-listen"),
+		AdminPprof:             c.Bool("admin-pprof"),
 		AccessLog:              c.Bool("access-log"),
 		InjectUsage:            c.Bool("inject-usage"),
 		MaxModelLabels:         c.Int("max-model-labels"),
