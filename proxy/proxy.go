@@ -70,7 +70,10 @@ func New(cfg Config, log *slog.Logger, accessLog io.Writer) (*Proxy, error) {
 		DisablePreParseMultipartForm:  true,
 		DisableHeaderNamesNormalizing: false,
 		CloseOnShutdown:               true,
-		Logger:                        fasthttpLogger{log},
+		// Release the connection's read buffer once a request is read:
+		// a stream holds its connection for minutes and needs none.
+		ReduceMemoryUsage: true,
+		Logger:            fasthttpLogger{log},
 	}
 	return p, nil
 }
