@@ -1,0 +1,54 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/timing-sidecar/timing-sidecar/e2e/emulator"
+)
+
+func TestStampOf(t *testing.T) {
+	for line, want := range map[string]int64{
+		`data: {"choices":[{"index":0,"delta":{"content":" @1733150000123456789"}}]}`: 1733150000123456789,
+		`data: {"choices":[{"index":0,"delta":{"content":" hello"}}]}`:                -1,
+		`data: {"choices":[{"delta":{"content":" @12x"}}]}`:                           -1,
+	} {
+		got, ok := stampOf([]byte(line))
+		if (want == -1) == ok || (ok && got != want) {
+			t.Errorf("stampOf(%s) = %d, %v", line, got, ok)
+		}
+	}
+}
+
+func TestRunAgainstTheEmulator(t *testing.T) {
+	e := emulator.New(emulator.Config{})
+	if err := e.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	for _, unary := range []bool{false, true} {
+		r, err := Run(context.Background(), Options{Target: e.URL(), Concurrency: 4, Duration: 200 * time.Millisecond,
+			Tokens: 5, ITL: 5 * time.Millisecond, Unary: unary})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Requests < 4 || r.Errors != 0 {
+			t.Fatalf("unary=%v: %d requests, %d errors", unary, r.Requests, r.Errors)
+		}
+		if !unary && (r.Events != 5*r.Requests || r.DelayP50 <= 0 || r.DelayP99 < r.DelayP50 || r.DelayP99 > 50) {
+			t.Errorf("streaming result %+v", r)
+		}
+		if unary && (r.Events != 0 || r.LatencyP50 < 20) {
+			t.Errorf("unary result %+v: 5 tokens at 5 ms take at least 20 ms", r)
+		}
+		var table, js bytes.Buffer
+		r.WriteTable(&table)
+		if err := r.WriteJSON(&js); err != nil || !json.Valid(js.Bytes()) || !strings.Contains(table.String(), "request latency") {
+			t.Errorf("output: %s / %s", table.String(), js.String())
+		}
+	}
+}
