@@ -41,7 +41,11 @@ var requestIDHeader = []byte("X-Request-Id")
 
 // begin starts a flight: request id, tenant, and the in-flight gauge.
 func (p *Proxy) begin(ctx *fasthttp.RequestCtx, arrival time.Time) *flight {
-	f := &flight{clock: timing.Clock{Arrival: arrival}}
+	f, _ := p.pools.flights.Get().(*flight)
+	if f == nil {
+		f = new(flight)
+	}
+	*f = flight{clock: timing.Clock{Arrival: arrival}}
 	f.rec = telemetry.Request{
 		Method:   string(ctx.Method()),
 		Path:     string(ctx.Path()),
@@ -94,6 +98,8 @@ func (p *Proxy) finish(f *flight) {
 		f.rec.Metrics = timing.Compute(&f.clock, f.usage, f.rec.Stream)
 	}
 	p.telemetry.Finish(&f.rec)
+	// Nothing holds the flight after this: it is reused.
+	p.pools.flights.Put(f)
 }
 
 // setResponseID returns the request id to the client.

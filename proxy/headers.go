@@ -15,6 +15,13 @@ var hopHeaders = [...]string{
 	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
 }
 
+var hopHeaderBytes = func() (b [len(hopHeaders)][]byte) {
+	for i, h := range hopHeaders {
+		b[i] = []byte(h)
+	}
+	return b
+}()
+
 // header is what fasthttp's request and response headers have in common.
 type header interface {
 	All() iter.Seq2[[]byte, []byte]
@@ -30,8 +37,8 @@ func removeHopHeaders(h header) {
 	var found [len(hopHeaders)]bool
 	anyFound := false
 	for k := range h.All() {
-		for i, name := range hopHeaders {
-			if len(k) == len(name) && bytes.EqualFold(k, []byte(name)) {
+		for i, name := range hopHeaderBytes {
+			if len(k) == len(name) && bytes.EqualFold(k, name) {
 				found[i], anyFound = true, true
 			}
 		}

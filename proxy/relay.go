@@ -4,10 +4,10 @@ import (
 	"errors"
 	"io"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"time"
 
-	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
 
 	"github.com/timing-sidecar/timing-sidecar/rewrite"
@@ -39,7 +39,7 @@ func (p *Proxy) relayBody(ctx *fasthttp.RequestCtx, f *flight, x *exchange, resp
 	}
 	b := &bodyRelay{p: p, f: f, x: x, resp: resp, body: x.body(resp), prefix: prefix, err: readErr}
 	if f.measured && !f.wantMetrics {
-		b.capture = bytebufferpool.Get()
+		b.capture = p.pools.buffer()
 		b.capture.B = append(b.capture.B, prefix...)
 	}
 	f.streaming = true
@@ -56,7 +56,7 @@ type bodyRelay struct {
 	prefix  []byte
 	err     error // a read error met while the prefix was read
 	eof     bool
-	capture *bytebufferpool.ByteBuffer // the body, for its usage; nil if not needed
+	capture *buffer // the body, for its usage; nil if not needed
 }
 
 func (b *bodyRelay) Read(p []byte) (n int, err error) {
@@ -77,7 +77,7 @@ func (b *bodyRelay) Read(p []byte) (n int, err error) {
 			b.capture.B = append(b.capture.B, p[:n]...)
 		} else {
 			// Too large to read the usage from: stop keeping a copy.
-			bytebufferpool.Put(b.capture)
+			b.p.pools.release(b.capture)
 			b.capture = nil
 		}
 	}
@@ -100,7 +100,7 @@ func (b *bodyRelay) CloseWithError(writeErr error) error {
 		if b.eof {
 			f.usage = rewrite.BodyUsage(b.capture.B)
 		}
-		bytebufferpool.Put(b.capture)
+		b.p.pools.release(b.capture)
 	}
 	b.x.finish(b.resp, b.eof)
 	b.p.finish(f)
@@ -142,8 +142,8 @@ func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *exchang
 		p.relayBody(ctx, f, x, resp, nil, nil)
 		return
 	}
-	buf := bytebufferpool.Get()
-	defer bytebufferpool.Put(buf)
+	buf := p.pools.buffer()
+	defer p.pools.release(buf)
 	complete, err := readUpTo(buf, x.body(resp), limit)
 	if err != nil || !complete {
 		// Too large, or the engine failed mid-body: forward what arrived
@@ -160,9 +160,12 @@ func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *exchang
 	x.finish(resp, true)
 
 	m := timing.Compute(&f.clock, f.usage, false)
-	metrics := appendMetrics(nil, &m, f.multiple)
-	out := bytebufferpool.Get()
-	defer bytebufferpool.Put(out)
+	mb := p.pools.buffer()
+	defer p.pools.release(mb)
+	mb.B = appendMetrics(mb.B[:0], &m, f.multiple)
+	metrics := mb.B
+	out := p.pools.buffer()
+	defer p.pools.release(out)
 	body, ok := rewrite.AppendWithMetrics(out.B[:0], buf.B, metrics)
 	if ok {
 		out.B = body // keep the grown buffer for the pool
@@ -186,11 +189,15 @@ func appendMetrics(dst []byte, m *timing.Metrics, multiple bool) []byte {
 
 // readUpTo reads r to its end into buf, unless that is more than limit
 // bytes: then it stops with complete == false and what it read in buf.
-func readUpTo(buf *bytebufferpool.ByteBuffer, r io.Reader, limit int) (complete bool, err error) {
-	var chunk [8 << 10]byte
+func readUpTo(buf *buffer, r io.Reader, limit int) (complete bool, err error) {
 	for {
-		n, err := r.Read(chunk[:])
-		buf.B = append(buf.B, chunk[:n]...)
+		// Read straight into the pooled buffer's spare room: no chunk
+		// buffer per request.
+		if cap(buf.B)-len(buf.B) < 4<<10 {
+			buf.B = slices.Grow(buf.B, 8<<10)
+		}
+		n, err := r.Read(buf.B[len(buf.B):cap(buf.B)])
+		buf.B = buf.B[:len(buf.B)+n]
 		switch {
 		case err == io.EOF:
 			return true, nil
@@ -317,10 +324,33 @@ func (r *eventRelay) CloseWithError(writeErr error) error {
 	return nil
 }
 
-// pools hold per-stream state for reuse, so a stream in steady state
-// allocates nothing.
+// pools hold per-stream state and body buffers for reuse, so a stream in
+// steady state allocates nothing and a non-streaming response little.
 type pools struct {
-	relay sync.Pool
+	relay   sync.Pool
+	buffers sync.Pool
+	flights sync.Pool
+}
+
+// buffer is a reusable byte buffer.
+type buffer struct{ B []byte }
+
+// maxPooledBuffer: a buffer grown past this (a rare huge body) is left to
+// the garbage collector rather than kept.
+const maxPooledBuffer = 1 << 20
+
+func (p *pools) buffer() *buffer {
+	if b, ok := p.buffers.Get().(*buffer); ok {
+		b.B = b.B[:0]
+		return b
+	}
+	return &buffer{B: make([]byte, 0, 16<<10)}
+}
+
+func (p *pools) release(b *buffer) {
+	if cap(b.B) <= maxPooledBuffer {
+		p.buffers.Put(b)
+	}
 }
 
 func newPools(maxEvent int) *pools {
