@@ -153,7 +153,8 @@ func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *exchang
 		return
 	}
 	f.clock.Done = time.Now()
-	f.usage = rewrite.BodyUsage(buf.B)
+	inspected := rewrite.InspectBody(buf.B)
+	f.usage = inspected.Usage
 	copyResponseHeader(ctx, resp)
 	setResponseID(ctx, f)
 	f.rec.Status = resp.StatusCode()
@@ -166,7 +167,7 @@ func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *exchang
 	metrics := mb.B
 	out := p.pools.buffer()
 	defer p.pools.release(out)
-	body, ok := rewrite.AppendWithMetrics(out.B[:0], buf.B, metrics)
+	body, ok := inspected.AppendWithMetrics(out.B[:0], buf.B, metrics)
 	if ok {
 		out.B = body // keep the grown buffer for the pool
 		ctx.Response.Header.SetBytesV("Server-Timing", serverTiming(&m))

@@ -3,6 +3,8 @@ package rewrite
 import (
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
+
+	"github.com/timing-sidecar/timing-sidecar/timing"
 )
 
 // metricsKey is where the metrics object goes, as in vLLM's responses.
@@ -20,11 +22,59 @@ func AppendWithMetrics(dst, obj, metrics []byte) ([]byte, bool) {
 	if !gjson.Valid(s) {
 		return dst, false
 	}
+	return appendMember(dst, obj, metrics, gjson.Get(s, metricsKey).Exists())
+}
+
+// Body is what the sidecar reads of a non-streaming response: one pass to
+// validate it and one over its top-level keys.
+type Body struct {
+	// Usage holds the engine's token counts.
+	Usage      timing.Usage
+	object     bool // a valid JSON object
+	hasMetrics bool
+}
+
+// InspectBody reads a non-streaming response body.
+func InspectBody(body []byte) Body {
+	s := view(body)
+	if !gjson.Valid(s) {
+		return Body{}
+	}
+	doc := gjson.Parse(s)
+	if !doc.IsObject() {
+		return Body{}
+	}
+	b := Body{object: true}
+	doc.ForEach(func(key, value gjson.Result) bool {
+		switch key.Str {
+		case "usage":
+			if value.IsObject() {
+				b.Usage = parseUsage(value)
+			}
+		case metricsKey:
+			b.hasMetrics = true
+		}
+		return true
+	})
+	return b
+}
+
+// AppendWithMetrics is the package function of the same name for a body
+// already inspected: body must be the bytes b was read from.
+func (b Body) AppendWithMetrics(dst, body, metrics []byte) ([]byte, bool) {
+	if !b.object {
+		return dst, false
+	}
+	return appendMember(dst, body, metrics, b.hasMetrics)
+}
+
+// appendMember does the splice on a valid JSON document.
+func appendMember(dst, obj, metrics []byte, hasMetrics bool) ([]byte, bool) {
 	open, close := firstNonSpace(obj), lastNonSpace(obj)
 	if open < 0 || obj[open] != '{' || obj[close] != '}' {
 		return dst, false
 	}
-	if gjson.Get(s, metricsKey).Exists() {
+	if hasMetrics {
 		out, err := sjson.SetRawBytesOptions(append([]byte(nil), obj...), metricsKey, metrics, sjsonOptions)
 		if err != nil {
 			return dst, false

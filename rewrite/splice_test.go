@@ -74,3 +74,25 @@ func TestAppendEventWithMetrics(t *testing.T) {
 		})
 	}
 }
+
+func TestInspectBody(t *testing.T) {
+	for _, tt := range []struct {
+		body    string
+		usage   int64
+		spliced string
+	}{
+		{`{"id":"x","usage":{"prompt_tokens":3,"completion_tokens":9}}`, 9, `{"id":"x","usage":{"prompt_tokens":3,"completion_tokens":9},"metrics":` + metricsJSON + `}`},
+		{`{"metrics":1,"usage":{"completion_tokens":2}}`, 2, `{"metrics":` + metricsJSON + `,"usage":{"completion_tokens":2}}`},
+		{`{"usage":`, -1, ""},
+		{`[{"usage":{}}]`, -1, ""},
+	} {
+		b := InspectBody([]byte(tt.body))
+		if tt.usage >= 0 && b.Usage.CompletionTokens.Value != tt.usage {
+			t.Errorf("%s: usage %+v", tt.body, b.Usage)
+		}
+		got, ok := b.AppendWithMetrics(nil, []byte(tt.body), []byte(metricsJSON))
+		if ok != (tt.spliced != "") || string(got) != tt.spliced {
+			t.Errorf("%s: spliced %q, %v; want %q", tt.body, got, ok, tt.spliced)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -46,6 +47,32 @@ type Recorder struct {
 	upstreamErrors                *prometheus.CounterVec
 	clientDisconnects             prometheus.Counter
 	inFlight                      prometheus.Gauge
+
+	// series caches each (endpoint, model)'s histograms, so a request
+	// does not hash its labels once per series.
+	series sync.Map // seriesKey -> *modelSeries
+}
+
+type seriesKey struct{ endpoint, model string }
+
+type modelSeries struct {
+	queue, ttft, itl, maxITL, e2e prometheus.Observer
+}
+
+func (r *Recorder) seriesFor(endpoint, model string) *modelSeries {
+	k := seriesKey{endpoint, model}
+	if s, ok := r.series.Load(k); ok {
+		return s.(*modelSeries)
+	}
+	s := &modelSeries{
+		queue:  r.queue.WithLabelValues(endpoint, model),
+		ttft:   r.ttft.WithLabelValues(endpoint, model),
+		itl:    r.itl.WithLabelValues(endpoint, model),
+		maxITL: r.maxITL.WithLabelValues(endpoint, model),
+		e2e:    r.e2e.WithLabelValues(endpoint, model),
+	}
+	actual, _ := r.series.LoadOrStore(k, s)
+	return actual.(*modelSeries)
 }
 
 // NewRecorder registers the sidecar's series with reg.
@@ -134,18 +161,19 @@ func (r *Recorder) Finish(req *Request) {
 
 func (r *Recorder) observe(req *Request, model, tenant string) {
 	m := &req.Metrics
-	observe := func(h *prometheus.HistogramVec, n timing.Number) {
+	s := r.seriesFor(req.Endpoint, model)
+	observe := func(o prometheus.Observer, n timing.Number) {
 		if n.Set {
-			h.WithLabelValues(req.Endpoint, model).Observe(n.Value / 1000)
+			o.Observe(n.Value / 1000)
 		}
 	}
 	if ttft, ok := req.timeToFirstToken(); ok {
-		r.ttft.WithLabelValues(req.Endpoint, model).Observe(ttft / 1000)
+		s.ttft.Observe(ttft / 1000)
 	}
-	observe(r.queue, m.QueueTime)
-	observe(r.itl, m.MeanITL)
-	observe(r.maxITL, m.MaxITL)
-	observe(r.e2e, m.E2ELatency)
+	observe(s.queue, m.QueueTime)
+	observe(s.itl, m.MeanITL)
+	observe(s.maxITL, m.MaxITL)
+	observe(s.e2e, m.E2ELatency)
 	labels := []string{req.Endpoint, model}
 	if r.tenantLabel {
 		labels = append(labels, tenant)
