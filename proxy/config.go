@@ -38,20 +38,25 @@ const (
 	DefaultUpstreamIdleTimeout   = 5 * time.Minute
 	// Below uvicorn's 5 s keep-alive, so the sidecar retires a pooled
 	// connection before the engine closes it under a new request.
-	DefaultUpstreamKeepAlive    = 4 * time.Second
-	DefaultClientReadTimeout    = 60 * time.Second
-	DefaultClientIdleTimeout    = 120 * time.Second
-	DefaultMaxRequestBodySize   = 64 << 20
-	DefaultMaxRequestHeaderSize = 16 << 10
-	DefaultMaxBufferedResponse  = 16 << 20
-	DefaultMaxEventSize         = 64 << 10
-	DefaultMaxIdleUpstreamConns = 256
-	DefaultAdminListen          = ":9101"
-	DefaultMaxModelLabels       = 32
-	DefaultMaxTenantLabels      = 32
-	DefaultReadinessProbe       = ProbeHTTP
-	DefaultReadinessPath        = "/health"
-	DefaultReadinessInterval    = 2 * time.Second
+	DefaultUpstreamKeepAlive  = 4 * time.Second
+	DefaultClientReadTimeout  = 60 * time.Second
+	DefaultClientIdleTimeout  = 120 * time.Second
+	DefaultMaxRequestBodySize = 64 << 20
+	// nginx's default for one request header line; the server holds a
+	// buffer this big per connection, streams included.
+	DefaultMaxRequestHeaderSize = 8 << 10
+	// nginx's default proxy_buffer_size on x86-64: the engine's response
+	// headers must fit; each upstream connection holds a buffer this big.
+	DefaultMaxResponseHeaderSize = 4 << 10
+	DefaultMaxBufferedResponse   = 16 << 20
+	DefaultMaxEventSize          = 64 << 10
+	DefaultMaxIdleUpstreamConns  = 256
+	DefaultAdminListen           = ":9101"
+	DefaultMaxModelLabels        = 32
+	DefaultMaxTenantLabels       = 32
+	DefaultReadinessProbe        = ProbeHTTP
+	DefaultReadinessPath         = "/health"
+	DefaultReadinessInterval     = 2 * time.Second
 	// Shorter than Kubernetes' default 30 s terminationGracePeriodSeconds.
 	DefaultShutdownGrace = 25 * time.Second
 	DefaultDrainDelay    = 5 * time.Second
@@ -95,6 +100,9 @@ type Config struct {
 	// MaxRequestHeaderSize is the largest request header block accepted
 	// (431 above).
 	MaxRequestHeaderSize int
+	// MaxResponseHeaderSize is the largest header block accepted from the
+	// engine (502 above).
+	MaxResponseHeaderSize int
 	// MaxBufferedResponse is the largest non-streaming response buffered to
 	// add metrics; a larger one passes through without them.
 	MaxBufferedResponse int
@@ -148,6 +156,7 @@ func DefaultConfig() Config {
 		ClientIdleTimeout:      DefaultClientIdleTimeout,
 		MaxRequestBodySize:     DefaultMaxRequestBodySize,
 		MaxRequestHeaderSize:   DefaultMaxRequestHeaderSize,
+		MaxResponseHeaderSize:  DefaultMaxResponseHeaderSize,
 		MaxBufferedResponse:    DefaultMaxBufferedResponse,
 		MaxEventSize:           DefaultMaxEventSize,
 		AdminListen:            DefaultAdminListen,
@@ -222,6 +231,7 @@ func (c *Config) Validate() error {
 	}{
 		{"max request body size", c.MaxRequestBodySize, 1},
 		{"max request header size", c.MaxRequestHeaderSize, 1024},
+		{"max response header size", c.MaxResponseHeaderSize, 1024},
 		{"max buffered response", c.MaxBufferedResponse, 1},
 		{"max event size", c.MaxEventSize, 1024},
 		{"max model labels", c.MaxModelLabels, 1},

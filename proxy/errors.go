@@ -40,6 +40,11 @@ func (e apiError) write(ctx *fasthttp.RequestCtx) {
 // upstreamError turns a failure to get response headers from the engine
 // into the error the client sees.
 func upstreamError(err error) apiError {
+	var small *fasthttp.ErrSmallBuffer
+	if errors.As(err, &small) {
+		return apiError{fasthttp.StatusBadGateway, "upstream_error", "upstream_header_too_large",
+			"timing-sidecar: the model server's response headers are larger than --max-response-header-size"}
+	}
 	var ne net.Error
 	if errors.Is(err, errHeaderTimeout) || (errors.As(err, &ne) && ne.Timeout()) {
 		return apiError{fasthttp.StatusGatewayTimeout, "upstream_error", "upstream_timeout",

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -195,6 +196,61 @@ func TestClientDisconnectAbortsTheEngine(t *testing.T) {
 				} else if !errors.Is(r.err, context.Canceled) {
 					t.Errorf("client error %v, want context.Canceled", r.err)
 				}
+			}
+		})
+	}
+}
+
+func TestSilentClientGets408(t *testing.T) {
+	engine := newFakeEngine(t)
+	base := startProxy(t, engine.URL(), func(c *Config) { c.ClientReadTimeout = 100 * time.Millisecond })
+	conn, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	start := time.Now()
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("a client that sent nothing got no answer: %v", err)
+	}
+	openAIError(t, resp, 408, "request_timeout")
+	if d := time.Since(start); d > 300*time.Millisecond {
+		t.Errorf("the 408 came %v after connecting, with a 100ms read timeout", d)
+	}
+}
+
+func TestEngineResponseHeaderLimit(t *testing.T) {
+	big := strings.Repeat("x", 3000)
+	for _, tt := range []struct {
+		name   string
+		header int // bytes of extra header
+		status int
+	}{
+		{"within the limit", 1, 200},
+		{"over the limit", 2, 502},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			raw := newRawEngine(t, func(conn net.Conn) bool {
+				io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n")
+				for i := 0; i < tt.header; i++ {
+					io.WriteString(conn, "X-Big-"+strconv.Itoa(i)+": "+big+"\r\n")
+				}
+				io.WriteString(conn, "\r\nok")
+				return true
+			})
+			base := startProxy(t, raw.url(), nil)
+			resp, err := client.Get(base + "/v1/models")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.status == 502 {
+				openAIError(t, resp, 502, "upstream_header_too_large")
+				return
+			}
+			resp.Body.Close()
+			if resp.StatusCode != tt.status {
+				t.Fatalf("%d bytes of engine headers: status %d, want %d", 3000*tt.header, resp.StatusCode, tt.status)
 			}
 		})
 	}

@@ -112,7 +112,10 @@ func upstreamErrorKind(err error, beforeHeaders bool) string {
 	var ne net.Error
 	timeout := errors.Is(err, errHeaderTimeout) || errors.Is(err, fasthttp.ErrTimeout) || (errors.As(err, &ne) && ne.Timeout())
 	var op *net.OpError
+	var small *fasthttp.ErrSmallBuffer
 	switch {
+	case errors.As(err, &small):
+		return telemetry.ErrorBadResponse
 	case !beforeHeaders && timeout:
 		return telemetry.ErrorIdleTimeout
 	case !beforeHeaders:

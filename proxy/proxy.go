@@ -70,10 +70,12 @@ func New(cfg Config, log *slog.Logger, accessLog io.Writer) (*Proxy, error) {
 		DisablePreParseMultipartForm:  true,
 		DisableHeaderNamesNormalizing: false,
 		CloseOnShutdown:               true,
-		// Release the connection's read buffer once a request is read:
-		// a stream holds its connection for minutes and needs none.
-		ReduceMemoryUsage: true,
-		Logger:            fasthttpLogger{log},
+		// ReduceMemoryUsage would free the read buffer during a stream,
+		// but it also turns a silent new connection's timeout into a
+		// close without the 408 and lets a slow first request run for up
+		// to twice the read timeout; the buffer is kept instead, and the
+		// header size limit sized for it.
+		Logger: fasthttpLogger{log},
 	}
 	return p, nil
 }

@@ -28,6 +28,7 @@ type upstream struct {
 	idleTimeout   time.Duration
 	keepAlive     time.Duration
 	maxIdle       int
+	maxHeader     int
 
 	mu   sync.Mutex
 	idle []*upstreamConn // most recently used last
@@ -45,6 +46,7 @@ func newUpstream(cfg *Config) (*upstream, error) {
 		idleTimeout:   cfg.UpstreamIdleTimeout,
 		keepAlive:     cfg.UpstreamKeepAlive,
 		maxIdle:       DefaultMaxIdleUpstreamConns,
+		maxHeader:     cfg.MaxResponseHeaderSize,
 	}
 	if addr.tls {
 		host, _, _ := net.SplitHostPort(addr.host)
@@ -92,7 +94,9 @@ func (u *upstream) get() (*upstreamConn, error) {
 		u.mu.Unlock()
 		// A connection idle for under a second was closed by the engine
 		// only by accident (its keep-alive is seconds long); the retry in
-		// roundTrip covers that, and the peek's syscall is saved.
+		// roundTrip covers that, and the peek's syscall is saved. (The
+		// peek would also catch stray bytes after a response, which only
+		// a misbehaving engine sends; they then fail that request.)
 		if time.Since(c.idleSince) < time.Second || alive(c.Conn) {
 			c.reused = true
 			return c, nil
@@ -130,10 +134,11 @@ func (u *upstream) dial() (*upstreamConn, error) {
 		}
 		nc = tc
 	}
-	// 4 KB buffers: an event or a response header fits, larger bodies
-	// just take more reads and writes; each open stream holds both.
+	// Each open stream holds both buffers. The reader must hold the
+	// engine's whole response header block; larger bodies and requests
+	// just take more reads and writes.
 	c := &upstreamConn{Conn: nc}
-	c.br = bufio.NewReaderSize(c, 4<<10)
+	c.br = bufio.NewReaderSize(c, u.maxHeader)
 	c.bw = bufio.NewWriterSize(nc, 4<<10)
 	return c, nil
 }

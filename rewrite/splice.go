@@ -35,22 +35,27 @@ type Body struct {
 }
 
 // InspectBody reads a non-streaming response body.
+// InspectBody reads a non-streaming response body. Usage is read as
+// BodyUsage reads it (the first "usage" key, leniently), so the counts do
+// not depend on whether metrics are spliced in.
 func InspectBody(body []byte) Body {
 	s := view(body)
 	if !gjson.Valid(s) {
-		return Body{}
+		return Body{Usage: BodyUsage(body)}
 	}
 	doc := gjson.Parse(s)
 	if !doc.IsObject() {
 		return Body{}
 	}
 	b := Body{object: true}
+	seenUsage := false
 	doc.ForEach(func(key, value gjson.Result) bool {
 		switch key.Str {
 		case "usage":
-			if value.IsObject() {
+			if !seenUsage && value.IsObject() {
 				b.Usage = parseUsage(value)
 			}
+			seenUsage = true
 		case metricsKey:
 			b.hasMetrics = true
 		}

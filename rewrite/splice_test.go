@@ -84,6 +84,8 @@ func TestInspectBody(t *testing.T) {
 		{`{"id":"x","usage":{"prompt_tokens":3,"completion_tokens":9}}`, 9, `{"id":"x","usage":{"prompt_tokens":3,"completion_tokens":9},"metrics":` + metricsJSON + `}`},
 		{`{"metrics":1,"usage":{"completion_tokens":2}}`, 2, `{"metrics":` + metricsJSON + `,"usage":{"completion_tokens":2}}`},
 		{`{"usage":`, -1, ""},
+		{`{"usage":{"completion_tokens":4},"x":NaN}`, 4, ""},
+		{`{"usage":null,"usage":{"completion_tokens":9}}`, 0, `{"usage":null,"usage":{"completion_tokens":9},"metrics":` + metricsJSON + `}`},
 		{`[{"usage":{}}]`, -1, ""},
 	} {
 		b := InspectBody([]byte(tt.body))

@@ -18,6 +18,7 @@ const (
 	ErrorConnect     = "connect"      // could not connect to the engine
 	ErrorTimeout     = "timeout"      // no connection or no response headers in time
 	ErrorClosed      = "closed"       // the engine closed or reset the connection before headers
+	ErrorBadResponse = "bad_response" // the engine's response headers could not be read (too large)
 	ErrorInterrupted = "interrupted"  // the engine's body ended early (closed or reset)
 	ErrorIdleTimeout = "idle_timeout" // the engine went silent mid-body past the idle timeout
 	StatusClientGone = 499            // the status recorded when the client left before the response

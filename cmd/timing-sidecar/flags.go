@@ -32,6 +32,8 @@ func serveFlags() []cli.Flag {
 			Usage: "Largest request body accepted, in bytes (413 above it)."},
 		&cli.IntFlag{Name: "max-request-header-size", EnvVars: env("max-request-header-size"), Value: proxy.DefaultMaxRequestHeaderSize,
 			Usage: "Largest request header block accepted, in bytes (431 above it)."},
+		&cli.IntFlag{Name: "max-response-header-size", EnvVars: env("max-response-header-size"), Value: proxy.DefaultMaxResponseHeaderSize,
+			Usage: "Largest response header block accepted from the engine, in bytes (502 above it, like nginx's proxy_buffer_size)."},
 		&cli.IntFlag{Name: "max-buffered-response-size", EnvVars: env("max-buffered-response-size"), Value: proxy.DefaultMaxBufferedResponse,
 			Usage: "Largest non-streaming response, in bytes, held in memory to add metrics; a larger one passes through without them."},
 		&cli.IntFlag{Name: "max-event-size", EnvVars: env("max-event-size"), Value: proxy.DefaultMaxEventSize,

@@ -64,6 +64,7 @@ func configFrom(c *cli.Context) (proxy.Config, error) {
 		ClientIdleTimeout:      c.Duration("client-idle-timeout"),
 		MaxRequestBodySize:     c.Int("max-request-body-size"),
 		MaxRequestHeaderSize:   c.Int("max-request-header-size"),
+		MaxResponseHeaderSize:  c.Int("max-response-header-size"),
 		MaxBufferedResponse:    c.Int("max-buffered-response-size"),
 		MaxEventSize:           c.Int("max-event-size"),
 		AdminListen:            c.String("admin-listen"),
