@@ -51,7 +51,6 @@ func (p *Proxy) begin(ctx *fasthttp.RequestCtx, arrival time.Time) *flight {
 		Path:     string(ctx.Path()),
 		Endpoint: endpointOf(ctx),
 		BytesIn:  len(ctx.PostBody()),
-		Start:    arrival,
 	}
 	if id := ctx.Request.Header.PeekBytes(requestIDHeader); len(id) > 0 {
 		f.rec.ID = string(id)

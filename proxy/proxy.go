@@ -86,7 +86,7 @@ func (p *Proxy) handleBadRequest(ctx *fasthttp.RequestCtx, err error) {
 	e := requestError(err)
 	e.write(ctx)
 	p.telemetry.Finish(&telemetry.Request{Method: string(ctx.Method()), Path: string(ctx.Path()),
-		Endpoint: endpointOf(ctx), Status: e.Status, Start: time.Now()})
+		Endpoint: endpointOf(ctx), Status: e.Status})
 }
 
 // Serve answers requests on ln until Shutdown.

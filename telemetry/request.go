@@ -1,10 +1,6 @@
 package telemetry
 
-import (
-	"time"
-
-	"github.com/timing-sidecar/timing-sidecar/timing"
-)
+import "github.com/timing-sidecar/timing-sidecar/timing"
 
 // Endpoints, as the "endpoint" label names them.
 const (
@@ -44,7 +40,6 @@ type Request struct {
 	UpstreamError string
 	// ClientGone says the client left before the response was complete.
 	ClientGone bool
-	Start      time.Time
 }
 
 // timeToFirstToken is arrival to first token: the Prometheus definition,
