@@ -28,6 +28,10 @@ func (l clientListener) Accept() (net.Conn, error) {
 // server's own reads wait for a read-ahead in progress, so there is only
 // ever one reader. A client that half-closes its sending side looks gone:
 // HTTP/1.1 clients do not do that while awaiting a response.
+//
+// The read-ahead starts watchDelay after the request is forwarded, so a
+// request answered sooner (a model list, a short completion) costs no
+// goroutine, no extra read and no hand-over of the next request's bytes.
 type clientConn struct {
 	net.Conn
 
@@ -36,10 +40,16 @@ type clientConn struct {
 	// buf takes what the read-ahead reads: usually the client's next
 	// request whole, handed to the server without another read.
 	buf     [1024]byte
-	pending []byte // read ahead, not yet handed to the server
-	err     error  // the connection failed or closed
-	onGone  func() // the watched request's abort
+	pending []byte      // read ahead, not yet handed to the server
+	err     error       // the connection failed or closed
+	onGone  func()      // the watched request's abort
+	start   *time.Timer // starts the read-ahead; made on first use
 }
+
+// watchDelay is how long a watched request runs before the read-ahead
+// starts: the most a client that leaves goes unnoticed beyond what it
+// takes the read to return.
+const watchDelay = 10 * time.Millisecond
 
 // watch calls onGone once if the client closes the connection before
 // unwatch is called.
@@ -50,22 +60,44 @@ func (c *clientConn) watch(onGone func()) {
 		onGone()
 		return
 	}
+	defer c.mu.Unlock()
 	c.onGone = onGone
-	// The server's read deadline for this request has done its job; it
-	// would otherwise end the watch early. That includes a read-ahead
-	// still running from the previous request when this one was
-	// pipelined: a new deadline reaches a blocked read too.
-	c.Conn.SetReadDeadline(time.Time{}) //nolint:errcheck
-	if c.ahead == nil && len(c.pending) == 0 {
-		c.ahead = make(chan struct{})
-		go c.readAhead(c.ahead)
+	if c.ahead != nil {
+		// A read-ahead from the previous request still runs: this one was
+		// pipelined and read from the server's buffer. The server's read
+		// deadline for it would end the watch early; a new deadline
+		// reaches a blocked read too.
+		c.Conn.SetReadDeadline(time.Time{}) //nolint:errcheck
+		return
 	}
-	c.mu.Unlock()
+	if c.start == nil {
+		c.start = time.AfterFunc(watchDelay, c.startReadAhead)
+	} else {
+		c.start.Reset(watchDelay)
+	}
+}
+
+// startReadAhead starts the read-ahead if a request is still watched.
+func (c *clientConn) startReadAhead() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.onGone == nil || c.ahead != nil || len(c.pending) > 0 || c.err != nil {
+		return
+	}
+	// The server's read deadline for this request has done its job; it
+	// would otherwise end the watch early.
+	c.Conn.SetReadDeadline(time.Time{}) //nolint:errcheck
+	c.ahead = make(chan struct{})
+	go c.readAhead(c.ahead)
 }
 
 func (c *clientConn) unwatch() {
 	c.mu.Lock()
 	c.onGone = nil
+	if c.start != nil {
+		// If it fires anyway, startReadAhead finds nothing watched.
+		c.start.Stop()
+	}
 	c.mu.Unlock()
 }
 

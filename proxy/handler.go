@@ -70,8 +70,10 @@ func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight) {
 		req.Stream && !req.IncludeUsage && !req.ContinuousUsage
 	upBody := body
 	if !transparent && (req.HasIncludeMetrics || f.wantMetrics || f.hideUsage) {
+		buf := p.pools.buffer()
+		defer p.pools.release(buf)
 		var err error
-		if upBody, err = rewrite.UpstreamBody(body, req, f.wantMetrics || f.hideUsage); err != nil {
+		if upBody, err = rewrite.UpstreamBody(buf.B, body, req, f.wantMetrics || f.hideUsage); err != nil {
 			p.log.Warn("could not edit request body; forwarding it unchanged", "err", err, "request_id", f.rec.ID)
 			upBody, f.wantMetrics, f.hideUsage = body, false, false
 		}

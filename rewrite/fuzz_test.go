@@ -98,3 +98,48 @@ func hasDuplicateKeys(obj []byte) bool {
 	})
 	return dup
 }
+
+// FuzzUpstreamBody: whatever request the sidecar understood, the body it
+// sends upstream is valid JSON without include_metrics and with every other
+// top-level member as the client sent it.
+func FuzzUpstreamBody(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"m","include_metrics":true}`, `{ "include_metrics" : false , "stream":true}`,
+		`{"include_metrics":true}`, "{\"a\":[1,{\"include_metrics\":1}],\n\"include_metrics\":true\n}",
+		`{"include_metrics":true,"include_metrics":false}`, `{"stream":true,"stream_options":{"include_usage":false}}`,
+	} {
+		f.Add([]byte(s), true)
+	}
+	f.Fuzz(func(t *testing.T, body []byte, askUsage bool) {
+		req := InspectRequest(body)
+		if !req.Understood {
+			return
+		}
+		in := string(body)
+		out, err := UpstreamBody(nil, body, req, askUsage)
+		if string(body) != in {
+			t.Fatalf("input modified: %q", in)
+		}
+		if err != nil {
+			return
+		}
+		var got, want map[string]any
+		if err := json.Unmarshal(out, &got); err != nil {
+			t.Fatalf("invalid JSON %q from %q", out, body)
+		}
+		if req.HasIncludeMetrics && gjson.GetBytes(out, "include_metrics").Exists() {
+			t.Fatalf("include_metrics left in %q", out)
+		}
+		if hasDuplicateKeys(body) || json.Unmarshal(body, &want) != nil {
+			return
+		}
+		if req.HasIncludeMetrics {
+			delete(want, "include_metrics")
+		}
+		delete(got, "stream_options")
+		delete(want, "stream_options")
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("other members changed: %q -> %q", body, out)
+		}
+	})
+}

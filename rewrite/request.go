@@ -32,6 +32,10 @@ type Request struct {
 	// MultipleChoices is n > 1 or several prompts in one completions
 	// request: one metrics object cannot describe them, so it is null.
 	MultipleChoices bool
+
+	// includeMetrics is where the include_metrics members lie: the first
+	// key's opening quote to its value's end, and how many there are.
+	includeMetricsAt, includeMetricsEnd, includeMetricsCount int
 }
 
 // InspectRequest reads the top-level fields the sidecar needs in one pass.
@@ -49,6 +53,9 @@ func InspectRequest(body []byte) Request {
 	doc.ForEach(func(key, value gjson.Result) bool {
 		switch key.Str {
 		case "include_metrics":
+			if r.includeMetricsCount++; r.includeMetricsCount == 1 {
+				r.includeMetricsAt, r.includeMetricsEnd = key.Index, value.Index+len(value.Raw)
+			}
 			r.HasIncludeMetrics, r.IncludeMetrics = false, false
 			switch {
 			case value.IsBool():
@@ -114,17 +121,26 @@ func multiplePrompts(p gjson.Result) bool {
 	return several
 }
 
-// UpstreamBody returns the body to send upstream. It removes the sidecar's
-// "include_metrics" field (strict OpenAI-compatible servers reject unknown
-// fields) and, with askUsage, for a stream that did not ask for usage, sets
+// UpstreamBody returns the body to send upstream, appended to dst when it
+// differs from body. It removes the sidecar's "include_metrics" field
+// (strict OpenAI-compatible servers reject unknown fields) and, with
+// askUsage, for a stream that did not ask for usage, sets
 // stream_options.include_usage so the engine reports exact token counts.
 // The client's other stream_options are kept. body is not modified.
-func UpstreamBody(body []byte, r Request, askUsage bool) ([]byte, error) {
+func UpstreamBody(dst, body []byte, r Request, askUsage bool) ([]byte, error) {
 	var err error
 	out := body
 	if r.HasIncludeMetrics {
-		if out, err = sjson.DeleteBytes(out, "include_metrics"); err != nil {
-			return body, err
+		if r.includeMetricsCount == 1 {
+			// The common case: cut the member out, no second parse.
+			out = appendWithoutMember(dst, body, r.includeMetricsAt, r.includeMetricsEnd)
+		} else {
+			for err == nil && gjson.GetBytes(out, "include_metrics").Exists() {
+				out, err = sjson.DeleteBytes(out, "include_metrics")
+			}
+			if err != nil {
+				return body, err
+			}
 		}
 	}
 	if askUsage && r.Stream && !r.IncludeUsage {
@@ -138,4 +154,17 @@ func UpstreamBody(body []byte, r Request, askUsage bool) ([]byte, error) {
 		}
 	}
 	return out, nil
+}
+
+// appendWithoutMember appends to dst the valid JSON object obj without the
+// member from at (its key's opening quote) to end (past its value), taking
+// the comma before it, or for the first member the comma after it.
+func appendWithoutMember(dst, obj []byte, at, end int) []byte {
+	if i := lastNonSpace(obj[:at]); obj[i] == ',' {
+		at = i
+	} else if j := end + firstNonSpace(obj[end:]); obj[j] == ',' {
+		end = j + 1
+	}
+	dst = append(dst, obj[:at]...)
+	return append(dst, obj[end:]...)
 }
