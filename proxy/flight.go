@@ -35,7 +35,15 @@ type flight struct {
 	trailers bool
 	// streaming: a body stream finishes the flight, not the handler.
 	streaming bool
+	// upstreamBody is room for the request body as edited for the
+	// engine, kept with the pooled flight so that a usual request needs
+	// no allocation for it.
+	upstreamBody []byte
 }
+
+// maxKeptUpstreamBody: room grown past this for a large prompt is left to
+// the garbage collector rather than kept with the flight.
+const maxKeptUpstreamBody = 64 << 10
 
 var requestIDHeader = []byte("X-Request-Id")
 
@@ -45,7 +53,11 @@ func (p *Proxy) begin(ctx *fasthttp.RequestCtx, arrival time.Time) *flight {
 	if f == nil {
 		f = new(flight)
 	}
-	*f = flight{clock: timing.Clock{Arrival: arrival}}
+	room := f.upstreamBody[:0]
+	if cap(room) > maxKeptUpstreamBody {
+		room = nil
+	}
+	*f = flight{clock: timing.Clock{Arrival: arrival}, upstreamBody: room}
 	f.rec = telemetry.Request{
 		Method:   string(ctx.Method()),
 		Path:     string(ctx.Path()),

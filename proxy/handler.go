@@ -5,6 +5,7 @@ import (
 	"net"
 	"runtime/debug"
 	"time"
+	"unsafe"
 
 	"github.com/valyala/fasthttp"
 
@@ -70,12 +71,13 @@ func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight) {
 		req.Stream && !req.IncludeUsage && !req.ContinuousUsage
 	upBody := body
 	if !transparent && (req.HasIncludeMetrics || f.wantMetrics || f.hideUsage) {
-		buf := p.pools.buffer()
-		defer p.pools.release(buf)
 		var err error
-		if upBody, err = rewrite.UpstreamBody(buf.B, body, req, f.wantMetrics || f.hideUsage); err != nil {
+		if upBody, err = rewrite.UpstreamBody(f.upstreamBody, body, req, f.wantMetrics || f.hideUsage); err != nil {
 			p.log.Warn("could not edit request body; forwarding it unchanged", "err", err, "request_id", f.rec.ID)
 			upBody, f.wantMetrics, f.hideUsage = body, false, false
+		}
+		if cap(upBody) > cap(f.upstreamBody) && unsafe.SliceData(upBody) != unsafe.SliceData(body) {
+			f.upstreamBody = upBody[:0] // grown: keep the room for next time
 		}
 	}
 	x, resp, ok := p.forward(ctx, f, upBody, f.wantMetrics || f.hideUsage)

@@ -32,6 +32,10 @@ type upstream struct {
 
 	mu   sync.Mutex
 	idle []*upstreamConn // most recently used last
+
+	// writers hold the request writers: a request is written whole at
+	// once, so an open stream needs none and a conn borrows one per send.
+	writers sync.Pool
 }
 
 func newUpstream(cfg *Config) (*upstream, error) {
@@ -48,6 +52,7 @@ func newUpstream(cfg *Config) (*upstream, error) {
 		maxIdle:       DefaultMaxIdleUpstreamConns,
 		maxHeader:     cfg.MaxResponseHeaderSize,
 	}
+	u.writers.New = func() any { return bufio.NewWriterSize(nil, 4<<10) }
 	if addr.tls {
 		host, _, _ := net.SplitHostPort(addr.host)
 		u.tls = &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}
@@ -67,7 +72,6 @@ func (u *upstream) baseURL() string {
 type upstreamConn struct {
 	net.Conn
 	br        *bufio.Reader
-	bw        *bufio.Writer
 	idleSince time.Time
 	reused    bool
 	nread     int // bytes read since the current request was written
@@ -134,12 +138,10 @@ func (u *upstream) dial() (*upstreamConn, error) {
 		}
 		nc = tc
 	}
-	// Each open stream holds both buffers. The reader must hold the
-	// engine's whole response header block; larger bodies and requests
-	// just take more reads and writes.
+	// Each open stream holds its reader, which must hold the engine's
+	// whole response header block; larger bodies just take more reads.
 	c := &upstreamConn{Conn: nc}
 	c.br = bufio.NewReaderSize(c, u.maxHeader)
-	c.bw = bufio.NewWriterSize(nc, 4<<10)
 	return c, nil
 }
 
@@ -289,10 +291,15 @@ func (x *exchange) send(c *upstreamConn, req *fasthttp.Request, resp *fasthttp.R
 		deadline = time.Now().Add(x.up.headerTimeout)
 	}
 	c.SetDeadline(deadline) //nolint:errcheck // a closed conn fails the write below
-	if err := req.Write(c.bw); err != nil {
-		return err
+	bw := x.up.writers.Get().(*bufio.Writer)
+	bw.Reset(c.Conn)
+	err := req.Write(bw)
+	if err == nil {
+		err = bw.Flush()
 	}
-	if err := c.bw.Flush(); err != nil {
+	bw.Reset(nil)
+	x.up.writers.Put(bw)
+	if err != nil {
 		return err
 	}
 	resp.StreamBody = true

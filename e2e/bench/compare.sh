@@ -2,13 +2,17 @@
 # Compares timing-sidecar (metrics on) with nginx (proxy_buffering off, which
 # does no timing and no JSON work) and a direct connection, all in front of
 # the same emulated engine on this machine, and prints the ratios the
-# performance targets are stated in.
+# performance targets are stated in. A fourth target, go-relay
+# (e2e/bench/tcprelay: a Go TCP relay that parses nothing), shows what any
+# Go proxy pays here, so the sidecar's own cost can be told from the
+# runtime's.
 #
 #   e2e/bench/compare.sh            (installs nginx and wrk with apt-get if missing)
 #
 # Settings (environment): STREAMS=200 ITL=20ms TOKENS=100 DURATION=10s ROUNDS=2
 # UNARY_CLIENTS=32 UNARY_TOKENS=64 HOLD=5000 (open streams for the memory test).
-# Loads alternate direct, sidecar, nginx, direct, ... to cancel machine drift.
+# Loads alternate direct, sidecar, nginx, go-relay, direct, ... to cancel
+# machine drift.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -30,7 +34,8 @@ trap cleanup EXIT
 
 bin=$work/timing-sidecar
 .ci/build "$bin"
-ENGINE=127.0.0.1:18000 SIDECAR=127.0.0.1:18001 ADMIN=127.0.0.1:18002 NGINX=127.0.0.1:18003
+CGO_ENABLED=0 go build -o "$work/tcprelay" ./e2e/bench/tcprelay
+ENGINE=127.0.0.1:18000 SIDECAR=127.0.0.1:18001 ADMIN=127.0.0.1:18002 NGINX=127.0.0.1:18003 RELAY=127.0.0.1:18004
 
 "$bin" emulate --listen "$ENGINE" 2>"$work/engine.log" & pids+=($!); engine_pid=$!
 "$bin" --listen "$SIDECAR" --admin-listen "$ADMIN" --upstream "http://$ENGINE" --access-log=false \
@@ -60,6 +65,7 @@ http {
 }
 NGINX
 nginx -c "$work/nginx.conf" -p "$work" & pids+=($!); nginx_pid=$!
+"$work/tcprelay" --listen "$RELAY" --upstream "$ENGINE" & pids+=($!); relay_pid=$!
 sleep 1
 
 clk=$(getconf CLK_TCK)
@@ -71,14 +77,15 @@ cpu() { local t=0 v; for p in $(procs "$1"); do v=$(awk '{print $14+$15}' "/proc
 rss() { local k=0 v; for p in $(procs "$1"); do v=$(awk '/VmRSS/{print $2}' "/proc/$p/status" 2>/dev/null) && [ -n "$v" ] && k=$((k + v)); done; awk -v k="$k" 'BEGIN{printf "%.1f", k/1024}'; }
 field() { grep -o "\"$2\":[-0-9.e+]*" <<<"$1" | cut -d: -f2; }
 
-declare -A url=([direct]="http://$ENGINE" [sidecar]="http://$SIDECAR" [nginx]="http://$NGINX")
-declare -A pid=([direct]=$engine_pid [sidecar]=$sidecar_pid [nginx]=$nginx_pid)
+targets="direct sidecar nginx go-relay"
+declare -A url=([direct]="http://$ENGINE" [sidecar]="http://$SIDECAR" [nginx]="http://$NGINX" [go-relay]="http://$RELAY")
+declare -A pid=([direct]=$engine_pid [sidecar]=$sidecar_pid [nginx]=$nginx_pid [go-relay]=$relay_pid)
 declare -A p50 p99 events cpus rps maxrss
-for t in direct sidecar nginx; do p50[$t]=0 p99[$t]=0 events[$t]=0 cpus[$t]=0 rps[$t]=0 maxrss[$t]=0; done
+for t in $targets; do p50[$t]=0 p99[$t]=0 events[$t]=0 cpus[$t]=0 rps[$t]=0 maxrss[$t]=0; done
 
 echo "streaming: $STREAMS streams, $TOKENS tokens at $ITL, $DURATION per run, $ROUNDS rounds" >&2
 for r in $(seq "$ROUNDS"); do
-  for t in direct sidecar nginx; do
+  for t in $targets; do
     before=$(cpu "${pid[$t]}")
     out=$("$bin" bench --json -c "$STREAMS" -d "$DURATION" --tokens "$TOKENS" --itl "$ITL" "${url[$t]}" 2>/dev/null)
     after=$(cpu "${pid[$t]}")
@@ -100,7 +107,7 @@ wrk.body = '{"model":"emulated","messages":[{"role":"user","content":"bench"}],"
 LUA
 echo "unary: $UNARY_CLIENTS clients, $UNARY_TOKENS-token responses, $DURATION per run" >&2
 for r in $(seq "$ROUNDS"); do
-  for t in direct sidecar nginx; do
+  for t in $targets; do
     out=$(wrk -t2 -c"$UNARY_CLIENTS" -d"$DURATION" -s "$work/unary.lua" "${url[$t]}/v1/chat/completions")
     v=$(awk '/Requests\/sec/{print $2}' <<<"$out")
     rps[$t]=$(awk -v a="${rps[$t]}" -v b="$v" -v n="$ROUNDS" 'BEGIN{print a+b/n}')
@@ -116,6 +123,7 @@ hold_rss=$(sort -n "$work/rss" | tail -1)
 
 awk -v dp50="${p50[direct]}" -v sp50="${p50[sidecar]}" -v np50="${p50[nginx]}" \
     -v dp99="${p99[direct]}" -v sp99="${p99[sidecar]}" -v np99="${p99[nginx]}" \
+    -v gp50="${p50[go-relay]}" -v gp99="${p99[go-relay]}" -v gev="${events[go-relay]}" -v gcpu="${cpus[go-relay]}" -v grps="${rps[go-relay]}" \
     -v sev="${events[sidecar]}" -v nev="${events[nginx]}" -v scpu="${cpus[sidecar]}" -v ncpu="${cpus[nginx]}" \
     -v drps="${rps[direct]}" -v srps="${rps[sidecar]}" -v nrps="${rps[nginx]}" \
     -v hold="$HOLD" -v herr="$(field "$hold" errors)" -v hrss="$hold_rss" -v streams="$STREAMS" -v itl="$ITL" '
@@ -124,10 +132,13 @@ BEGIN {
   printf "%-8s %14.3f %14.3f %14.0f %16s\n", "direct", dp50, dp99, drps, "-"
   printf "%-8s %14.3f %14.3f %14.0f %16.4f\n", "sidecar", sp50, sp99, srps, scpu/(sev/1000)
   printf "%-8s %14.3f %14.3f %14.0f %16.4f\n", "nginx", np50, np99, nrps, ncpu/(nev/1000)
+  printf "%-8s %14.3f %14.3f %14.0f %16.4f\n", "go-relay", gp50, gp99, grps, gcpu/(gev/1000)
   printf "\nratios, sidecar / nginx (%d streams at %s, metrics on):\n", streams, itl
   printf "  added event delay p50   %.2f  (target <= 1.0)\n", (sp50-dp50)/(np50-dp50)
   printf "  added event delay p99   %.2f  (target <= 1.5)\n", (sp99-dp99)/(np99-dp99)
   printf "  CPU per 1,000 events    %.2f  (target <= 1.0)\n", (scpu/sev)/(ncpu/nev)
   printf "  unary requests/s        %.2f  (target >= 0.9)\n", srps/nrps
+  printf "reference, go-relay / nginx: added p50 %.2f, p99 %.2f, CPU %.2f, unary %.2f\n", \
+    (gp50-dp50)/(np50-dp50), (gp99-dp99)/(np99-dp99), (gcpu/gev)/(ncpu/nev), grps/nrps
   printf "  %d open streams: sidecar RSS peak %.0f MB (target <= 256), %s errors\n", hold, hrss, herr
 }'
