@@ -15,6 +15,7 @@ type apiError struct {
 	Type    string
 	Code    string
 	Message string
+	Param   string // the request field at fault, if one is
 }
 
 // errorBody is OpenAI's error envelope.
@@ -30,6 +31,9 @@ type errorBody struct {
 func (e apiError) write(ctx *fasthttp.RequestCtx) {
 	var b errorBody
 	b.Error.Message, b.Error.Type, b.Error.Code = e.Message, e.Type, e.Code
+	if e.Param != "" {
+		b.Error.Param = &e.Param
+	}
 	body, _ := json.Marshal(b)
 	ctx.Response.Reset()
 	ctx.SetStatusCode(e.Status)
@@ -42,16 +46,16 @@ func (e apiError) write(ctx *fasthttp.RequestCtx) {
 func upstreamError(err error) apiError {
 	var small *fasthttp.ErrSmallBuffer
 	if errors.As(err, &small) {
-		return apiError{fasthttp.StatusBadGateway, "upstream_error", "upstream_header_too_large",
-			"timing-sidecar: the model server's response headers are larger than --max-response-header-size"}
+		return apiError{Status: fasthttp.StatusBadGateway, Type: "upstream_error", Code: "upstream_header_too_large",
+			Message: "timing-sidecar: the model server's response headers are larger than --max-response-header-size"}
 	}
 	var ne net.Error
 	if errors.Is(err, errHeaderTimeout) || (errors.As(err, &ne) && ne.Timeout()) {
-		return apiError{fasthttp.StatusGatewayTimeout, "upstream_error", "upstream_timeout",
-			"timing-sidecar: the model server did not answer in time: " + err.Error()}
+		return apiError{Status: fasthttp.StatusGatewayTimeout, Type: "upstream_error", Code: "upstream_timeout",
+			Message: "timing-sidecar: the model server did not answer in time: " + err.Error()}
 	}
-	return apiError{fasthttp.StatusBadGateway, "upstream_error", "upstream_unavailable",
-		"timing-sidecar: cannot reach the model server: " + err.Error()}
+	return apiError{Status: fasthttp.StatusBadGateway, Type: "upstream_error", Code: "upstream_unavailable",
+			Message: "timing-sidecar: cannot reach the model server: " + err.Error()}
 }
 
 // requestError answers a request fasthttp could not read.
@@ -60,16 +64,16 @@ func requestError(err error) apiError {
 	var ne net.Error
 	switch {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		return apiError{fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large",
-			"timing-sidecar: the request body is larger than the configured maximum (--max-request-body-size)"}
+		return apiError{Status: fasthttp.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "request_too_large",
+			Message: "timing-sidecar: the request body is larger than the configured maximum (--max-request-body-size)"}
 	case errors.As(err, &small):
-		return apiError{fasthttp.StatusRequestHeaderFieldsTooLarge, "invalid_request_error", "request_header_too_large",
-			"timing-sidecar: the request headers are larger than the configured maximum (--max-request-header-size)"}
+		return apiError{Status: fasthttp.StatusRequestHeaderFieldsTooLarge, Type: "invalid_request_error", Code: "request_header_too_large",
+			Message: "timing-sidecar: the request headers are larger than the configured maximum (--max-request-header-size)"}
 	case errors.As(err, &ne) && ne.Timeout():
-		return apiError{fasthttp.StatusRequestTimeout, "invalid_request_error", "request_timeout",
-			"timing-sidecar: the request was not received in time (--client-read-timeout)"}
+		return apiError{Status: fasthttp.StatusRequestTimeout, Type: "invalid_request_error", Code: "request_timeout",
+			Message: "timing-sidecar: the request was not received in time (--client-read-timeout)"}
 	default:
-		return apiError{fasthttp.StatusBadRequest, "invalid_request_error", "bad_request",
-			"timing-sidecar: malformed HTTP request: " + err.Error()}
+		return apiError{Status: fasthttp.StatusBadRequest, Type: "invalid_request_error", Code: "bad_request",
+			Message: "timing-sidecar: malformed HTTP request: " + err.Error()}
 	}
 }

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"errors"
 	"net"
 	"runtime/debug"
@@ -30,6 +31,14 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx) {
 	// holds a response while the client has pipelined requests waiting,
 	// and a short answer would wait for a long generation behind it.
 	ctx.SetWriteDeadline(time.Time{}) //nolint:errcheck
+	if ambiguousFraming(&ctx.Request.Header) {
+		// How request smuggling starts (RFC 9112, section 6.3): refuse
+		// rather than guess where this request ends.
+		apiError{Status: fasthttp.StatusBadRequest, Type: "invalid_request_error", Code: "bad_request",
+			Message: "timing-sidecar: the request has both Content-Length and Transfer-Encoding"}.write(ctx)
+		ctx.SetConnectionClose()
+		return
+	}
 	if ctx.IsPost() && f.rec.Endpoint != telemetry.EndpointOther {
 		p.serveMeasured(ctx, f)
 		return
@@ -44,10 +53,11 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx) {
 // request with a 500 instead of taking the pod's traffic down.
 func (p *Proxy) recoverRequest(ctx *fasthttp.RequestCtx, f *flight) {
 	if r := recover(); r != nil {
+		p.telemetry.Panic()
 		p.log.Error("panic while serving a request", "panic", r, "path", string(ctx.Path()),
 			"request_id", f.rec.ID, "stack", string(debug.Stack()))
-		apiError{fasthttp.StatusInternalServerError, "internal_error", "sidecar_panic",
-			"timing-sidecar: internal error while proxying the request"}.write(ctx)
+		apiError{Status: fasthttp.StatusInternalServerError, Type: "internal_error", Code: "sidecar_panic",
+			Message: "timing-sidecar: internal error while proxying the request"}.write(ctx)
 		setResponseID(ctx, f)
 		ctx.SetConnectionClose()
 		f.streaming = false
@@ -63,6 +73,13 @@ func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight) {
 	req := rewrite.InspectRequest(body)
 	f.rec.Model, f.rec.Stream, f.multiple = req.Model, req.Stream, req.MultipleChoices
 	transparent := p.cfg.Mode == ModeOff
+	if req.InvalidIncludeMetrics && !transparent {
+		// The sidecar's own field: its client gets told, not the engine.
+		apiError{Status: fasthttp.StatusBadRequest, Type: "invalid_request_error", Code: "invalid_include_metrics",
+			Param: "include_metrics", Message: "timing-sidecar: include_metrics must be true or false"}.write(ctx)
+		setResponseID(ctx, f)
+		return
+	}
 	f.wantMetrics = !transparent && req.Understood && (p.cfg.Mode == ModeAlways || req.IncludeMetrics)
 	// A stream that did not ask for usage can still be counted exactly:
 	// ask the engine for it and keep the event from the client. Not with
@@ -140,4 +157,25 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, f *flight, body []byte, identi
 	upstreamError(err).write(ctx)
 	setResponseID(ctx, f)
 	return nil, nil, false
+}
+
+// ambiguousFraming tells whether a request came with both Content-Length
+// and chunked Transfer-Encoding. fasthttp reads such a body as chunked and
+// closes the connection after it, but the request itself is suspect.
+func ambiguousFraming(h *fasthttp.RequestHeader) bool {
+	if h.ContentLength() != -1 {
+		return false // not chunked: the usual case, at no cost
+	}
+	for raw := h.RawHeaders(); len(raw) > 0; {
+		line := raw
+		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
+			line, raw = raw[:i], raw[i+1:]
+		} else {
+			raw = nil
+		}
+		if len(line) >= len("content-length:") && bytes.EqualFold(line[:len("content-length:")], []byte("content-length:")) {
+			return true
+		}
+	}
+	return false
 }

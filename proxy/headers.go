@@ -78,7 +78,8 @@ func upstreamRequest(req *fasthttp.Request, ctx *fasthttp.RequestCtx, body []byt
 	// invite it.
 	req.Header.Del("Expect")
 	if identity {
-		req.Header.Del("Accept-Encoding")
+		// Said, not left out: without the header any coding is acceptable.
+		req.Header.Set("Accept-Encoding", "identity")
 	}
 	// The engine sees the client's address, as behind any reverse proxy.
 	req.Header.Add("X-Forwarded-For", ctx.RemoteIP().String())

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -70,6 +71,11 @@ func New(cfg Config, log *slog.Logger, accessLog io.Writer) (*Proxy, error) {
 		DisablePreParseMultipartForm:  true,
 		DisableHeaderNamesNormalizing: false,
 		CloseOnShutdown:               true,
+		// A worker serves one connection for its whole life; idle ones
+		// wait here for the next connection. Two seconds (not fasthttp's
+		// ten) gives back a burst's goroutines and their grown stacks soon
+		// after it, and costs a goroutine start per new connection.
+		MaxIdleWorkerDuration: 2 * time.Second,
 		// ReduceMemoryUsage would free the read buffer during a stream,
 		// but it also turns a silent new connection's timeout into a
 		// close without the 408 and lets a slow first request run for up
@@ -163,5 +169,23 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, accessLog io.Writer)
 type fasthttpLogger struct{ log *slog.Logger }
 
 func (l fasthttpLogger) Printf(format string, args ...any) {
-	l.log.Debug(fmt.Sprintf(format, args...), "source", "fasthttp")
+	l.log.Debug(redactRequestBytes(fmt.Sprintf(format, args...)), "source", "fasthttp")
+}
+
+// redactRequestBytes cuts from a fasthttp message the bytes of the request
+// it could not parse, which fasthttp quotes (the request line, or the
+// headers whole) and which may hold credentials and prompts. The
+// connection's quoted addresses before the first ": " stay.
+func redactRequestBytes(msg string) string {
+	const cut = "(request bytes not logged)"
+	head, rest := "", msg
+	if i := strings.Index(msg, `": `); i >= 0 {
+		head, rest = msg[:i+3], msg[i+3:]
+	}
+	for _, mark := range []string{`"`, "buffer size="} {
+		if i := strings.Index(rest, mark); i >= 0 {
+			rest = rest[:i] + cut
+		}
+	}
+	return head + rest
 }

@@ -115,6 +115,9 @@ var errPanic = errors.New("timing-sidecar: internal error while relaying the res
 // and the panic logged with its stack.
 func (p *Proxy) recoverRead(f *flight, err *error) {
 	if r := recover(); r != nil {
+		if p.telemetry != nil {
+			p.telemetry.Panic()
+		}
 		p.log.Error("panic while relaying a response", "panic", r, "path", f.rec.Path,
 			"request_id", f.rec.ID, "stack", string(debug.Stack()))
 		*err = errPanic

@@ -115,7 +115,9 @@ func BodyUsage(body []byte) timing.Usage {
 func parseUsage(usage gjson.Result) timing.Usage {
 	var u timing.Usage
 	usage.ForEach(func(key, v gjson.Result) bool {
-		if v.Type != gjson.Number {
+		// A count is a whole number of tokens, not below zero; anything
+		// else is not a count the sidecar can use, so it stays unknown.
+		if v.Type != gjson.Number || v.Num < 0 || v.Num != float64(int64(v.Num)) {
 			return true
 		}
 		switch key.Str {

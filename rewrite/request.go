@@ -14,6 +14,9 @@ type Request struct {
 	// unchanged and measured without metrics: the upstream answers it as it
 	// would without the sidecar.
 	Understood bool
+	// InvalidIncludeMetrics says "include_metrics" is there but neither a
+	// boolean nor null; the request is then not Understood.
+	InvalidIncludeMetrics bool
 	// HasIncludeMetrics says the body has a boolean "include_metrics" field,
 	// the sidecar's (and vLLM's) opt-in; IncludeMetrics is its value.
 	HasIncludeMetrics bool
@@ -61,7 +64,7 @@ func InspectRequest(body []byte) Request {
 			case value.IsBool():
 				r.HasIncludeMetrics, r.IncludeMetrics = true, value.Bool()
 			case value.Type != gjson.Null:
-				r.Understood = false
+				r.Understood, r.InvalidIncludeMetrics = false, true
 			}
 		case "stream":
 			r.Stream = value.Type == gjson.True
@@ -100,7 +103,7 @@ func InspectRequest(body []byte) Request {
 		return r.Understood
 	})
 	if !r.Understood {
-		return Request{}
+		return Request{InvalidIncludeMetrics: r.InvalidIncludeMetrics}
 	}
 	return r
 }

@@ -34,7 +34,7 @@ func TestInspectRequest(t *testing.T) {
 		{"last duplicate key wins", `{"stream":true,"stream":false}`, Request{Understood: true}},
 		{"not JSON", `{"model":`, Request{}},
 		{"not an object", `[1,2]`, Request{}},
-		{"include_metrics of the wrong type", `{"include_metrics":"yes"}`, Request{}},
+		{"include_metrics of the wrong type", `{"include_metrics":"yes"}`, Request{InvalidIncludeMetrics: true}},
 		{"stream of the wrong type", `{"stream":"true","include_metrics":true}`, Request{}},
 		{"n of the wrong type", `{"n":"2"}`, Request{}},
 		{"stream_options of the wrong type", `{"stream":true,"stream_options":true}`, Request{}},

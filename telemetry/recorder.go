@@ -46,6 +46,7 @@ type Recorder struct {
 	promptTokens, outputTokens    *prometheus.CounterVec
 	upstreamErrors                *prometheus.CounterVec
 	clientDisconnects             prometheus.Counter
+	panics                        prometheus.Counter
 	inFlight                      prometheus.Gauge
 
 	// series caches each (endpoint, model)'s histograms, so a request
@@ -120,12 +121,17 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 		Help: "Engine failures by kind: connect, timeout, closed (before headers), interrupted or idle_timeout (mid-body)."}, []string{"kind"})
 	r.clientDisconnects = prometheus.NewCounter(prometheus.CounterOpts{Name: "timing_sidecar_client_disconnects_total",
 		Help: "Requests whose client left before the response was complete; the engine's request was aborted."})
+	r.panics = prometheus.NewCounter(prometheus.CounterOpts{Name: "timing_sidecar_panics_total",
+		Help: "Panics caught while serving a request; each answered that request with a 500 or cut its response, and was logged with its stack."})
 	r.inFlight = prometheus.NewGauge(prometheus.GaugeOpts{Name: "timing_sidecar_in_flight_requests",
 		Help: "Requests being handled now."})
 	reg.MustRegister(r.queue, r.ttft, r.itl, r.maxITL, r.e2e, r.requests, r.promptTokens, r.outputTokens,
-		r.upstreamErrors, r.clientDisconnects, r.inFlight)
+		r.upstreamErrors, r.clientDisconnects, r.panics, r.inFlight)
 	return r
 }
+
+// Panic counts a panic caught at a request's boundary.
+func (r *Recorder) Panic() { r.panics.Inc() }
 
 // Begin counts a request in flight; every Begin is followed by one Finish.
 func (r *Recorder) Begin() { r.inFlight.Inc() }

@@ -95,8 +95,9 @@ type Server struct {
 	order   []string
 	counts  map[string]int
 
-	srv *http.Server
-	ln  net.Listener
+	srv   *http.Server
+	ln    net.Listener
+	conns sync.Map // net.Conn -> struct{}: connections open now
 }
 
 type entry struct {
@@ -116,7 +117,15 @@ func New(cfg Config) *Server {
 		cfg.Timing.OutputTokens = DefaultTiming.OutputTokens
 	}
 	s := &Server{cfg: cfg, created: time.Now().Unix(), records: map[string]*entry{}, counts: map[string]int{}}
-	s.srv = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	s.srv = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second,
+		ConnState: func(c net.Conn, state http.ConnState) {
+			switch state {
+			case http.StateNew:
+				s.conns.Store(c, struct{}{})
+			case http.StateClosed, http.StateHijacked:
+				s.conns.Delete(c)
+			}
+		}}
 	return s
 }
 
@@ -130,6 +139,13 @@ func (s *Server) Start(addr string) error {
 	s.ln = ln
 	go s.srv.Serve(ln) //nolint:errcheck // ends with Close
 	return nil
+}
+
+// OpenConnections is how many client connections the server has open.
+func (s *Server) OpenConnections() int {
+	n := 0
+	s.conns.Range(func(_, _ any) bool { n++; return true })
+	return n
 }
 
 // URL is the base URL of a started server.
