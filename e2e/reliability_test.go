@@ -271,16 +271,22 @@ func TestSoakMixedTraffic(t *testing.T) {
 		check   func(status int, body string, err error) bool
 		cancel  bool
 	}{
-		{name: "stream", path: "/v1/chat/completions", body: `{"model":"m","stream":true,"include_metrics":true,"messages":`+msgs+`}`,
+		{name: "stream", path: "/v1/chat/completions", body: `{"model":"m","stream":true,"include_metrics":true,"messages":` + msgs + `}`,
 			check: func(s int, b string, err error) bool {
 				return err == nil && s == 200 && strings.Contains(b, `"metrics":{`) && strings.HasSuffix(b, "data: [DONE]\n\n")
 			}},
-		{name: "unary", path: "/v1/chat/completions", body: `{"model":"m","include_metrics":true,"messages":`+msgs+`}`,
-			check: func(s int, b string, err error) bool { return err == nil && s == 200 && strings.Contains(b, `"metrics":{`) }},
+		{name: "unary", path: "/v1/chat/completions", body: `{"model":"m","include_metrics":true,"messages":` + msgs + `}`,
+			check: func(s int, b string, err error) bool {
+				return err == nil && s == 200 && strings.Contains(b, `"metrics":{`)
+			}},
 		{name: "completions", path: "/v1/completions", body: `{"model":"m","prompt":"a","stream":true,"stream_options":{"include_usage":true}}`,
-			check: func(s int, b string, err error) bool { return err == nil && s == 200 && strings.Contains(b, `"usage":{`) }},
+			check: func(s int, b string, err error) bool {
+				return err == nil && s == 200 && strings.Contains(b, `"usage":{`)
+			}},
 		{name: "models", path: "/v1/models",
-			check: func(s int, b string, err error) bool { return err == nil && s == 200 && strings.Contains(b, `"object":"list"`) }},
+			check: func(s int, b string, err error) bool {
+				return err == nil && s == 200 && strings.Contains(b, `"object":"list"`)
+			}},
 		{name: "engine error", path: "/v1/chat/completions", body: `{"model":"m","include_metrics":true,"messages":` + msgs + `}`,
 			headers: map[string]string{emulator.HeaderStatus: "503"},
 			check:   func(s int, b string, err error) bool { return err == nil && s == 503 && strings.Contains(b, `"error"`) }},
@@ -290,7 +296,9 @@ func TestSoakMixedTraffic(t *testing.T) {
 		{name: "client cancels", path: "/v1/chat/completions", body: `{"model":"m","stream":true,"messages":` + msgs + `}`, cancel: true,
 			check: func(s int, b string, err error) bool { return err != nil }},
 		{name: "bad include_metrics", path: "/v1/chat/completions", body: `{"model":"m","include_metrics":"yes"}`,
-			check: func(s int, b string, err error) bool { return err == nil && s == 400 && strings.Contains(b, "invalid_include_metrics") }},
+			check: func(s int, b string, err error) bool {
+				return err == nil && s == 400 && strings.Contains(b, "invalid_include_metrics")
+			}},
 	}
 	d := soakDuration()
 	stop := time.Now().Add(d)

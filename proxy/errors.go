@@ -55,7 +55,7 @@ func upstreamError(err error) apiError {
 			Message: "timing-sidecar: the model server did not answer in time: " + err.Error()}
 	}
 	return apiError{Status: fasthttp.StatusBadGateway, Type: "upstream_error", Code: "upstream_unavailable",
-			Message: "timing-sidecar: cannot reach the model server: " + err.Error()}
+		Message: "timing-sidecar: cannot reach the model server: " + err.Error()}
 }
 
 // requestError answers a request fasthttp could not read.
