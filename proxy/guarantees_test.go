@@ -542,3 +542,14 @@ func TestPanicsAreContainedCountedAndLogged(t *testing.T) {
 		t.Fatalf("panics not logged with their stacks:\n%s", logs)
 	}
 }
+
+func TestRequestHeaderTooLarge(t *testing.T) {
+	engine := newFakeEngine(t)
+	base := startProxy(t, engine.URL(), nil) // 8 KiB, the default
+	resp, body := rawExchange(t, base, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Long: "+
+		strings.Repeat("a", 16<<10)+"\r\nContent-Length: 2\r\n\r\n{}")
+	if resp.StatusCode != 431 || !bytes.Contains(body, []byte(`"code":"request_header_too_large"`)) {
+		t.Fatalf("got %d %s, want 431 request_header_too_large", resp.StatusCode, body)
+	}
+	noRequest(t, engine.arrived)
+}

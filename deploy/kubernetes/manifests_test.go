@@ -142,6 +142,11 @@ func checkSidecar(t *testing.T, spec *corev1.PodSpec) *corev1.Container {
 	if sc.RestartPolicy == nil || *sc.RestartPolicy != corev1.ContainerRestartPolicyAlways {
 		t.Error("timing-sidecar is not a native sidecar (restartPolicy: Always)")
 	}
+	if c := sc.SecurityContext; c == nil || c.RunAsNonRoot == nil || !*c.RunAsNonRoot ||
+		c.ReadOnlyRootFilesystem == nil || !*c.ReadOnlyRootFilesystem ||
+		c.AllowPrivilegeEscalation == nil || *c.AllowPrivilegeEscalation {
+		t.Error("timing-sidecar must run as non-root, on a read-only root filesystem, without privilege escalation")
+	}
 	known := knownEnv(t)
 	env := map[string]string{}
 	for _, e := range sc.Env {
