@@ -218,7 +218,7 @@ func TestEngineKilledMidStream(t *testing.T) {
 	if s.Err() == nil {
 		t.Fatal("a stream the engine dropped ended without an error")
 	}
-	if text.String() != " the quick brown fox" {
+	if text.String() != "the quick brown fox" {
 		t.Errorf("client got %q before the failure, want the two events the engine sent", text.String())
 	}
 }

@@ -119,6 +119,11 @@ type Config struct {
 	// InjectUsage asks the engine for usage on streams whose client did
 	// not, and removes that usage event before it reaches the client.
 	InjectUsage bool
+	// UpgradeNonStreaming sends an eligible non-streaming chat or
+	// completions request to the engine as a stream, measures it as one
+	// and reassembles the response the client asked for, so non-streaming
+	// requests get queue time, TTFT and ITL too.
+	UpgradeNonStreaming bool
 	// MaxModelLabels bounds the distinct "model" label values.
 	MaxModelLabels int
 	// TenantHeader names the request header that carries the tenant.

@@ -35,6 +35,9 @@ type flight struct {
 	trailers bool
 	// streaming: a body stream finishes the flight, not the handler.
 	streaming bool
+	// upgraded: a non-streaming request the engine was asked to stream;
+	// the response is reassembled (--upgrade-non-streaming).
+	upgraded bool
 	// upstreamBody is room for the request body as edited for the
 	// engine, kept with the pooled flight so that a usual request needs
 	// no allocation for it.
@@ -106,7 +109,7 @@ func (p *Proxy) finish(f *flight) {
 			f.clock.Done = time.Now()
 		}
 		f.rec.Measured = true
-		f.rec.Metrics = timing.Compute(&f.clock, f.usage, f.rec.Stream)
+		f.rec.Metrics = timing.Compute(&f.clock, f.usage, f.rec.Stream || f.upgraded)
 	}
 	p.telemetry.Finish(&f.rec)
 	// Nothing holds the flight after this: it is reused.

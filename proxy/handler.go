@@ -87,7 +87,14 @@ func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight) {
 	f.hideUsage = !transparent && !f.wantMetrics && p.cfg.InjectUsage && req.Understood &&
 		req.Stream && !req.IncludeUsage && !req.ContinuousUsage
 	upBody := body
-	if !transparent && (req.HasIncludeMetrics || f.wantMetrics || f.hideUsage) {
+	if !transparent && p.cfg.UpgradeNonStreaming && req.Upgradable && f.rec.Endpoint != telemetry.EndpointOther {
+		if b, err := rewrite.UpgradedBody(body, req); err == nil {
+			upBody, f.upgraded = b, true
+		} else {
+			p.log.Warn("could not upgrade the request to a stream; forwarding it as it is", "err", err, "request_id", f.rec.ID)
+		}
+	}
+	if !f.upgraded && !transparent && (req.HasIncludeMetrics || f.wantMetrics || f.hideUsage) {
 		var err error
 		if upBody, err = rewrite.UpstreamBody(f.upstreamBody, body, req, f.wantMetrics || f.hideUsage); err != nil {
 			p.log.Warn("could not edit request body; forwarding it unchanged", "err", err, "request_id", f.rec.ID)
@@ -97,7 +104,7 @@ func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight) {
 			f.upstreamBody = upBody[:0] // grown: keep the room for next time
 		}
 	}
-	x, resp, ok := p.forward(ctx, f, upBody, f.wantMetrics || f.hideUsage)
+	x, resp, ok := p.forward(ctx, f, upBody, f.wantMetrics || f.hideUsage || f.upgraded)
 	if !ok {
 		return
 	}
@@ -109,7 +116,11 @@ func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight) {
 	}
 	f.measured = true
 	f.rec.Stream = isEventStream(resp)
+	f.upgraded = f.upgraded && f.rec.Stream // an engine that answered unstreamed anyway
 	switch {
+	case f.upgraded:
+		f.rec.Stream = false // as the client sees it
+		p.relayAssembled(ctx, f, x, resp)
 	case f.rec.Stream:
 		p.relayEvents(ctx, f, x, resp)
 	case f.wantMetrics:

@@ -35,6 +35,10 @@ type Request struct {
 	// MultipleChoices is n > 1 or several prompts in one completions
 	// request: one metrics object cannot describe them, so it is null.
 	MultipleChoices bool
+	// Upgradable says a non-streaming request may be sent to the engine as
+	// a stream and its response reassembled exactly: one choice, and only
+	// fields whose effect a stream reproduces (see upgradableField).
+	Upgradable bool
 
 	// includeMetrics is where the include_metrics members lie: the first
 	// key's opening quote to its value's end, and how many there are.
@@ -52,8 +56,11 @@ func InspectRequest(body []byte) Request {
 	if !doc.IsObject() {
 		return Request{}
 	}
-	r := Request{Understood: true}
+	r := Request{Understood: true, Upgradable: true}
 	doc.ForEach(func(key, value gjson.Result) bool {
+		if !upgradableField(key.Str, value) {
+			r.Upgradable = false
+		}
 		switch key.Str {
 		case "include_metrics":
 			if r.includeMetricsCount++; r.includeMetricsCount == 1 {
@@ -105,7 +112,39 @@ func InspectRequest(body []byte) Request {
 	if !r.Understood {
 		return Request{InvalidIncludeMetrics: r.InvalidIncludeMetrics}
 	}
+	r.Upgradable = r.Upgradable && !r.Stream && !r.MultipleChoices
 	return r
+}
+
+// upgradableField tells whether a request field's effect is the same in a
+// streamed response reassembled as in a non-streaming one. Fields that only
+// shape what is generated (sampling, penalties, stops, tools, formats,
+// templates) are; fields that add to a non-streaming response what a stream
+// does not carry (prompt_logprobs, echo, best_of > 1, kv_transfer_params)
+// are not, and neither is a field the sidecar does not know.
+func upgradableField(key string, v gjson.Result) bool {
+	switch key {
+	case "model", "messages", "prompt", "suffix", "max_tokens", "max_completion_tokens",
+		"temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
+		"repetition_penalty", "length_penalty", "stop", "stop_token_ids", "seed", "logprobs",
+		"top_logprobs", "logit_bias", "user", "n", "include_metrics", "tools", "tool_choice",
+		"parallel_tool_calls", "response_format", "structured_outputs", "guided_json",
+		"guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
+		"ignore_eos", "min_tokens", "skip_special_tokens", "spaces_between_special_tokens",
+		"include_stop_str_in_output", "chat_template", "chat_template_kwargs",
+		"add_generation_prompt", "continue_final_message", "add_special_tokens", "documents",
+		"mm_processor_kwargs", "priority", "request_id", "reasoning_effort", "metadata",
+		"truncate_prompt_tokens", "bad_words", "allowed_token_ids", "return_tokens_as_token_ids",
+		"cache_salt":
+		return true
+	case "stream", "echo":
+		return v.Type == gjson.False || v.Type == gjson.Null
+	case "stream_options", "prompt_logprobs":
+		return v.Type == gjson.Null
+	case "best_of":
+		return v.Type == gjson.Null || (v.Type == gjson.Number && v.Num <= 1)
+	}
+	return false
 }
 
 // multiplePrompts tells whether a completions prompt holds several prompts:
@@ -122,6 +161,23 @@ func multiplePrompts(p gjson.Result) bool {
 		return !several
 	})
 	return several
+}
+
+// UpgradedBody returns the body to send upstream for a request the sidecar
+// upgrades to a stream: include_metrics removed, "stream": true and
+// "stream_options": {"include_usage": true}. r must be Upgradable.
+func UpgradedBody(body []byte, r Request) ([]byte, error) {
+	out, err := UpstreamBody(nil, body, r, false)
+	if err != nil {
+		return body, err
+	}
+	if out, err = sjson.SetRawBytesOptions(out, "stream", []byte("true"), sjsonOptions); err != nil {
+		return body, err
+	}
+	if out, err = sjson.SetRawBytesOptions(out, "stream_options", []byte(`{"include_usage":true}`), sjsonOptions); err != nil {
+		return body, err
+	}
+	return out, nil
 }
 
 // UpstreamBody returns the body to send upstream, appended to dst when it

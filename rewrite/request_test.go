@@ -43,10 +43,43 @@ func TestInspectRequest(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			got := InspectRequest([]byte(tt.body))
 			got.includeMetricsAt, got.includeMetricsEnd, got.includeMetricsCount = 0, 0, 0
+			got.Upgradable = false // TestUpgradable
 			if got != tt.want {
 				t.Fatalf("InspectRequest = %+v, want %+v", got, tt.want)
 			}
 		})
+	}
+}
+
+func TestUpgradable(t *testing.T) {
+	for body, want := range map[string]bool{
+		`{"model":"m","messages":[],"max_tokens":5,"temperature":0.2,"logprobs":true,"top_logprobs":2,"tools":[],"include_metrics":true}`: true,
+		`{"model":"m","prompt":"a","logprobs":3,"echo":false,"best_of":1,"stream":false,"stream_options":null,"n":1}`:                     true,
+		`{"model":"m","messages":[],"stream":true}`:           false, // already a stream
+		`{"model":"m","messages":[],"n":2}`:                   false, // one metrics object cannot describe two
+		`{"model":"m","prompt":["a","b"]}`:                    false,
+		`{"model":"m","prompt":"a","echo":true}`:              false, // the echoed prompt is not streamed back the same way
+		`{"model":"m","prompt":"a","best_of":3}`:              false,
+		`{"model":"m","prompt":"a","prompt_logprobs":1}`:      false, // not in a stream
+		`{"model":"m","messages":[],"stream_options":{}}`:     false, // the engine refuses it without stream
+		`{"model":"m","messages":[],"kv_transfer_params":{}}`: false,
+		`{"model":"m","messages":[],"some_new_field":1}`:      false, // unknown: not risked
+		`{"model":"m","messages":[],"stream":"no"}`:           false, // not understood
+	} {
+		if got := InspectRequest([]byte(body)).Upgradable; got != want {
+			t.Errorf("Upgradable(%s) = %v, want %v", body, got, want)
+		}
+	}
+}
+
+func TestUpgradedBody(t *testing.T) {
+	body := []byte(`{"model":"m","include_metrics":true,"messages":[{"role":"user","content":"hi"}],"stream":false}`)
+	got, err := UpgradedBody(body, InspectRequest(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !jsonEqual(t, got, []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true}}`)) {
+		t.Fatalf("UpgradedBody = %s", got)
 	}
 }
 

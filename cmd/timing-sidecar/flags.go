@@ -46,6 +46,8 @@ func serveFlags() []cli.Flag {
 			Usage: "Write one JSON line per request to standard output (never the prompt, the output or credentials)."},
 		&cli.BoolFlag{Name: "inject-usage", EnvVars: env("inject-usage"), Value: true,
 			Usage: "For streams whose client did not ask for usage, ask the engine for it (exact token counts for Prometheus and the access log) and remove that usage event before it reaches the client."},
+		&cli.BoolFlag{Name: "upgrade-non-streaming", EnvVars: env("upgrade-non-streaming"),
+			Usage: "Send non-streaming chat and completions requests to the engine as streams and reassemble the response, so they get queue time, time to first token and inter-token latency too. Only requests whose response a stream reproduces exactly are upgraded (see the README). Default off."},
 		&cli.IntFlag{Name: "max-model-labels", EnvVars: env("max-model-labels"), Value: proxy.DefaultMaxModelLabels,
 			Usage: `Distinct "model" label values kept in Prometheus series; further models count as "other".`},
 		&cli.StringFlag{Name: "tenant-header", EnvVars: env("tenant-header"),

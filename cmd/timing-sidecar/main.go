@@ -71,6 +71,7 @@ func configFrom(c *cli.Context) (proxy.Config, error) {
 		AdminPprof:             c.Bool("admin-pprof"),
 		AccessLog:              c.Bool("access-log"),
 		InjectUsage:            c.Bool("inject-usage"),
+		UpgradeNonStreaming:    c.Bool("upgrade-non-streaming"),
 		MaxModelLabels:         c.Int("max-model-labels"),
 		TenantHeader:           c.String("tenant-header"),
 		TenantLabel:            c.Bool("tenant-label"),

@@ -45,6 +45,7 @@ const (
 	HeaderCutAfter       = "X-Emulator-Cut-After"        // drop the connection after this many token events
 	HeaderRequestID      = "X-Request-Id"                // becomes the response id's suffix
 	HeaderStamp          = "X-Emulator-Stamp"            // "1": each token event's text is " @<send time, Unix ns>"
+	HeaderOutput         = "X-Emulator-Output"           // what the response holds: see OutputText and the others
 )
 
 // Config configures a Server.

@@ -53,7 +53,7 @@ func TestChatStreamIsVLLMShaped(t *testing.T) {
 	_, ev := call(t, s, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi there"}],"stream":true,"stream_options":{"include_usage":true}}`)
 	want := []string{
 		`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":C,"model":"emulated/llama-3.1-8b-instruct","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`,
-		`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":C,"model":"emulated/llama-3.1-8b-instruct","choices":[{"index":0,"delta":{"content":" the quick"},"logprobs":null,"finish_reason":null}]}`,
+		`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":C,"model":"emulated/llama-3.1-8b-instruct","choices":[{"index":0,"delta":{"content":"the quick"},"logprobs":null,"finish_reason":null}]}`,
 		`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":C,"model":"emulated/llama-3.1-8b-instruct","choices":[{"index":0,"delta":{"content":" brown fox"},"logprobs":null,"finish_reason":null}]}`,
 		`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":C,"model":"emulated/llama-3.1-8b-instruct","choices":[{"index":0,"delta":{"content":" jumps"},"logprobs":null,"finish_reason":"stop","stop_reason":null}]}`,
 		`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":C,"model":"emulated/llama-3.1-8b-instruct","choices":[],"usage":{"prompt_tokens":P,"total_tokens":T,"completion_tokens":5}}`,
@@ -176,5 +176,30 @@ func TestOtherRoutes(t *testing.T) {
 	b, _ := io.ReadAll(resp.Body)
 	if !strings.Contains(string(b), `emulator_requests_total{path="/health"} 1`) {
 		t.Errorf("metrics: %s", b)
+	}
+}
+
+func TestOutputs(t *testing.T) {
+	s := start(t, Config{Timing: Timing{OutputTokens: 6}})
+	body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`
+	_, ev := call(t, s, "/v1/chat/completions", body, HeaderOutput, OutputUnicode)
+	all := strings.Join(ev, "\n")
+	if !strings.Contains(all, `"content":" \ud83d"}`) || !strings.Contains(all, `"content":"\ude80"}`) {
+		t.Errorf("the emoji is not split across two events:\n%s", all)
+	}
+	_, ev = call(t, s, "/v1/chat/completions", body, HeaderOutput, OutputTools)
+	all = strings.Join(ev, "\n")
+	if !strings.Contains(all, `"tool_calls":[{"index":0,"id":"chatcmpl-tool-`) || !strings.Contains(all, `"finish_reason":"tool_calls"`) ||
+		strings.Count(all, `"arguments":`) < 5 {
+		t.Errorf("tool call events:\n%s", all)
+	}
+	_, ev = call(t, s, "/v1/chat/completions", body, HeaderOutput, OutputReasoningField)
+	all = strings.Join(ev, "\n")
+	if !strings.Contains(all, `"delta":{"reasoning":"the"}`) || !strings.Contains(all, `"delta":{"content":"fox"}`) {
+		t.Errorf("reasoning events:\n%s", all)
+	}
+	resp, ev := call(t, s, "/v1/completions", `{"model":"m","prompt":"hi","stream":true}`, HeaderOutput, OutputTools)
+	if resp.StatusCode != 400 {
+		t.Errorf("tools on completions: %d %v", resp.StatusCode, ev)
 	}
 }

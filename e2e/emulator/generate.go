@@ -21,9 +21,11 @@ type request struct {
 		IncludeUsage         *bool `json:"include_usage"`
 		ContinuousUsageStats bool  `json:"continuous_usage_stats"`
 	} `json:"stream_options"`
-	N                   *int `json:"n"`
-	MaxTokens           *int `json:"max_tokens"`
-	MaxCompletionTokens *int `json:"max_completion_tokens"`
+	N                   *int            `json:"n"`
+	MaxTokens           *int            `json:"max_tokens"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	Logprobs            json.RawMessage `json:"logprobs"` // chat: a boolean; completions: how many alternatives
+	TopLogprobs         int             `json:"top_logprobs"`
 }
 
 // knownFields are the request fields a strict server accepts.
@@ -55,6 +57,12 @@ type generation struct {
 	// stamp: token events carry their send time instead of words, so a
 	// load tool can measure each event's delivery delay.
 	stamp bool
+	// output is what the response holds (OutputText and the others).
+	output string
+	// logprobs: the request asked for them; topLogprobs (chat) and
+	// completionTop (completions) are how many alternatives.
+	logprobs                   bool
+	topLogprobs, completionTop int
 }
 
 func (s *Server) generate(w http.ResponseWriter, r *http.Request) {
@@ -167,6 +175,17 @@ func (g *generation) timingFor(h http.Header) (Timing, error) {
 	}
 	g.errorAfter, g.cutAfter = -1, -1
 	g.stamp = h.Get(HeaderStamp) == "1"
+	switch g.output = h.Get(HeaderOutput); g.output {
+	case "":
+		g.output = OutputText
+	case OutputText, OutputUnicode:
+	case OutputTools, OutputReasoning, OutputReasoningField:
+		if !g.chat {
+			return t, fmt.Errorf("%s: %s is for chat", HeaderOutput, g.output)
+		}
+	default:
+		return t, fmt.Errorf("%s: unknown output %q", HeaderOutput, g.output)
+	}
 	if v, err := strconv.Atoi(h.Get(HeaderErrorAfter)); err == nil {
 		g.errorAfter = v
 	}
@@ -222,6 +241,16 @@ func (g *generation) parse(body []byte) string {
 	}
 	if g.tokens < 1 {
 		return "max_tokens must be at least 1"
+	}
+	switch lp := strings.TrimSpace(string(g.req.Logprobs)); {
+	case g.chat && lp == "true":
+		g.logprobs, g.topLogprobs = true, g.req.TopLogprobs
+	case !g.chat && lp != "" && lp != "null":
+		n, err := strconv.Atoi(lp)
+		if err != nil || n < 0 {
+			return "logprobs must be a non-negative integer"
+		}
+		g.logprobs, g.completionTop = true, n
 	}
 	g.prompt = promptTokens(g.req.Messages, g.req.Prompt)
 	return ""
@@ -279,6 +308,9 @@ func (g *generation) includeUsage() bool {
 }
 
 func (g *generation) finishReason() string {
+	if g.output == OutputTools {
+		return "tool_calls"
+	}
 	if g.req.MaxTokens != nil || g.req.MaxCompletionTokens != nil {
 		return "length"
 	}
@@ -290,8 +322,8 @@ func (g *generation) usage(completion int) usage {
 }
 
 func (g *generation) unary() {
-	steps := (g.tokens + g.timing.TokensPerEvent - 1) / g.timing.TokensPerEvent
-	if !g.wait(g.timing.HeaderDelay + g.timing.TTFT + time.Duration(steps-1)*g.timing.ITL) {
+	steps := g.steps(g.timing.TokensPerEvent)
+	if !g.wait(g.timing.HeaderDelay + g.timing.TTFT + time.Duration(len(steps)-1)*g.timing.ITL) {
 		return
 	}
 	id, object := g.e.rec.ID, "text_completion"
@@ -301,14 +333,19 @@ func (g *generation) unary() {
 		object = "chat.completion"
 		cs := make([]chatChoice, g.choices)
 		for i := range cs {
-			cs[i] = chatChoice{Index: i, FinishReason: reason,
-				Message: chatMessage{Role: "assistant", Content: strings.TrimPrefix(text(0, g.tokens), " "), ToolCalls: []struct{}{}}}
+			cs[i] = chatChoice{Index: i, FinishReason: reason, Message: g.message(steps)}
+			if g.logprobs {
+				cs[i].Logprobs = map[string]any{"content": g.chatLogprobs(allTokens(steps), 0)}
+			}
 		}
 		choices = cs
 	} else {
 		cs := make([]completionChoice, g.choices)
 		for i := range cs {
-			cs[i] = completionChoice{Index: i, Text: text(0, g.tokens), FinishReason: reason}
+			cs[i] = completionChoice{Index: i, Text: joinText(stepsContent(steps)), FinishReason: reason}
+			if g.logprobs {
+				cs[i].Logprobs = g.completionLogprobs(allTokens(steps), 0, 0)
+			}
 		}
 		choices = cs
 	}
@@ -319,4 +356,67 @@ func (g *generation) unary() {
 		r.Status, r.HeadersSent = http.StatusOK, time.Now()
 		r.PromptTokens, r.CompletionTokens = g.prompt, total
 	})
+}
+
+// message is the non-streaming chat message with the output of steps.
+func (g *generation) message(steps []step) chatMessage {
+	m := chatMessage{Role: "assistant", ToolCalls: []toolCall{}, ReasoningContent: json.RawMessage("null")}
+	if g.output == OutputTools {
+		tc := toolCall{}
+		for _, st := range steps {
+			if st.tool.ID != "" {
+				tc.ID, tc.Type, tc.Function.Name = st.tool.ID, st.tool.Type, st.tool.Function.Name
+			}
+			tc.Function.Arguments += st.tool.Function.Arguments
+		}
+		m.ToolCalls = append(m.ToolCalls, tc)
+		return m
+	}
+	content := joinText(stepsContent(steps))
+	m.Content = &content
+	var reasoning []json.RawMessage
+	for _, st := range steps {
+		if st.reasoning != nil {
+			reasoning = append(reasoning, st.reasoning)
+		}
+	}
+	if len(reasoning) > 0 {
+		r := joinText(reasoning)
+		if g.reasoningKey() == "reasoning" {
+			m.Reasoning, m.ReasoningContent = &r, nil
+		} else {
+			m.ReasoningContent, _ = json.Marshal(r)
+		}
+	}
+	return m
+}
+
+func stepsContent(steps []step) []json.RawMessage {
+	var out []json.RawMessage
+	for _, st := range steps {
+		if st.content != nil {
+			out = append(out, st.content)
+		}
+	}
+	return out
+}
+
+func allTokens(steps []step) []string {
+	var out []string
+	for _, st := range steps {
+		out = append(out, st.tokens...)
+	}
+	return out
+}
+
+// joinText decodes JSON string pieces and joins them: the text a client
+// gets whole, however the pieces were split (a surrogate pair included).
+func joinText(pieces []json.RawMessage) string {
+	var raw []byte
+	for _, p := range pieces {
+		raw = append(raw, p[1:len(p)-1]...)
+	}
+	var s string
+	json.Unmarshal(append(append([]byte{'"'}, raw...), '"'), &s) //nolint:errcheck // pieces are JSON strings
+	return s
 }

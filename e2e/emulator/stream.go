@@ -40,8 +40,7 @@ func (g *generation) stream() {
 	}
 	if g.chat {
 		for i := 0; i < g.choices; i++ {
-			empty := ""
-			if !send([]chatChunkChoice{{Index: i, Delta: chatDelta{Role: "assistant", Content: &empty}}}, continuous) {
+			if !send([]chatChunkChoice{{Index: i, Delta: chatDelta{Role: "assistant", Content: json.RawMessage(`""`)}}}, continuous) {
 				return
 			}
 		}
@@ -49,11 +48,11 @@ func (g *generation) stream() {
 	if !g.wait(g.timing.TTFT) {
 		return
 	}
-	per := g.timing.TokensPerEvent
+	steps := g.steps(g.timing.TokensPerEvent)
 	reason := g.finishReason()
-	events := 0
-	for done := 0; done < g.tokens; done += per {
-		if done > 0 && !g.wait(g.timing.ITL) {
+	events, tokensSent, textAt := 0, 0, 0
+	for k, st := range steps {
+		if k > 0 && !g.wait(g.timing.ITL) {
 			return
 		}
 		if events == g.cutAfter {
@@ -67,8 +66,14 @@ func (g *generation) stream() {
 			}
 			return
 		}
-		n := min(per, g.tokens-done)
-		last := done+n == g.tokens
+		last := k == len(steps)-1
+		n := len(st.tokens)
+		if last {
+			n = g.tokens - tokensSent // the step split for a surrogate pair carries none
+		}
+		if g.output == OutputTools {
+			n = min(n, g.tokens-tokensSent)
+		}
 		for i := 0; i < g.choices; i++ {
 			sent += n
 			var fr *string
@@ -76,22 +81,43 @@ func (g *generation) stream() {
 				fr = &reason
 			}
 			var choices any
-			t := text(done, n)
-			if g.stamp {
-				t = " @" + strconv.FormatInt(time.Now().UnixNano(), 10)
+			content := st.content
+			if g.stamp && content != nil {
+				content, _ = json.Marshal(" @" + strconv.FormatInt(time.Now().UnixNano(), 10))
 			}
 			if g.chat {
-				c := chatChunkChoice{Index: i, Delta: chatDelta{Content: &t}, FinishReason: fr}
+				c := chatChunkChoice{Index: i, FinishReason: fr, Delta: chatDelta{Content: content}}
+				if st.reasoning != nil {
+					if g.reasoningKey() == "reasoning" {
+						c.Delta.Reasoning = st.reasoning
+					} else {
+						c.Delta.ReasoningContent = st.reasoning
+					}
+				}
+				if st.tool != nil {
+					c.Delta.ToolCalls = []toolDelta{*st.tool}
+				}
+				if g.logprobs {
+					c.Logprobs = map[string]any{"content": g.chatLogprobs(st.tokens, tokensSent)}
+				}
 				if last {
 					c.StopReason = json.RawMessage("null")
 				}
 				choices = []chatChunkChoice{c}
 			} else {
-				choices = []completionChunkChoice{{Index: i, Text: t, FinishReason: fr}}
+				c := completionChunkChoice{Index: i, Text: content, FinishReason: fr}
+				if g.logprobs {
+					c.Logprobs = g.completionLogprobs(st.tokens, tokensSent, textAt)
+				}
+				choices = []completionChunkChoice{c}
 			}
 			if !send(choices, continuous) {
 				return
 			}
+		}
+		tokensSent += n
+		if content := st.content; content != nil && !g.chat {
+			textAt += len(joinText([]json.RawMessage{content}))
 		}
 		events++
 		now := time.Now()

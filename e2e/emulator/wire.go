@@ -12,25 +12,28 @@ type usage struct {
 }
 
 type chatDelta struct {
-	Role    string  `json:"role,omitempty"`
-	Content *string `json:"content,omitempty"`
+	Role             string          `json:"role,omitempty"`
+	Content          json.RawMessage `json:"content,omitempty"`
+	ReasoningContent json.RawMessage `json:"reasoning_content,omitempty"`
+	Reasoning        json.RawMessage `json:"reasoning,omitempty"`
+	ToolCalls        []toolDelta     `json:"tool_calls,omitempty"`
 }
 
 type chatChunkChoice struct {
 	Index        int       `json:"index"`
 	Delta        chatDelta `json:"delta"`
-	Logprobs     *struct{} `json:"logprobs"`
+	Logprobs     any       `json:"logprobs"`
 	FinishReason *string   `json:"finish_reason"`
 	// StopReason is sent (as null) only with the finish reason.
 	StopReason json.RawMessage `json:"stop_reason,omitempty"`
 }
 
 type completionChunkChoice struct {
-	Index        int       `json:"index"`
-	Text         string    `json:"text"`
-	Logprobs     *struct{} `json:"logprobs"`
-	FinishReason *string   `json:"finish_reason"`
-	StopReason   *string   `json:"stop_reason"`
+	Index        int             `json:"index"`
+	Text         json.RawMessage `json:"text"` // raw: half a surrogate pair stays as sent
+	Logprobs     any             `json:"logprobs"`
+	FinishReason *string         `json:"finish_reason"`
+	StopReason   *string         `json:"stop_reason"`
 }
 
 type chunk struct {
@@ -43,20 +46,29 @@ type chunk struct {
 }
 
 type chatMessage struct {
-	Role             string     `json:"role"`
-	Content          string     `json:"content"`
-	Refusal          *string    `json:"refusal"`
-	Annotations      *struct{}  `json:"annotations"`
-	Audio            *struct{}  `json:"audio"`
-	FunctionCall     *struct{}  `json:"function_call"`
-	ToolCalls        []struct{} `json:"tool_calls"`
-	ReasoningContent *string    `json:"reasoning_content"`
+	Role         string     `json:"role"`
+	Content      *string    `json:"content"` // null when the message is only tool calls
+	Refusal      *string    `json:"refusal"`
+	Annotations  *struct{}  `json:"annotations"`
+	Audio        *struct{}  `json:"audio"`
+	FunctionCall *struct{}  `json:"function_call"`
+	ToolCalls    []toolCall `json:"tool_calls"`
+	// ReasoningContent is null without reasoning, as vLLM sends it;
+	// omitted when the reasoning goes in Reasoning (the newer name).
+	ReasoningContent json.RawMessage `json:"reasoning_content,omitempty"`
+	Reasoning        *string         `json:"reasoning,omitempty"`
+}
+
+type toolCall struct {
+	ID       string         `json:"id"`
+	Type     string         `json:"type"`
+	Function toolDeltaFnArg `json:"function"`
 }
 
 type chatChoice struct {
 	Index        int         `json:"index"`
 	Message      chatMessage `json:"message"`
-	Logprobs     *struct{}   `json:"logprobs"`
+	Logprobs     any         `json:"logprobs"`
 	FinishReason string      `json:"finish_reason"`
 	StopReason   *string     `json:"stop_reason"`
 }
@@ -64,7 +76,7 @@ type chatChoice struct {
 type completionChoice struct {
 	Index          int       `json:"index"`
 	Text           string    `json:"text"`
-	Logprobs       *struct{} `json:"logprobs"`
+	Logprobs       any       `json:"logprobs"`
 	FinishReason   string    `json:"finish_reason"`
 	StopReason     *string   `json:"stop_reason"`
 	PromptLogprobs *struct{} `json:"prompt_logprobs"`

@@ -1,0 +1,131 @@
+package proxy
+
+import (
+	"errors"
+	"io"
+	"net"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/timing-sidecar/timing-sidecar/rewrite"
+	"github.com/timing-sidecar/timing-sidecar/telemetry"
+	"github.com/timing-sidecar/timing-sidecar/timing"
+)
+
+// errEventTooLarge: an upgraded request's stream had an event larger than
+// --max-event-size, which cannot be read whole to reassemble it.
+var errEventTooLarge = errors.New("an event is larger than --max-event-size")
+
+// relayAssembled reads the stream the sidecar asked for in place of a
+// non-streaming response, marking the clock as for any stream, and answers
+// the client with the non-streaming response reassembled from it.
+func (p *Proxy) relayAssembled(ctx *fasthttp.RequestCtx, f *flight, x *exchange, resp *fasthttp.Response) {
+	r := p.pools.relay.Get().(*eventRelay)
+	defer func() {
+		r.events.Reset(nil)
+		p.pools.relay.Put(r)
+	}()
+	r.events.Reset(x.body(resp))
+	a := rewrite.NewAssembly(p.cfg.MaxBufferedResponse)
+	err := assemble(r.events, a, f)
+	f.clock.Done = time.Now()
+
+	copyResponseHeader(ctx, resp)
+	x.finish(resp, err == nil)
+	if x.isAborted() {
+		// The client left: no one to answer (see forward).
+		ctx.HijackSetNoResponse(true)
+		ctx.Hijack(func(net.Conn) {})
+		f.rec.Status, f.rec.ClientGone = telemetry.StatusClientGone, true
+		return
+	}
+	setResponseID(ctx, f)
+	ctx.Response.Header.SetContentType("application/json")
+	if err != nil {
+		p.log.Warn("could not reassemble an upgraded response", "path", f.rec.Path, "request_id", f.rec.ID, "err", err)
+		e := apiError{Status: fasthttp.StatusBadGateway, Type: "upstream_error", Code: "upstream_interrupted",
+			Message: "timing-sidecar: the model server's stream ended before the response was complete: " + err.Error()}
+		switch {
+		case errors.Is(err, rewrite.ErrAssemblyTooLarge):
+			e.Code, e.Message = "response_too_large", "timing-sidecar: the response is larger than --max-buffered-response; it can be had as a stream, or with --upgrade-non-streaming off"
+		case errors.Is(err, rewrite.ErrNotAnEvent), errors.Is(err, errEventTooLarge):
+			e.Code, e.Message = "bad_response", "timing-sidecar: the model server's stream could not be reassembled: "+err.Error()
+			f.rec.UpstreamError = telemetry.ErrorBadResponse
+		default:
+			f.rec.UpstreamError = upstreamErrorKind(err, false)
+		}
+		e.write(ctx)
+		setResponseID(ctx, f)
+		f.rec.Status = e.Status
+		return
+	}
+	if body, status, ok := a.Error(); ok {
+		// What the engine would have answered the request unstreamed.
+		ctx.SetStatusCode(status)
+		ctx.Response.SetBody(body)
+		f.rec.Status, f.rec.BytesOut = status, len(body)
+		return
+	}
+	chat := f.rec.Endpoint == telemetry.EndpointChat
+	out := p.pools.buffer()
+	defer p.pools.release(out)
+	body, ok := a.AppendBody(out.B[:0], chat)
+	if !ok {
+		p.log.Warn("an upgraded stream held data that is not JSON", "path", f.rec.Path, "request_id", f.rec.ID)
+		f.rec.UpstreamError = telemetry.ErrorBadResponse
+		e := apiError{Status: fasthttp.StatusBadGateway, Type: "upstream_error", Code: "bad_response",
+			Message: "timing-sidecar: the model server's stream could not be reassembled: an event is not valid JSON"}
+		e.write(ctx)
+		setResponseID(ctx, f)
+		f.rec.Status = e.Status
+		return
+	}
+	out.B = body
+	if f.wantMetrics {
+		m := timing.Compute(&f.clock, f.usage, true)
+		mb := p.pools.buffer()
+		defer p.pools.release(mb)
+		mb.B = appendMetrics(mb.B[:0], &m, f.multiple)
+		spliced := p.pools.buffer()
+		defer p.pools.release(spliced)
+		if withMetrics, ok := rewrite.AppendWithMetrics(spliced.B[:0], body, mb.B); ok {
+			spliced.B, body = withMetrics, withMetrics
+			ctx.Response.Header.SetBytesV("Server-Timing", serverTiming(&m))
+		}
+	}
+	ctx.Response.SetBody(body)
+	f.rec.Status, f.rec.BytesOut = fasthttp.StatusOK, len(body)
+}
+
+// assemble reads events to the end of the stream into a, marking f's clock
+// and taking the engine's usage.
+func assemble(events *rewrite.EventReader, a *rewrite.Assembly, f *flight) error {
+	for {
+		raw, whole, err := events.Next()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if !whole {
+			return errEventTooLarge
+		}
+		ev := rewrite.ClassifyEvent(raw)
+		switch ev.Kind {
+		case rewrite.EventToken:
+			f.clock.MarkToken(time.Now())
+		case rewrite.EventUsage:
+			f.usage = ev.Usage
+		case rewrite.EventDone:
+			continue
+		}
+		if ev.Data == nil {
+			continue // a comment, or no data
+		}
+		if err := a.Add(ev.Data); err != nil {
+			return err
+		}
+	}
+}

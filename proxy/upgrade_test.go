@@ -1,0 +1,174 @@
+package proxy
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/timing-sidecar/timing-sidecar/e2e/emulator"
+)
+
+// withoutNulls drops null members from objects, recursively: a stream does
+// not carry the fields an engine sends as null in a non-streaming body, and
+// clients read absent and null alike.
+func withoutNulls(v any) any {
+	switch t := v.(type) {
+	case map[string]any:
+		for k, e := range t {
+			if e == nil {
+				delete(t, k)
+			} else {
+				t[k] = withoutNulls(e)
+			}
+		}
+	case []any:
+		for i, e := range t {
+			t[i] = withoutNulls(e)
+		}
+	}
+	return v
+}
+
+func postJSON(t *testing.T, url, body string, headers map[string]string) (int, map[string]any, string) {
+	t.Helper()
+	resp := post(t, url, body, headers)
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var doc map[string]any
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		t.Fatalf("%d, not JSON: %s", resp.StatusCode, raw)
+	}
+	return resp.StatusCode, doc, string(raw)
+}
+
+func startUpgradingProxy(t *testing.T, engine interface{ URL() string }) string {
+	return startProxy(t, engine.URL(), func(c *Config) { c.UpgradeNonStreaming = true })
+}
+
+func TestUpgradedResponsesEqualDirectOnes(t *testing.T) {
+	engine := emulator.New(emulator.Config{Timing: emulator.Timing{TTFT: 20 * time.Millisecond, ITL: 2 * time.Millisecond, OutputTokens: 12}})
+	if err := engine.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	defer engine.Close()
+	base := startUpgradingProxy(t, engine)
+	const chat, cmpl = "/v1/chat/completions", "/v1/completions"
+	const msgs = `"messages":[{"role":"user","content":"hi"}]`
+	tests := []struct {
+		name, path, body string
+		headers          map[string]string
+	}{
+		{"chat", chat, `{"model":"m",` + msgs + `}`, nil},
+		{"chat cut by length", chat, `{"model":"m",` + msgs + `,"max_tokens":5}`, nil},
+		{"chat, several tokens per event", chat, `{"model":"m",` + msgs + `}`, map[string]string{emulator.HeaderTokensPerEvent: "3"}},
+		{"chat reasoning_content", chat, `{"model":"m",` + msgs + `}`, map[string]string{emulator.HeaderOutput: emulator.OutputReasoning}},
+		{"chat reasoning", chat, `{"model":"m",` + msgs + `}`, map[string]string{emulator.HeaderOutput: emulator.OutputReasoningField}},
+		{"chat tool call", chat, `{"model":"m",` + msgs + `,"tools":[{"type":"function","function":{"name":"get_weather"}}]}`,
+			map[string]string{emulator.HeaderOutput: emulator.OutputTools}},
+		{"chat logprobs", chat, `{"model":"m",` + msgs + `,"logprobs":true,"top_logprobs":2}`, nil},
+		{"chat unicode split across events", chat, `{"model":"m",` + msgs + `}`, map[string]string{emulator.HeaderOutput: emulator.OutputUnicode}},
+		{"completions", cmpl, `{"model":"m","prompt":"hi"}`, nil},
+		{"completions cut by length", cmpl, `{"model":"m","prompt":"hi","max_tokens":4}`, nil},
+		{"completions logprobs", cmpl, `{"model":"m","prompt":"hi","logprobs":2}`, map[string]string{emulator.HeaderTokensPerEvent: "2"}},
+		{"completions unicode", cmpl, `{"model":"m","prompt":"hi"}`, map[string]string{emulator.HeaderOutput: emulator.OutputUnicode}},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			headers := map[string]string{"X-Request-Id": "direct-" + string(rune('a'+i))}
+			for k, v := range tt.headers {
+				headers[k] = v
+			}
+			status, direct, directRaw := postJSON(t, engine.URL()+tt.path, tt.body, headers)
+			if status != 200 {
+				t.Fatalf("direct: %d %s", status, directRaw)
+			}
+			withMetrics := strings.Replace(tt.body, `{"model":"m",`, `{"model":"m","include_metrics":true,`, 1)
+			status, upgraded, upgradedRaw := postJSON(t, base+tt.path, withMetrics, headers)
+			if status != 200 {
+				t.Fatalf("upgraded: %d %s", status, upgradedRaw)
+			}
+			rec, err := engine.Last(t.Context())
+			if err != nil || !rec.Stream {
+				t.Fatalf("the engine was not asked for a stream (%v)", err)
+			}
+			m := metricsOf(t, upgradedRaw)
+			for _, field := range []string{"queue_time_ms", "time_to_first_token_ms", "generation_time_ms", "mean_itl_ms", "tokens_per_second", "completion_tokens"} {
+				if m[field] == nil {
+					t.Errorf("metrics.%s is null in %s", field, upgradedRaw)
+				}
+			}
+			delete(upgraded, "metrics")
+			if !reflect.DeepEqual(withoutNulls(direct), withoutNulls(upgraded)) {
+				t.Fatalf("bodies differ\ndirect:   %s\nupgraded: %s", directRaw, upgradedRaw)
+			}
+		})
+	}
+}
+
+func TestUpgradeMeasuresLikeAStream(t *testing.T) {
+	engine := newFakeEngine(t)
+	base := startUpgradingProxy(t, engine)
+	_, _, raw := postJSON(t, base+"/v1/chat/completions", `{"include_metrics":true}`,
+		map[string]string{"X-Fake-Header-Delay": "30", "X-Fake-TTFT": "40", "X-Fake-ITL": "20", "X-Fake-Tokens": "4"})
+	fr := engine.next(t)
+	m := metricsOf(t, raw)
+	near(t, m, "queue_time_ms", ms(fr.HeadersSent.Sub(fr.Received)))
+	near(t, m, "time_to_first_token_ms", ms(fr.FirstToken.Sub(fr.HeadersSent)))
+	near(t, m, "generation_time_ms", ms(fr.LastToken.Sub(fr.FirstToken)))
+	near(t, m, "mean_itl_ms", ms(fr.LastToken.Sub(fr.FirstToken))/3)
+}
+
+func TestRequestsNotUpgraded(t *testing.T) {
+	engine := emulator.New(emulator.Config{})
+	if err := engine.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	defer engine.Close()
+	base := startUpgradingProxy(t, engine)
+	for _, body := range []string{
+		`{"model":"m","messages":[{"role":"user","content":"hi"}],"n":2}`,
+		`{"model":"m","prompt":"hi","echo":true}`,
+		`{"model":"m","prompt":"hi","prompt_logprobs":1}`,
+		`{"model":"m","messages":[{"role":"user","content":"hi"}],"a_field_the_sidecar_does_not_know":1}`,
+	} {
+		path := "/v1/chat/completions"
+		if strings.Contains(body, "prompt") {
+			path = "/v1/completions"
+		}
+		resp := post(t, base+path, body, nil)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if rec, err := engine.Last(t.Context()); err != nil || rec.Stream {
+			t.Errorf("%s was upgraded to a stream", body)
+		}
+	}
+}
+
+func TestUpgradedStreamFailures(t *testing.T) {
+	engine := emulator.New(emulator.Config{Timing: emulator.Timing{OutputTokens: 6}})
+	if err := engine.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	defer engine.Close()
+	base := startUpgradingProxy(t, engine)
+	body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"include_metrics":true}`
+
+	// An error event in the stream: the status and body the engine gives
+	// an unstreamed request that fails.
+	status, _, raw := postJSON(t, base+"/v1/chat/completions", body, map[string]string{emulator.HeaderErrorAfter: "2"})
+	if status != 500 || raw != `{"error":{"message":"emulated engine failure","type":"InternalServerError","param":null,"code":500}}` {
+		t.Fatalf("in-stream error became %d %s", status, raw)
+	}
+	// An error status before the stream: passed as it is.
+	status, _, raw = postJSON(t, base+"/v1/chat/completions", body, map[string]string{emulator.HeaderStatus: "429"})
+	if status != 429 || !strings.Contains(raw, `"code":429`) {
+		t.Fatalf("error status became %d %s", status, raw)
+	}
+	// The engine drops the stream: a 502, never a partial body.
+	resp := post(t, base+"/v1/chat/completions", body, map[string]string{emulator.HeaderCutAfter: "2"})
+	openAIError(t, resp, http.StatusBadGateway, "upstream_interrupted")
+}
