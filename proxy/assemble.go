@@ -48,7 +48,7 @@ func (p *Proxy) relayAssembled(ctx *fasthttp.RequestCtx, f *flight, x *exchange,
 			Message: "timing-sidecar: the model server's stream ended before the response was complete: " + err.Error()}
 		switch {
 		case errors.Is(err, rewrite.ErrAssemblyTooLarge):
-			e.Code, e.Message = "response_too_large", "timing-sidecar: the response is larger than --max-buffered-response; it can be had as a stream, or with --upgrade-non-streaming off"
+			e.Code, e.Message = "response_too_large", "timing-sidecar: the response is larger than --max-buffered-response-size; it can be had as a stream, or with --upgrade-non-streaming off"
 		case errors.Is(err, rewrite.ErrNotAnEvent), errors.Is(err, errEventTooLarge):
 			e.Code, e.Message = "bad_response", "timing-sidecar: the model server's stream could not be reassembled: "+err.Error()
 			f.rec.UpstreamError = telemetry.ErrorBadResponse
