@@ -349,3 +349,34 @@ func TestAdminEndpointsAndAccessLog(t *testing.T) {
 		t.Errorf("/healthz %d", code)
 	}
 }
+
+func TestUpgradeNonStreamingWithTheSDK(t *testing.T) {
+	engine := startEngine(t, emulator.Config{Timing: timing})
+	ctx := context.Background()
+	directClient := sdk(engine.URL())
+	direct, err := directClient.Chat.Completions.New(ctx, chatParams)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := startSidecar(t, nil, "TIMING_SIDECAR_LISTEN=127.0.0.1:0", "TIMING_SIDECAR_UPSTREAM="+engine.URL(),
+		"TIMING_SIDECAR_UPGRADE_NON_STREAMING=true")
+	c := sdk(sc.base)
+	resp, err := c.Chat.Completions.New(ctx, chatParams, withMetrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := record(t, engine, resp.ID)
+	if !rec.Stream {
+		t.Fatal("the engine was not asked for a stream")
+	}
+	got, want := resp.Choices[0], direct.Choices[0]
+	if got.Message.Content != want.Message.Content || got.FinishReason != want.FinishReason || resp.Usage.CompletionTokens != direct.Usage.CompletionTokens {
+		t.Fatalf("upgraded %q/%s/%d, direct %q/%s/%d", got.Message.Content, got.FinishReason, resp.Usage.CompletionTokens,
+			want.Message.Content, want.FinishReason, direct.Usage.CompletionTokens)
+	}
+	f, ok := resp.JSON.ExtraFields["metrics"]
+	if !ok {
+		t.Fatal("no metrics")
+	}
+	checkStream(t, parseMetrics(t, f.Raw()), rec)
+}
