@@ -43,14 +43,14 @@ func (p *Proxy) relayAssembled(ctx *fasthttp.RequestCtx, f *flight, x *exchange,
 	setResponseID(ctx, f)
 	ctx.Response.Header.SetContentType("application/json")
 	if err != nil {
-		p.log.Warn("could not reassemble an upgraded response", "path", f.rec.Path, "request_id", f.rec.ID, "err", err)
+		p.log.Warn("could not reassemble an upgraded response", "path", f.rec.Path, "request_id", f.rec.ID, "err", safeError(err))
 		e := apiError{Status: fasthttp.StatusBadGateway, Type: "upstream_error", Code: "upstream_interrupted",
-			Message: "timing-sidecar: the model server's stream ended before the response was complete: " + err.Error()}
+			Message: "timing-sidecar: the model server's stream ended before the response was complete: " + safeError(err)}
 		switch {
 		case errors.Is(err, rewrite.ErrAssemblyTooLarge):
 			e.Code, e.Message = "response_too_large", "timing-sidecar: the response is larger than --max-buffered-response-size; it can be had as a stream, or with --upgrade-non-streaming off"
 		case errors.Is(err, rewrite.ErrNotAnEvent), errors.Is(err, errEventTooLarge):
-			e.Code, e.Message = "bad_response", "timing-sidecar: the model server's stream could not be reassembled: "+err.Error()
+			e.Code, e.Message = "bad_response", "timing-sidecar: the model server's stream could not be reassembled: "+safeError(err)
 			f.rec.UpstreamError = telemetry.ErrorBadResponse
 		default:
 			f.rec.UpstreamError = upstreamErrorKind(err, false)

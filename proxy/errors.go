@@ -52,10 +52,10 @@ func upstreamError(err error) apiError {
 	var ne net.Error
 	if errors.Is(err, errHeaderTimeout) || (errors.As(err, &ne) && ne.Timeout()) {
 		return apiError{Status: fasthttp.StatusGatewayTimeout, Type: "upstream_error", Code: "upstream_timeout",
-			Message: "timing-sidecar: the model server did not answer in time: " + err.Error()}
+			Message: "timing-sidecar: the model server did not answer in time: " + safeError(err)}
 	}
 	return apiError{Status: fasthttp.StatusBadGateway, Type: "upstream_error", Code: "upstream_unavailable",
-		Message: "timing-sidecar: cannot reach the model server: " + err.Error()}
+		Message: "timing-sidecar: cannot reach the model server: " + safeError(err)}
 }
 
 // requestError answers a request fasthttp could not read.
@@ -74,6 +74,14 @@ func requestError(err error) apiError {
 			Message: "timing-sidecar: the request was not received in time (--client-read-timeout)"}
 	default:
 		return apiError{Status: fasthttp.StatusBadRequest, Type: "invalid_request_error", Code: "bad_request",
-			Message: "timing-sidecar: malformed HTTP request: " + err.Error()}
+			Message: "timing-sidecar: malformed HTTP request: " + safeError(err)}
 	}
+}
+
+// safeError is err's message without the bytes fasthttp quotes from a
+// message it could not parse, even inside a network error: an engine's
+// response (another client's output) or a client's request (its
+// credentials). What names addresses and causes stays.
+func safeError(err error) string {
+	return redactRequestBytes(err.Error())
 }

@@ -56,11 +56,7 @@ func (p *Proxy) begin(ctx *fasthttp.RequestCtx, arrival time.Time) *flight {
 	if f == nil {
 		f = new(flight)
 	}
-	room := f.upstreamBody[:0]
-	if cap(room) > maxKeptUpstreamBody {
-		room = nil
-	}
-	*f = flight{clock: timing.Clock{Arrival: arrival}, upstreamBody: room}
+	*f = flight{clock: timing.Clock{Arrival: arrival}, upstreamBody: f.upstreamBody[:0]}
 	f.rec = telemetry.Request{
 		Method:   string(ctx.Method()),
 		Path:     string(ctx.Path()),

@@ -100,7 +100,8 @@ func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight) {
 			p.log.Warn("could not edit request body; forwarding it unchanged", "err", err, "request_id", f.rec.ID)
 			upBody, f.wantMetrics, f.hideUsage = body, false, false
 		}
-		if cap(upBody) > cap(f.upstreamBody) && unsafe.SliceData(upBody) != unsafe.SliceData(body) {
+		if cap(upBody) > cap(f.upstreamBody) && cap(upBody) <= maxKeptUpstreamBody &&
+			unsafe.SliceData(upBody) != unsafe.SliceData(body) {
 			f.upstreamBody = upBody[:0] // grown: keep the room for next time
 		}
 	}
@@ -163,7 +164,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, f *flight, body []byte, identi
 		f.rec.Status, f.rec.ClientGone = telemetry.StatusClientGone, true
 		return nil, nil, false
 	}
-	p.log.Warn("upstream request failed", "path", f.rec.Path, "request_id", f.rec.ID, "err", err)
+	p.log.Warn("upstream request failed", "path", f.rec.Path, "request_id", f.rec.ID, "err", safeError(err))
 	f.rec.UpstreamError = upstreamErrorKind(err, true)
 	upstreamError(err).write(ctx)
 	setResponseID(ctx, f)

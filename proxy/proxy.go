@@ -71,6 +71,9 @@ func New(cfg Config, log *slog.Logger, accessLog io.Writer) (*Proxy, error) {
 		DisablePreParseMultipartForm:  true,
 		DisableHeaderNamesNormalizing: false,
 		CloseOnShutdown:               true,
+		// fasthttp's own errors leave out the bytes of a request it could
+		// not parse (fasthttpLogger cuts them as well).
+		SecureErrorLogMessage: true,
 		// A worker serves one connection for its whole life; idle ones
 		// wait here for the next connection. Two seconds (not fasthttp's
 		// ten) gives back a burst's goroutines and their grown stacks soon
@@ -172,12 +175,12 @@ func (l fasthttpLogger) Printf(format string, args ...any) {
 	l.log.Debug(redactRequestBytes(fmt.Sprintf(format, args...)), "source", "fasthttp")
 }
 
-// redactRequestBytes cuts from a fasthttp message the bytes of the request
-// it could not parse, which fasthttp quotes (the request line, or the
-// headers whole) and which may hold credentials and prompts. The
-// connection's quoted addresses before the first ": " stay.
+// redactRequestBytes cuts from a fasthttp message the bytes of the message
+// it could not parse, which fasthttp quotes (a request line, or headers
+// whole) and which may hold credentials, prompts or another client's
+// output. The connection's quoted addresses before the first ": " stay.
 func redactRequestBytes(msg string) string {
-	const cut = "(request bytes not logged)"
+	const cut = "(message bytes not shown)"
 	head, rest := "", msg
 	if i := strings.Index(msg, `": `); i >= 0 {
 		head, rest = msg[:i+3], msg[i+3:]

@@ -228,6 +228,12 @@ func (x *exchange) release(reusable bool) {
 	if c == nil {
 		return
 	}
+	if c.br.Buffered() > 0 {
+		// Bytes past the end of the response: an engine that got its
+		// framing wrong. They must not be read as the next client's
+		// response.
+		reusable = false
+	}
 	if reusable {
 		x.up.put(c)
 	} else {

@@ -66,12 +66,14 @@ func InspectRequest(body []byte) Request {
 			if r.includeMetricsCount++; r.includeMetricsCount == 1 {
 				r.includeMetricsAt, r.includeMetricsEnd = key.Index, value.Index+len(value.Raw)
 			}
-			r.HasIncludeMetrics, r.IncludeMetrics = false, false
+			// The last one counts, as in the engine's parser: a bad value
+			// followed by a good one is fine.
+			r.HasIncludeMetrics, r.IncludeMetrics, r.InvalidIncludeMetrics = false, false, false
 			switch {
 			case value.IsBool():
 				r.HasIncludeMetrics, r.IncludeMetrics = true, value.Bool()
 			case value.Type != gjson.Null:
-				r.Understood, r.InvalidIncludeMetrics = false, true
+				r.InvalidIncludeMetrics = true
 			}
 		case "stream":
 			r.Stream = value.Type == gjson.True
@@ -109,6 +111,9 @@ func InspectRequest(body []byte) Request {
 		}
 		return r.Understood
 	})
+	if r.InvalidIncludeMetrics {
+		r.Understood = false
+	}
 	if !r.Understood {
 		return Request{InvalidIncludeMetrics: r.InvalidIncludeMetrics}
 	}
@@ -194,12 +199,7 @@ func UpstreamBody(dst, body []byte, r Request, askUsage bool) ([]byte, error) {
 			// The common case: cut the member out, no second parse.
 			out = appendWithoutMember(dst, body, r.includeMetricsAt, r.includeMetricsEnd)
 		} else {
-			for err == nil && gjson.GetBytes(out, "include_metrics").Exists() {
-				out, err = sjson.DeleteBytes(out, "include_metrics")
-			}
-			if err != nil {
-				return body, err
-			}
+			out = appendWithoutKey(dst, body, "include_metrics")
 		}
 	}
 	if askUsage && r.Stream && !r.IncludeUsage {
@@ -213,6 +213,25 @@ func UpstreamBody(dst, body []byte, r Request, askUsage bool) ([]byte, error) {
 		}
 	}
 	return out, nil
+}
+
+// appendWithoutKey appends to dst the valid JSON object obj without any of
+// its top-level members named key, in one pass however often key repeats.
+func appendWithoutKey(dst, obj []byte, key string) []byte {
+	dst = append(dst, '{')
+	first := true
+	gjson.ParseBytes(obj).ForEach(func(k, v gjson.Result) bool {
+		if k.Str == key {
+			return true
+		}
+		if !first {
+			dst = append(dst, ',')
+		}
+		first = false
+		dst = append(dst, obj[k.Index:v.Index+len(v.Raw)]...)
+		return true
+	})
+	return append(dst, '}')
 }
 
 // appendWithoutMember appends to dst the valid JSON object obj without the

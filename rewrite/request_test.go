@@ -3,7 +3,9 @@ package rewrite
 import (
 	"encoding/json"
 	"reflect"
+	"strings"
 	"testing"
+	"time"
 )
 
 func TestInspectRequest(t *testing.T) {
@@ -35,6 +37,8 @@ func TestInspectRequest(t *testing.T) {
 		{"not JSON", `{"model":`, Request{}},
 		{"not an object", `[1,2]`, Request{}},
 		{"include_metrics of the wrong type", `{"include_metrics":"yes"}`, Request{InvalidIncludeMetrics: true}},
+		{"a good include_metrics after a bad one", `{"include_metrics":"yes","include_metrics":true}`, Request{Understood: true, HasIncludeMetrics: true, IncludeMetrics: true}},
+		{"a bad include_metrics after a good one", `{"include_metrics":true,"include_metrics":2}`, Request{InvalidIncludeMetrics: true}},
 		{"stream of the wrong type", `{"stream":"true","include_metrics":true}`, Request{}},
 		{"n of the wrong type", `{"n":"2"}`, Request{}},
 		{"stream_options of the wrong type", `{"stream":true,"stream_options":true}`, Request{}},
@@ -124,6 +128,19 @@ func TestUpstreamBody(t *testing.T) {
 				t.Fatalf("UpstreamBody = %s, want %s", got, tt.want)
 			}
 		})
+	}
+}
+
+func TestUpstreamBodyManyDuplicatesIsLinear(t *testing.T) {
+	// An attacker's body with the key repeated: one pass, not one per copy.
+	body := []byte("{" + strings.Repeat(`"include_metrics":true,`, 50000) + `"model":"m"}`)
+	start := time.Now()
+	got, err := UpstreamBody(nil, body, InspectRequest(body), false)
+	if err != nil || string(got) != `{"model":"m"}` {
+		t.Fatalf("UpstreamBody = %.100s, %v", got, err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("%d duplicate keys took %v", 50000, d)
 	}
 }
 
