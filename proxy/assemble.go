@@ -113,13 +113,14 @@ func assemble(events *rewrite.EventReader, a *rewrite.Assembly, f *flight) error
 			return errEventTooLarge
 		}
 		ev := rewrite.ClassifyEvent(raw)
-		switch ev.Kind {
-		case rewrite.EventToken:
-			f.clock.MarkToken(time.Now())
-		case rewrite.EventUsage:
-			f.usage = ev.Usage
-		case rewrite.EventDone:
+		switch {
+		case ev.Kind == rewrite.EventDone:
 			continue
+		case ev.Kind == rewrite.EventToken:
+			f.clock.MarkToken(time.Now())
+		}
+		if ev.Kind == rewrite.EventUsage || ev.UsageOnChoices {
+			f.usage = ev.Usage
 		}
 		if ev.Data == nil {
 			continue // a comment, or no data

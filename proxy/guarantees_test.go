@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -614,5 +615,74 @@ func TestSafeErrorCutsQuotedBytes(t *testing.T) {
 	ne := &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
 	if got := safeError(ne); got != ne.Error() {
 		t.Fatalf("a network error was cut: %q", got)
+	}
+}
+
+func TestUsageOnTheFinishingEvent(t *testing.T) {
+	const (
+		usage    = `"usage":{"completion_tokens":2,"prompt_tokens":5,"total_tokens":7}`
+		llamaEnd = `data: {"choices":[{"finish_reason":"stop","index":0,"delta":{}}],"created":1,"id":"c","model":"m","object":"chat.completion.chunk",` + usage + `,"timings":{"prompt_n":5,"prompt_ms":20.5,"predicted_n":2,"predicted_ms":40.1}}` + "\n\n"
+		tgiEnd   = `data: {"object":"chat.completion.chunk","id":"c","choices":[{"index":0,"delta":{"content":"!"},"finish_reason":"length"}],` + usage + "}\n\n"
+		apart    = `data: {"id":"c","object":"chat.completion.chunk","choices":[],` + usage + "}\n\n"
+		done     = "data: [DONE]\n\n"
+	)
+	for _, tt := range []struct {
+		name    string
+		tail    []string // events after the role and two tokens
+		spliced int      // index in tail of the event that must carry the metrics; -1: none
+		cut     bool     // the engine drops the connection after tail
+	}{
+		{"llama.cpp: on the finishing event, then [DONE]", []string{llamaEnd, done}, 0, false},
+		{"on the last token event", []string{tgiEnd, done}, 0, false},
+		{"no [DONE]: the end of the stream shows it", []string{llamaEnd}, 0, false},
+		{"a usage event after it takes the metrics", []string{llamaEnd, apart, done}, 1, false},
+		{"the engine drops after it: delivered as sent", []string{llamaEnd}, -1, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, _ []byte) {
+				defer c.Close()
+				out := sseHead + chunk(roleEvent) + chunk(tokenEvent("a")) + chunk(tokenEvent("b"))
+				for _, e := range tt.tail {
+					out += chunk(e)
+				}
+				if !tt.cut {
+					out += "0\r\n\r\n"
+				}
+				io.WriteString(c, out)
+			})
+			base := startProxy(t, engine.URL(), nil)
+			resp := post(t, base+"/v1/chat/completions", `{"stream":true,"include_metrics":true}`, nil)
+			events, err := readEvents(t, resp.Body)
+			resp.Body.Close()
+			if (err != nil && err != io.EOF) != tt.cut {
+				t.Fatalf("stream ended with %v", err)
+			}
+			if len(events) != 3+len(tt.tail) {
+				t.Fatalf("got %d events, want %d", len(events), 3+len(tt.tail))
+			}
+			for i, e := range tt.tail {
+				got := "data: " + events[3+i].data + "\n\n"
+				if i != tt.spliced {
+					if got != e {
+						t.Errorf("event %d changed:\n got %s\nwant %s", i, got, e)
+					}
+					continue
+				}
+				var doc map[string]json.RawMessage
+				if json.Unmarshal([]byte(events[3+i].data), &doc) != nil || doc["metrics"] == nil || doc["usage"] == nil {
+					t.Fatalf("no metrics in %s", got)
+				}
+				m := metricsOf(t, events[3+i].data)
+				if m["completion_tokens"] == nil || *m["completion_tokens"] != 2 || m["time_to_first_token_ms"] == nil {
+					t.Errorf("metrics %s", events[3+i].data)
+				}
+				delete(doc, "metrics")
+				var want map[string]json.RawMessage
+				json.Unmarshal([]byte(strings.TrimSuffix(strings.TrimPrefix(e, "data: "), "\n\n")), &want)
+				if !reflect.DeepEqual(doc, want) {
+					t.Errorf("other keys changed: %s", got)
+				}
+			}
+		})
 	}
 }

@@ -242,6 +242,11 @@ func (p *Proxy) relayEvents(ctx *fasthttp.RequestCtx, f *flight, x *exchange, re
 // Read returns at most one event, so fasthttp writes and flushes every event
 // as its own chunk the moment it is complete. It runs on the connection's
 // goroutine, which also writes the trailer after the last Read.
+//
+// The one event ever held back is one that finishes its choices and carries
+// the usage (llama.cpp's last event, for one): it may or may not be the last
+// to carry usage, which only the next event or the end of the stream shows.
+// It waits for that, and gets the metrics if it was the last.
 type eventRelay struct {
 	p       *Proxy
 	f       *flight
@@ -250,7 +255,11 @@ type eventRelay struct {
 	events  *rewrite.EventReader
 	trailer *fasthttp.ResponseHeader // set when a Server-Timing trailer is announced
 	pending []byte                   // the rest of the current event, not yet handed out
+	queued  []byte                   // the event to hand out after pending
+	held    []byte                   // the event held back, a copy; nil if none
 	spliced []byte                   // scratch for the usage event with metrics
+	heldBuf []byte                   // scratch for held
+	heldOut []byte                   // scratch for held with metrics
 	metrics []byte                   // scratch for the metrics JSON
 	readErr error
 	eof     bool
@@ -259,23 +268,41 @@ type eventRelay struct {
 func (r *eventRelay) Read(p []byte) (n int, err error) {
 	defer r.p.recoverRead(r.f, &err)
 	for len(r.pending) == 0 {
-		piece, whole, err := r.events.Next()
-		if err == io.EOF {
-			r.eof = true
-			r.f.clock.Done = time.Now()
-			r.fillTrailer()
+		if r.queued != nil {
+			r.pending, r.queued = r.queued, nil
+			continue
+		}
+		if r.eof {
 			return 0, io.EOF
 		}
-		if err != nil {
+		if r.readErr != nil {
 			// Everything received so far has been handed out; a non-EOF
 			// error makes fasthttp end the chunked body without its final
 			// chunk, so the client sees a truncated stream, not a clean end.
-			r.readErr = err
-			return 0, err
+			return 0, r.readErr
 		}
-		r.pending = piece
-		if whole {
-			r.inspect(piece)
+		piece, whole, err := r.events.Next()
+		switch {
+		case err == io.EOF:
+			r.eof = true
+			r.f.clock.Done = time.Now()
+			if r.held != nil {
+				r.pending = r.releaseHeld(true) // the last event with usage
+			}
+			r.fillTrailer()
+		case err != nil:
+			r.readErr = err
+			if r.held != nil {
+				r.pending = r.releaseHeld(false) // received, so it is delivered
+			}
+		default:
+			r.pending = piece
+			if whole {
+				r.inspect(piece)
+			} else if r.held != nil {
+				// Not inspected, so it carries no usage the sidecar knows of.
+				r.pending, r.queued = r.releaseHeld(true), piece
+			}
 		}
 	}
 	n = copy(p, r.pending)
@@ -284,15 +311,22 @@ func (r *eventRelay) Read(p []byte) (n int, err error) {
 	return n, nil
 }
 
-// inspect marks the clock for a whole event, and splices the metrics into,
-// or removes, the final usage event.
+// inspect marks the clock for a whole event, splices the metrics into, or
+// removes, the final usage event, and holds back or releases an event that
+// finishes its choices with the usage.
 func (r *eventRelay) inspect(raw []byte) {
 	ev := rewrite.ClassifyEvent(raw)
 	f := r.f
-	switch ev.Kind {
-	case rewrite.EventToken:
+	if ev.Kind == rewrite.EventToken {
 		f.clock.MarkToken(time.Now())
-	case rewrite.EventUsage:
+	}
+	var released []byte
+	if r.held != nil {
+		// This event shows whether the held one was the last with usage.
+		released = r.releaseHeld(ev.Kind != rewrite.EventUsage && !ev.UsageOnChoices)
+	}
+	switch {
+	case ev.Kind == rewrite.EventUsage:
 		f.usage = ev.Usage
 		switch {
 		case f.wantMetrics:
@@ -305,7 +339,35 @@ func (r *eventRelay) inspect(raw []byte) {
 		case f.hideUsage:
 			r.pending = nil
 		}
+	case ev.UsageOnChoices:
+		f.usage = ev.Usage
+		if f.wantMetrics {
+			r.heldBuf = append(r.heldBuf[:0], raw...)
+			r.held, r.pending = r.heldBuf, nil
+		}
 	}
+	if released != nil {
+		r.pending, r.queued = released, r.pending
+	}
+}
+
+// releaseHeld returns the held event, with the metrics spliced in if
+// withMetrics, and holds nothing after.
+func (r *eventRelay) releaseHeld(withMetrics bool) []byte {
+	held := r.held
+	r.held = nil
+	if !withMetrics {
+		return held
+	}
+	f := r.f
+	f.clock.Done = time.Now()
+	m := timing.Compute(&f.clock, f.usage, true)
+	r.metrics = appendMetrics(r.metrics[:0], &m, f.multiple)
+	if out, ok := rewrite.AppendEventWithMetrics(r.heldOut[:0], held, rewrite.ClassifyEvent(held), r.metrics); ok {
+		r.heldOut = out
+		return out
+	}
+	return held
 }
 
 // fillTrailer sets the Server-Timing trailer for the whole stream.
@@ -323,7 +385,7 @@ func (r *eventRelay) CloseWithError(writeErr error) error {
 	r.p.finish(r.f)
 	pools := r.p.pools
 	r.events.Reset(nil)
-	*r = eventRelay{events: r.events, spliced: r.spliced[:0], metrics: r.metrics[:0]}
+	*r = eventRelay{events: r.events, spliced: r.spliced[:0], heldBuf: r.heldBuf[:0], heldOut: r.heldOut[:0], metrics: r.metrics[:0]}
 	pools.relay.Put(r)
 	return nil
 }

@@ -34,8 +34,13 @@ type Event struct {
 	Data []byte
 	// dataAt is where Data starts in the raw event.
 	dataAt int
-	// Usage holds the token counts of an EventUsage.
+	// Usage holds the token counts of an EventUsage, or of an event with
+	// UsageOnChoices.
 	Usage timing.Usage
+	// UsageOnChoices: an event that finishes all its choices and carries
+	// the usage too, as some engines send it instead of a separate
+	// "choices": [] event. Its kind is EventToken or EventOther.
+	UsageOnChoices bool
 }
 
 var dataField = []byte("data:")
@@ -77,7 +82,31 @@ func ClassifyEvent(raw []byte) Event {
 		}
 		return true
 	})
+	// llama.cpp's server, and others, put the usage on the event that
+	// finishes the choices instead of an event of its own, after the
+	// choices (as OpenAI, TGI and llama.cpp order their keys). A byte
+	// search of what follows the choices keeps the look for it off the
+	// path of every other event.
+	if bytes.Contains(data[choices.Index+len(choices.Raw):], usageKey) {
+		if usage := gjson.Get(s, "usage"); usage.IsObject() && allFinished(choices) {
+			ev.UsageOnChoices = true
+			ev.Usage = parseUsage(usage)
+		}
+	}
 	return ev
+}
+
+var usageKey = []byte(`usage"`)
+
+// allFinished tells whether every choice has a finish reason.
+func allFinished(choices gjson.Result) bool {
+	all := true
+	choices.ForEach(func(_, choice gjson.Result) bool {
+		fr := choice.Get("finish_reason")
+		all = fr.Exists() && fr.Type != gjson.Null
+		return all
+	})
+	return all
 }
 
 // carriesOutput reports whether one choice of a chunk holds generated
