@@ -2,11 +2,11 @@ package proxy
 
 import (
 	"bufio"
-	"errors"
 	"bytes"
 	"compress/gzip"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
