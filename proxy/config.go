@@ -119,6 +119,10 @@ type Config struct {
 	// InjectUsage asks the engine for usage on streams whose client did
 	// not, and removes that usage event before it reaches the client.
 	InjectUsage bool
+	// ForwardIncludeMetrics leaves include_metrics in the request for an
+	// engine that computes its own (vLLM with --enable-per-request-metrics);
+	// its report then appears as metrics.engine beside the sidecar's.
+	ForwardIncludeMetrics bool
 	// UpgradeNonStreaming sends an eligible non-streaming chat or
 	// completions request to the engine as a stream, measures it as one
 	// and reassembles the response the client asked for, so non-streaming

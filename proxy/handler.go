@@ -87,16 +87,20 @@ func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight) {
 	f.hideUsage = !transparent && !f.wantMetrics && p.cfg.InjectUsage && req.Understood &&
 		req.Stream && !req.IncludeUsage && !req.ContinuousUsage
 	upBody := body
+	edit := req
+	if p.cfg.ForwardIncludeMetrics {
+		edit.HasIncludeMetrics = false // nothing to remove: the engine gets it
+	}
 	if !transparent && p.cfg.UpgradeNonStreaming && req.Upgradable && f.rec.Endpoint != telemetry.EndpointOther {
-		if b, err := rewrite.UpgradedBody(body, req); err == nil {
+		if b, err := rewrite.UpgradedBody(body, edit); err == nil {
 			upBody, f.upgraded = b, true
 		} else {
 			p.log.Warn("could not upgrade the request to a stream; forwarding it as it is", "err", err, "request_id", f.rec.ID)
 		}
 	}
-	if !f.upgraded && !transparent && (req.HasIncludeMetrics || f.wantMetrics || f.hideUsage) {
+	if !f.upgraded && !transparent && (edit.HasIncludeMetrics || f.wantMetrics || f.hideUsage) {
 		var err error
-		if upBody, err = rewrite.UpstreamBody(f.upstreamBody, body, req, f.wantMetrics || f.hideUsage); err != nil {
+		if upBody, err = rewrite.UpstreamBody(f.upstreamBody, body, edit, f.wantMetrics || f.hideUsage); err != nil {
 			p.log.Warn("could not edit request body; forwarding it unchanged", "err", err, "request_id", f.rec.ID)
 			upBody, f.wantMetrics, f.hideUsage = body, false, false
 		}

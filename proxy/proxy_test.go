@@ -106,12 +106,13 @@ func readEvents(t *testing.T, body io.Reader) ([]sseEvent, error) {
 	}
 }
 
-// metricsOf returns the "metrics" member of a JSON object; a null field
-// maps to nil.
+// metricsOf returns the number fields of the "metrics" member of a JSON
+// object (a null field maps to nil) and, under "engine.<name>", those of
+// its engine report.
 func metricsOf(t *testing.T, doc string) map[string]*float64 {
 	t.Helper()
 	var v struct {
-		Metrics map[string]*float64 `json:"metrics"`
+		Metrics map[string]json.RawMessage `json:"metrics"`
 	}
 	if err := json.Unmarshal([]byte(doc), &v); err != nil {
 		t.Fatalf("invalid JSON %q: %v", doc, err)
@@ -119,7 +120,25 @@ func metricsOf(t *testing.T, doc string) map[string]*float64 {
 	if v.Metrics == nil {
 		t.Fatalf("no metrics in %s", doc)
 	}
-	return v.Metrics
+	out := map[string]*float64{}
+	for k, raw := range v.Metrics {
+		if k == "engine" {
+			var engine map[string]any
+			json.Unmarshal(raw, &engine)
+			for ek, ev := range engine {
+				if f, ok := ev.(float64); ok {
+					out["engine."+ek] = &f
+				}
+			}
+			continue
+		}
+		var f *float64
+		if err := json.Unmarshal(raw, &f); err != nil {
+			t.Fatalf("metrics.%s is not a number: %s", k, raw)
+		}
+		out[k] = f
+	}
+	return out
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

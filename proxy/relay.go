@@ -164,6 +164,7 @@ func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *exchang
 	x.finish(resp, true)
 
 	m := timing.Compute(&f.clock, f.usage, false)
+	m.SetEngine(rewrite.EngineTiming(buf.B))
 	mb := p.pools.buffer()
 	defer p.pools.release(mb)
 	mb.B = appendMetrics(mb.B[:0], &m, f.multiple)
@@ -332,6 +333,7 @@ func (r *eventRelay) inspect(raw []byte) {
 		case f.wantMetrics:
 			f.clock.Done = time.Now()
 			m := timing.Compute(&f.clock, f.usage, true)
+			m.SetEngine(rewrite.EngineTiming(ev.Data))
 			r.metrics = appendMetrics(r.metrics[:0], &m, f.multiple)
 			if out, ok := rewrite.AppendEventWithMetrics(r.spliced[:0], raw, ev, r.metrics); ok {
 				r.spliced, r.pending = out, out
@@ -361,9 +363,11 @@ func (r *eventRelay) releaseHeld(withMetrics bool) []byte {
 	}
 	f := r.f
 	f.clock.Done = time.Now()
+	ev := rewrite.ClassifyEvent(held)
 	m := timing.Compute(&f.clock, f.usage, true)
+	m.SetEngine(rewrite.EngineTiming(ev.Data))
 	r.metrics = appendMetrics(r.metrics[:0], &m, f.multiple)
-	if out, ok := rewrite.AppendEventWithMetrics(r.heldOut[:0], held, rewrite.ClassifyEvent(held), r.metrics); ok {
+	if out, ok := rewrite.AppendEventWithMetrics(r.heldOut[:0], held, ev, r.metrics); ok {
 		r.heldOut = out
 		return out
 	}

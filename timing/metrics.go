@@ -33,6 +33,35 @@ type Metrics struct {
 	MaxITL           Number // largest gap between consecutive token events (streams)
 	PromptTokens     Count
 	CompletionTokens Count
+	// Engine is the engine's own report of the same request, when the
+	// response carried one; Overhead is E2ELatency minus the engine's
+	// total, the time spent outside the engine.
+	Engine   EngineTiming
+	Overhead Number
+}
+
+// EngineTiming is an engine's report of its own timing for a request,
+// mapped onto the sidecar's field names (see rewrite.EngineTiming for the
+// engines read).
+type EngineTiming struct {
+	Reported         bool   // the response carried a report
+	Source           string // where it came from: "vllm" or "llama.cpp"
+	QueueTime        Number
+	TimeToFirstToken Number
+	GenerationTime   Number
+	MeanITL          Number
+	TokensPerSecond  Number
+	// Total is the engine's whole time for the request, when its parts
+	// are all reported.
+	Total Number
+}
+
+// SetEngine records the engine's report and the overhead it implies.
+func (m *Metrics) SetEngine(e EngineTiming) {
+	m.Engine = e
+	if e.Reported && e.Total.Set && m.E2ELatency.Set {
+		m.Overhead = Number{m.E2ELatency.Value - e.Total.Value, true}
+	}
 }
 
 // Compute derives the metrics from a clock and the engine's usage.
@@ -90,6 +119,26 @@ func (m *Metrics) AppendJSON(dst []byte) []byte {
 	dst = m.PromptTokens.appendJSON(dst)
 	dst = append(dst, `,"completion_tokens":`...)
 	dst = m.CompletionTokens.appendJSON(dst)
+	if e := &m.Engine; e.Reported {
+		// Only when the engine reported: other responses keep their shape.
+		dst = append(dst, `,"overhead_ms":`...)
+		dst = m.Overhead.appendJSON(dst)
+		dst = append(dst, `,"engine":{"source":"`...)
+		dst = append(dst, e.Source...)
+		dst = append(dst, `","time_to_first_token_ms":`...)
+		dst = e.TimeToFirstToken.appendJSON(dst)
+		dst = append(dst, `,"generation_time_ms":`...)
+		dst = e.GenerationTime.appendJSON(dst)
+		dst = append(dst, `,"queue_time_ms":`...)
+		dst = e.QueueTime.appendJSON(dst)
+		dst = append(dst, `,"mean_itl_ms":`...)
+		dst = e.MeanITL.appendJSON(dst)
+		dst = append(dst, `,"tokens_per_second":`...)
+		dst = e.TokensPerSecond.appendJSON(dst)
+		dst = append(dst, `,"total_ms":`...)
+		dst = e.Total.appendJSON(dst)
+		dst = append(dst, '}')
+	}
 	return append(dst, '}')
 }
 

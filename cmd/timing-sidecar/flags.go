@@ -46,6 +46,8 @@ func serveFlags() []cli.Flag {
 			Usage: "Write one JSON line per request to standard output (never the prompt, the output or credentials)."},
 		&cli.BoolFlag{Name: "inject-usage", EnvVars: env("inject-usage"), Value: true,
 			Usage: "For streams whose client did not ask for usage, ask the engine for it (exact token counts for Prometheus and the access log) and remove that usage event before it reaches the client."},
+		&cli.BoolFlag{Name: "forward-include-metrics", EnvVars: env("forward-include-metrics"),
+			Usage: "Leave include_metrics in the request for an engine that reports its own timing (vLLM with --enable-per-request-metrics); the engine's numbers then appear as metrics.engine beside the sidecar's. Default off: the field is removed, since strict servers reject unknown fields."},
 		&cli.BoolFlag{Name: "upgrade-non-streaming", EnvVars: env("upgrade-non-streaming"),
 			Usage: "Send non-streaming chat and completions requests to the engine as streams and reassemble the response, so they get queue time, time to first token and inter-token latency too. Only requests whose response a stream reproduces exactly are upgraded (see the README). Default off."},
 		&cli.IntFlag{Name: "max-model-labels", EnvVars: env("max-model-labels"), Value: proxy.DefaultMaxModelLabels,

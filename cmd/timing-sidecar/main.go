@@ -72,6 +72,7 @@ func configFrom(c *cli.Context) (proxy.Config, error) {
 		AccessLog:              c.Bool("access-log"),
 		InjectUsage:            c.Bool("inject-usage"),
 		UpgradeNonStreaming:    c.Bool("upgrade-non-streaming"),
+		ForwardIncludeMetrics:  c.Bool("forward-include-metrics"),
 		MaxModelLabels:         c.Int("max-model-labels"),
 		TenantHeader:           c.String("tenant-header"),
 		TenantLabel:            c.Bool("tenant-label"),

@@ -56,6 +56,11 @@ type Config struct {
 	// Strict refuses unknown top-level request fields with a 400, as
 	// strict OpenAI-compatible servers do (include_metrics among them).
 	Strict bool
+	// PerRequestMetrics plays vLLM's --enable-per-request-metrics: a
+	// request with "include_metrics": true gets the engine's own
+	// "metrics" object (on the usage event of a stream, at the top of a
+	// non-streaming body; null for several choices).
+	PerRequestMetrics bool
 }
 
 // DefaultTiming is a small, fast model.

@@ -26,6 +26,7 @@ type request struct {
 	MaxCompletionTokens *int            `json:"max_completion_tokens"`
 	Logprobs            json.RawMessage `json:"logprobs"` // chat: a boolean; completions: how many alternatives
 	TopLogprobs         int             `json:"top_logprobs"`
+	IncludeMetrics      bool            `json:"include_metrics"`
 }
 
 // knownFields are the request fields a strict server accepts.
@@ -203,7 +204,7 @@ func (g *generation) parse(body []byte) string {
 	}
 	if g.s.cfg.Strict {
 		for k := range fields {
-			if !knownFields[k] {
+			if !knownFields[k] && !(k == "include_metrics" && g.s.cfg.PerRequestMetrics) {
 				return fmt.Sprintf("unknown field %q", k)
 			}
 		}
@@ -350,8 +351,12 @@ func (g *generation) unary() {
 		choices = cs
 	}
 	total := g.tokens * g.choices
+	// The engine's own view of the wait it just did.
+	scheduled := g.e.rec.Received.Add(g.timing.HeaderDelay)
+	first := scheduled.Add(g.timing.TTFT)
+	last := first.Add(time.Duration(len(steps)-1) * g.timing.ITL)
 	writeJSON(g.w, http.StatusOK, completion{ID: id, Object: object, Created: g.s.created, Model: g.s.cfg.Model,
-		Choices: choices, Usage: g.usage(total)})
+		Choices: choices, Usage: g.usage(total), Metrics: g.engineMetrics(scheduled, first, last, g.tokens)})
 	g.mark(func(r *Record) {
 		r.Status, r.HeadersSent = http.StatusOK, time.Now()
 		r.PromptTokens, r.CompletionTokens = g.prompt, total
@@ -419,4 +424,31 @@ func joinText(pieces []json.RawMessage) string {
 	var s string
 	json.Unmarshal(append(append([]byte{'"'}, raw...), '"'), &s) //nolint:errcheck // pieces are JSON strings
 	return s
+}
+
+// engineMetrics is the engine's own report, when the request asked for it
+// and the engine plays vLLM's per-request metrics: from scheduling
+// (headers sent) to the first and last token.
+func (g *generation) engineMetrics(scheduled, first, last time.Time, tokens int) json.RawMessage {
+	if !g.s.cfg.PerRequestMetrics || !g.req.IncludeMetrics {
+		return nil
+	}
+	if g.choices > 1 {
+		return json.RawMessage("null")
+	}
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	m := engineMetrics{
+		QueueTime:        ms(scheduled.Sub(g.e.rec.Received)),
+		TimeToFirstToken: ms(first.Sub(scheduled)),
+		GenerationTime:   ms(last.Sub(first)),
+	}
+	if tokens > 1 {
+		itl := m.GenerationTime / float64(tokens-1)
+		m.MeanITL = &itl
+	}
+	if d := last.Sub(scheduled).Seconds(); d > 0 {
+		m.TokensPerSecond = float64(tokens) / d
+	}
+	b, _ := json.Marshal(m)
+	return b
 }

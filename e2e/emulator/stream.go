@@ -132,7 +132,14 @@ func (g *generation) stream() {
 		})
 	}
 	if g.includeUsage() {
-		if !send([]struct{}{}, true) {
+		var rec Record
+		g.mark(func(r *Record) { rec = *r })
+		c := chunk{ID: g.e.rec.ID, Object: object, Created: g.s.created, Model: g.s.cfg.Model, Choices: []struct{}{},
+			Metrics: g.engineMetrics(rec.HeadersSent, rec.FirstToken, rec.LastToken, g.tokens)}
+		u := g.usage(sent)
+		c.Usage = &u
+		b, _ := json.Marshal(c)
+		if !g.event(b, flusher) {
 			return
 		}
 	}

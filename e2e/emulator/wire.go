@@ -37,12 +37,13 @@ type completionChunkChoice struct {
 }
 
 type chunk struct {
-	ID      string `json:"id"`
-	Object  string `json:"object"`
-	Created int64  `json:"created"`
-	Model   string `json:"model"`
-	Choices any    `json:"choices"`
-	Usage   *usage `json:"usage,omitempty"`
+	ID      string          `json:"id"`
+	Object  string          `json:"object"`
+	Created int64           `json:"created"`
+	Model   string          `json:"model"`
+	Choices any             `json:"choices"`
+	Usage   *usage          `json:"usage,omitempty"`
+	Metrics json.RawMessage `json:"metrics,omitempty"`
 }
 
 type chatMessage struct {
@@ -83,15 +84,16 @@ type completionChoice struct {
 }
 
 type completion struct {
-	ID                string    `json:"id"`
-	Object            string    `json:"object"`
-	Created           int64     `json:"created"`
-	Model             string    `json:"model"`
-	Choices           any       `json:"choices"`
-	ServiceTier       *string   `json:"service_tier,omitempty"`
-	SystemFingerprint *string   `json:"system_fingerprint,omitempty"`
-	Usage             usage     `json:"usage"`
-	PromptLogprobs    *struct{} `json:"prompt_logprobs,omitempty"`
+	ID                string          `json:"id"`
+	Object            string          `json:"object"`
+	Created           int64           `json:"created"`
+	Model             string          `json:"model"`
+	Choices           any             `json:"choices"`
+	ServiceTier       *string         `json:"service_tier,omitempty"`
+	SystemFingerprint *string         `json:"system_fingerprint,omitempty"`
+	Usage             usage           `json:"usage"`
+	PromptLogprobs    *struct{}       `json:"prompt_logprobs,omitempty"`
+	Metrics           json.RawMessage `json:"metrics,omitempty"`
 }
 
 // apiError is vLLM's error body, also sent as an in-stream error event.
@@ -108,4 +110,13 @@ func newAPIError(status int, typ, message string) apiError {
 	var e apiError
 	e.Error.Message, e.Error.Type, e.Error.Code = message, typ, status
 	return e
+}
+
+// engineMetrics is vLLM's per-request metrics object.
+type engineMetrics struct {
+	TimeToFirstToken float64  `json:"time_to_first_token_ms"`
+	GenerationTime   float64  `json:"generation_time_ms"`
+	QueueTime        float64  `json:"queue_time_ms"`
+	MeanITL          *float64 `json:"mean_itl_ms"`
+	TokensPerSecond  float64  `json:"tokens_per_second"`
 }

@@ -1,0 +1,92 @@
+package proxy
+
+import (
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/timing-sidecar/timing-sidecar/e2e/emulator"
+)
+
+func TestVLLMsOwnMetricsBesideOurs(t *testing.T) {
+	engine := emulator.New(emulator.Config{PerRequestMetrics: true, Strict: true,
+		Timing: emulator.Timing{HeaderDelay: 20 * time.Millisecond, TTFT: 30 * time.Millisecond, ITL: 20 * time.Millisecond, OutputTokens: 4}})
+	if err := engine.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	defer engine.Close()
+	forwarding := startProxy(t, engine.URL(), func(c *Config) { c.ForwardIncludeMetrics = true })
+	const msgs = `"messages":[{"role":"user","content":"hi"}]`
+	for _, tt := range []struct{ name, body string }{
+		{"stream", `{"model":"m","stream":true,"include_metrics":true,` + msgs + `}`},
+		{"non-streaming", `{"model":"m","include_metrics":true,` + msgs + `}`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			resp := post(t, forwarding+"/v1/chat/completions", tt.body, nil)
+			raw, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			doc := string(raw)
+			if tt.name == "stream" {
+				events, _ := readEvents(t, strings.NewReader(doc))
+				if len(events) < 2 {
+					t.Fatalf("stream: %s", doc)
+				}
+				doc = events[len(events)-2].data // the usage event, before [DONE]
+			}
+			rec, err := engine.Last(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := metricsOf(t, doc)
+			if m["engine.time_to_first_token_ms"] == nil || m["overhead_ms"] == nil || m["engine.total_ms"] == nil {
+				t.Fatalf("no engine report beside ours: %s", doc)
+			}
+			if tt.name == "stream" {
+				near(t, m, "engine.time_to_first_token_ms", ms(rec.FirstToken.Sub(rec.HeadersSent)))
+				near(t, m, "engine.queue_time_ms", ms(rec.HeadersSent.Sub(rec.Received)))
+			}
+			// Our e2e holds the engine's whole time and a little more.
+			if o := *m["overhead_ms"]; o < -1 || o > 20 || math.Abs(*m["e2e_latency_ms"]-*m["engine.total_ms"]-o) > 0.002 {
+				t.Errorf("overhead_ms %v with e2e %v and engine total %v", o, *m["e2e_latency_ms"], *m["engine.total_ms"])
+			}
+		})
+	}
+	// Without forwarding, the engine is not asked (a strict one would refuse
+	// the field) and there is nothing beside ours.
+	plain := startProxy(t, engine.URL(), nil)
+	resp := post(t, plain+"/v1/chat/completions", `{"model":"m","include_metrics":true,`+msgs+`}`, nil)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if m := metricsOf(t, string(body)); resp.StatusCode != 200 || m["engine.total_ms"] != nil || m["overhead_ms"] != nil {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+}
+
+func TestLlamaCppTimingsBesideOurs(t *testing.T) {
+	final := `data: {"choices":[{"finish_reason":"stop","index":0,"delta":{}}],"created":1,"id":"c","model":"m","object":"chat.completion.chunk","usage":{"completion_tokens":2,"prompt_tokens":5,"total_tokens":7},"timings":{"prompt_n":5,"prompt_ms":20.5,"prompt_per_token_ms":4.1,"predicted_n":2,"predicted_ms":40.1,"predicted_per_token_ms":20.05,"predicted_per_second":49.875}}` + "\n\n"
+	engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, _ []byte) {
+		defer c.Close()
+		io.WriteString(c, sseHead+chunk(roleEvent)+chunk(tokenEvent("a"))+chunk(tokenEvent("b"))+chunk(final)+chunk("data: [DONE]\n\n")+"0\r\n\r\n")
+	})
+	base := startProxy(t, engine.URL(), nil)
+	resp := post(t, base+"/v1/chat/completions", `{"stream":true,"include_metrics":true}`, nil)
+	events, _ := readEvents(t, resp.Body)
+	resp.Body.Close()
+	if len(events) != 5 {
+		t.Fatalf("%d events", len(events))
+	}
+	m := metricsOf(t, events[3].data)
+	for field, want := range map[string]float64{"engine.time_to_first_token_ms": 20.5, "engine.generation_time_ms": 40.1,
+		"engine.mean_itl_ms": 20.05, "engine.tokens_per_second": 49.875, "engine.total_ms": 60.6} {
+		if m[field] == nil || math.Abs(*m[field]-want) > 0.0005 {
+			t.Errorf("%s = %v, want %v", field, m[field], want)
+		}
+	}
+	if m["overhead_ms"] == nil || math.Abs(*m["overhead_ms"]-(*m["e2e_latency_ms"]-60.6)) > 0.002 {
+		t.Errorf("overhead_ms %v, e2e %v", m["overhead_ms"], *m["e2e_latency_ms"])
+	}
+}

@@ -1,0 +1,58 @@
+package rewrite
+
+import (
+	"github.com/tidwall/gjson"
+
+	"github.com/timing-sidecar/timing-sidecar/timing"
+)
+
+// EngineTiming reads an engine's own timing report from a response object
+// (a non-streaming body, or the data of the event the metrics go into):
+//
+//   - vLLM with --enable-per-request-metrics, asked with include_metrics:
+//     "metrics" with our field names already (time_to_first_token_ms from
+//     scheduling, queue_time_ms, generation_time_ms, mean_itl_ms,
+//     tokens_per_second); its total is queue + TTFT + generation.
+//   - llama.cpp's server: "timings" with prompt_ms (prompt processing,
+//     read as the time to first token), predicted_ms (generation),
+//     predicted_per_token_ms (mean ITL) and predicted_per_second; it
+//     reports no queue time; its total is prompt + predicted.
+//
+// Reported is false when obj carries neither.
+func EngineTiming(obj []byte) timing.EngineTiming {
+	var e timing.EngineTiming
+	s := view(obj)
+	if m := gjson.Get(s, "metrics"); m.IsObject() {
+		e = timing.EngineTiming{Reported: true, Source: "vllm",
+			QueueTime:        number(m.Get("queue_time_ms")),
+			TimeToFirstToken: number(m.Get("time_to_first_token_ms")),
+			GenerationTime:   number(m.Get("generation_time_ms")),
+			MeanITL:          number(m.Get("mean_itl_ms")),
+			TokensPerSecond:  number(m.Get("tokens_per_second")),
+		}
+		if e.QueueTime.Set && e.TimeToFirstToken.Set && e.GenerationTime.Set {
+			e.Total = timing.Number{Value: e.QueueTime.Value + e.TimeToFirstToken.Value + e.GenerationTime.Value, Set: true}
+		}
+		return e
+	}
+	if t := gjson.Get(s, "timings"); t.IsObject() {
+		e = timing.EngineTiming{Reported: true, Source: "llama.cpp",
+			TimeToFirstToken: number(t.Get("prompt_ms")),
+			GenerationTime:   number(t.Get("predicted_ms")),
+			MeanITL:          number(t.Get("predicted_per_token_ms")),
+			TokensPerSecond:  number(t.Get("predicted_per_second")),
+		}
+		if e.TimeToFirstToken.Set && e.GenerationTime.Set {
+			e.Total = timing.Number{Value: e.TimeToFirstToken.Value + e.GenerationTime.Value, Set: true}
+		}
+	}
+	return e
+}
+
+// number reads a non-negative JSON number; anything else is unknown.
+func number(v gjson.Result) timing.Number {
+	if v.Type != gjson.Number || v.Num < 0 {
+		return timing.Number{}
+	}
+	return timing.Number{Value: v.Num, Set: true}
+}
