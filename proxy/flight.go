@@ -11,6 +11,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/timing-sidecar/timing-sidecar/rewrite"
 	"github.com/timing-sidecar/timing-sidecar/telemetry"
 	"github.com/timing-sidecar/timing-sidecar/timing"
 )
@@ -35,6 +36,8 @@ type flight struct {
 	trailers bool
 	// streaming: a body stream finishes the flight, not the handler.
 	streaming bool
+	// api is the wire format of the endpoint.
+	api rewrite.API
 	// upgraded: a non-streaming request the engine was asked to stream;
 	// the response is reassembled (--upgrade-non-streaming).
 	upgraded bool
@@ -93,6 +96,10 @@ func endpointOf(ctx *fasthttp.RequestCtx) string {
 		return telemetry.EndpointChat
 	case "/v1/completions":
 		return telemetry.EndpointCompletions
+	case "/v1/messages":
+		return telemetry.EndpointMessages
+	case "/v1/responses":
+		return telemetry.EndpointResponses
 	}
 	return telemetry.EndpointOther
 }
@@ -158,4 +165,15 @@ func serverTiming(m *timing.Metrics) []byte {
 	add("gen", m.GenerationTime)
 	add("e2e", m.E2ELatency)
 	return b
+}
+
+// apiOf is the wire format of a measured endpoint.
+func apiOf(endpoint string) rewrite.API {
+	switch endpoint {
+	case telemetry.EndpointMessages:
+		return rewrite.APIMessages
+	case telemetry.EndpointResponses:
+		return rewrite.APIResponses
+	}
+	return rewrite.APIChat
 }

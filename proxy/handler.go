@@ -72,6 +72,11 @@ func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight) {
 	body := ctx.PostBody()
 	req := rewrite.InspectRequest(body)
 	f.rec.Model, f.rec.Stream, f.multiple = req.Model, req.Stream, req.MultipleChoices
+	f.api = apiOf(f.rec.Endpoint)
+	openAI := f.api == rewrite.APIChat // stream_options, n, and the stream upgrade are its own
+	if !openAI {
+		f.multiple = false
+	}
 	transparent := p.cfg.Mode == ModeOff
 	if req.InvalidIncludeMetrics && !transparent {
 		// The sidecar's own field: its client gets told, not the engine.
@@ -84,14 +89,14 @@ func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight) {
 	// A stream that did not ask for usage can still be counted exactly:
 	// ask the engine for it and keep the event from the client. Not with
 	// running usage on, which would then show on every event.
-	f.hideUsage = !transparent && !f.wantMetrics && p.cfg.InjectUsage && req.Understood &&
+	f.hideUsage = !transparent && !f.wantMetrics && p.cfg.InjectUsage && req.Understood && openAI &&
 		req.Stream && !req.IncludeUsage && !req.ContinuousUsage
 	upBody := body
 	edit := req
 	if p.cfg.ForwardIncludeMetrics {
 		edit.HasIncludeMetrics = false // nothing to remove: the engine gets it
 	}
-	if !transparent && p.cfg.UpgradeNonStreaming && req.Upgradable && f.rec.Endpoint != telemetry.EndpointOther {
+	if !transparent && p.cfg.UpgradeNonStreaming && req.Upgradable && openAI {
 		if b, err := rewrite.UpgradedBody(body, edit); err == nil {
 			upBody, f.upgraded = b, true
 		} else {
@@ -100,7 +105,10 @@ func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight) {
 	}
 	if !f.upgraded && !transparent && (edit.HasIncludeMetrics || f.wantMetrics || f.hideUsage) {
 		var err error
-		if upBody, err = rewrite.UpstreamBody(f.upstreamBody, body, edit, f.wantMetrics || f.hideUsage); err != nil {
+		// Asking for usage is the Chat Completions way; the other APIs
+		// always report it.
+		askUsage := openAI && (f.wantMetrics || f.hideUsage)
+		if upBody, err = rewrite.UpstreamBody(f.upstreamBody, body, edit, askUsage); err != nil {
 			p.log.Warn("could not edit request body; forwarding it unchanged", "err", err, "request_id", f.rec.ID)
 			upBody, f.wantMetrics, f.hideUsage = body, false, false
 		}

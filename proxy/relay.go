@@ -316,8 +316,8 @@ func (r *eventRelay) Read(p []byte) (n int, err error) {
 // removes, the final usage event, and holds back or releases an event that
 // finishes its choices with the usage.
 func (r *eventRelay) inspect(raw []byte) {
-	ev := rewrite.ClassifyEvent(raw)
 	f := r.f
+	ev := rewrite.ClassifyEventFor(f.api, raw)
 	if ev.Kind == rewrite.EventToken {
 		f.clock.MarkToken(time.Now())
 	}
@@ -328,7 +328,7 @@ func (r *eventRelay) inspect(raw []byte) {
 	}
 	switch {
 	case ev.Kind == rewrite.EventUsage:
-		f.usage = ev.Usage
+		f.usage = f.usage.Merge(ev.Usage)
 		switch {
 		case f.wantMetrics:
 			f.clock.Done = time.Now()
@@ -342,11 +342,14 @@ func (r *eventRelay) inspect(raw []byte) {
 			r.pending = nil
 		}
 	case ev.UsageOnChoices:
-		f.usage = ev.Usage
+		f.usage = f.usage.Merge(ev.Usage)
 		if f.wantMetrics {
 			r.heldBuf = append(r.heldBuf[:0], raw...)
 			r.held, r.pending = r.heldBuf, nil
 		}
+	default:
+		// Anthropic's message_start: the input tokens, ahead of the rest.
+		f.usage = f.usage.Merge(ev.Usage)
 	}
 	if released != nil {
 		r.pending, r.queued = released, r.pending

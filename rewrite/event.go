@@ -34,6 +34,9 @@ type Event struct {
 	Data []byte
 	// dataAt is where Data starts in the raw event.
 	dataAt int
+	// nested, when set, is where in Data the object the metrics go into
+	// lies (the Responses API's "response"); otherwise it is Data whole.
+	nestedAt, nestedLen int
 	// Usage holds the token counts of an EventUsage, or of an event with
 	// UsageOnChoices.
 	Usage timing.Usage
@@ -150,9 +153,9 @@ func parseUsage(usage gjson.Result) timing.Usage {
 			return true
 		}
 		switch key.Str {
-		case "prompt_tokens":
+		case "prompt_tokens", "input_tokens": // Chat Completions; Responses and Anthropic
 			u.PromptTokens = timing.Count{Value: v.Int(), Set: true}
-		case "completion_tokens":
+		case "completion_tokens", "output_tokens":
 			u.CompletionTokens = timing.Count{Value: v.Int(), Set: true}
 		}
 		return true

@@ -96,19 +96,24 @@ func appendMember(dst, obj, metrics []byte, hasMetrics bool) ([]byte, bool) {
 }
 
 // AppendEventWithMetrics appends to dst the raw event with the metrics
-// spliced into its data, which ev (from ClassifyEvent(raw)) located. On
-// false, dst is returned unchanged and the caller forwards raw as it was.
+// spliced into its data (or the object in it the API puts them in), which
+// ev (from ClassifyEvent(raw) or ClassifyEventFor) located. On false, dst
+// is returned unchanged and the caller forwards raw as it was.
 func AppendEventWithMetrics(dst, raw []byte, ev Event, metrics []byte) ([]byte, bool) {
 	if ev.Data == nil {
 		return dst, false
 	}
+	at, end := ev.dataAt, ev.dataAt+len(ev.Data)
+	if ev.nestedLen > 0 {
+		at, end = ev.dataAt+ev.nestedAt, ev.dataAt+ev.nestedAt+ev.nestedLen
+	}
 	n := len(dst)
-	dst = append(dst, raw[:ev.dataAt]...)
-	dst, ok := AppendWithMetrics(dst, ev.Data, metrics)
+	dst = append(dst, raw[:at]...)
+	dst, ok := AppendWithMetrics(dst, raw[at:end], metrics)
 	if !ok {
 		return dst[:n], false
 	}
-	return append(dst, raw[ev.dataAt+len(ev.Data):]...), true
+	return append(dst, raw[end:]...), true
 }
 
 func firstNonSpace(b []byte) int {

@@ -6,6 +6,8 @@ import "github.com/timing-sidecar/timing-sidecar/timing"
 const (
 	EndpointChat        = "chat_completions"
 	EndpointCompletions = "completions"
+	EndpointMessages    = "messages"  // Anthropic's Messages API
+	EndpointResponses   = "responses" // OpenAI's Responses API
 	EndpointOther       = "other"
 )
 

@@ -21,6 +21,19 @@ type Usage struct {
 	CompletionTokens Count
 }
 
+// Merge returns u with the counts other has set: an API that reports the
+// input tokens at the start and the output tokens at the end (Anthropic's)
+// is read event by event.
+func (u Usage) Merge(other Usage) Usage {
+	if other.PromptTokens.Set {
+		u.PromptTokens = other.PromptTokens
+	}
+	if other.CompletionTokens.Set {
+		u.CompletionTokens = other.CompletionTokens
+	}
+	return u
+}
+
 // Metrics is the per-request metrics object. The first five fields mirror
 // vLLM's --enable-per-request-metrics with the sidecar's external marks.
 type Metrics struct {

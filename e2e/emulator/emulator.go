@@ -165,6 +165,8 @@ func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", s.generate)
 	mux.HandleFunc("POST /v1/completions", s.generate)
+	mux.HandleFunc("POST /v1/messages", s.generate)
+	mux.HandleFunc("POST /v1/responses", s.generate)
 	mux.HandleFunc("GET /v1/models", s.models)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { s.count("/health") })
 	mux.HandleFunc("GET /metrics", s.metrics)

@@ -14,6 +14,7 @@ import (
 type request struct {
 	Model         string          `json:"model"`
 	Messages      json.RawMessage `json:"messages"`
+	Input         json.RawMessage `json:"input"` // the Responses API's
 	Prompt        json.RawMessage `json:"prompt"`
 	Stream        bool            `json:"stream"`
 	StreamOptions *struct {
@@ -60,6 +61,8 @@ type generation struct {
 	stamp bool
 	// output is what the response holds (OutputText and the others).
 	output string
+	// api is the endpoint's wire format.
+	api string
 	// logprobs: the request asked for them; topLogprobs (chat) and
 	// completionTop (completions) are how many alternatives.
 	logprobs                   bool
@@ -70,7 +73,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request) {
 	path := r.URL.Path
 	s.count(path)
 	body, _ := io.ReadAll(r.Body)
-	g := &generation{s: s, w: w, r: r, chat: path == "/v1/chat/completions"}
+	g := &generation{s: s, w: w, r: r, chat: path == "/v1/chat/completions", api: apiOf(path)}
 	g.e = s.begin(r, body)
 	defer g.finish()
 	go g.watchClient()
@@ -93,9 +96,18 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	g.e.rec.Stream = g.req.Stream
-	if g.req.Stream {
+	switch {
+	case g.api == apiMessages && g.req.Stream:
+		g.streamTyped(g.messagesEvents())
+	case g.api == apiMessages:
+		g.unaryMessages()
+	case g.api == apiResponses && g.req.Stream:
+		g.streamTyped(g.responsesEvents())
+	case g.api == apiResponses:
+		g.unaryResponses()
+	case g.req.Stream:
 		g.stream()
-	} else {
+	default:
 		g.unary()
 	}
 }
@@ -109,8 +121,13 @@ func (s *Server) begin(r *http.Request, body []byte) *entry {
 		suffix = strconv.Itoa(s.seq)
 	}
 	prefix := "cmpl-"
-	if r.URL.Path == "/v1/chat/completions" {
+	switch r.URL.Path {
+	case "/v1/chat/completions":
 		prefix = "chatcmpl-"
+	case "/v1/messages":
+		prefix = "msg_"
+	case "/v1/responses":
+		prefix = "resp_"
 	}
 	e := &entry{done: make(chan struct{}), rec: Record{
 		ID: prefix + suffix, Path: r.URL.Path, Body: body, Header: r.Header.Clone(), Received: time.Now(),
@@ -212,10 +229,14 @@ func (g *generation) parse(body []byte) string {
 	if err := json.Unmarshal(body, &g.req); err != nil {
 		return "invalid request: " + err.Error()
 	}
-	if g.chat && len(g.req.Messages) == 0 {
+	if g.api == apiResponses {
+		if len(g.req.Input) == 0 {
+			return "input is required"
+		}
+	} else if (g.chat || g.api == apiMessages) && len(g.req.Messages) == 0 {
 		return "messages is required"
 	}
-	if !g.chat && len(g.req.Prompt) == 0 {
+	if g.api == apiCompletions && len(g.req.Prompt) == 0 {
 		return "prompt is required"
 	}
 	if g.req.StreamOptions != nil && !g.req.Stream {
@@ -253,7 +274,7 @@ func (g *generation) parse(body []byte) string {
 		}
 		g.logprobs, g.completionTop = true, n
 	}
-	g.prompt = promptTokens(g.req.Messages, g.req.Prompt)
+	g.prompt = promptTokens(g.req.Messages, g.req.Prompt, g.req.Input)
 	return ""
 }
 

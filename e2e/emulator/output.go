@@ -57,7 +57,7 @@ const toolArguments = `{"city": "Paris", "unit": "celsius", "days": 3}`
 // text starts without the space that separates words.
 func (g *generation) steps(per int) []step {
 	out := g.rawSteps(per)
-	if g.chat {
+	if g.api != apiCompletions {
 		trimFirst := func(field func(*step) *json.RawMessage) {
 			for i := range out {
 				if p := field(&out[i]); *p != nil {

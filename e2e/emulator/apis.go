@@ -1,0 +1,213 @@
+package emulator
+
+import (
+	"encoding/json"
+	"net/http"
+	"time"
+)
+
+// The endpoints' wire formats.
+const (
+	apiChat        = "chat"
+	apiCompletions = "completions"
+	apiMessages    = "messages"  // Anthropic's Messages API, as vLLM serves it
+	apiResponses   = "responses" // OpenAI's Responses API, as vLLM serves it
+)
+
+func apiOf(path string) string {
+	switch path {
+	case "/v1/chat/completions":
+		return apiChat
+	case "/v1/messages":
+		return apiMessages
+	case "/v1/responses":
+		return apiResponses
+	}
+	return apiCompletions
+}
+
+// typedEvent is one event of a typed stream (Messages, Responses): its
+// "event:" name and data, and whether it carries a token.
+type typedEvent struct {
+	name  string
+	data  any
+	token bool
+}
+
+// typedStream is a stream's events in three parts: those sent with the
+// headers, the token events (paced), and those after the last token.
+type typedStream struct {
+	start, tokens, end []typedEvent
+}
+
+// streamTyped sends a typed stream as vLLM does for these APIs: each event
+// with its "event:" line, headers after the queue delay, the first token
+// after TTFT, the others ITL apart. There is no "data: [DONE]".
+func (g *generation) streamTyped(ts typedStream) {
+	if !g.wait(g.timing.HeaderDelay) {
+		return
+	}
+	flusher := g.w.(http.Flusher)
+	g.w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+	g.w.WriteHeader(http.StatusOK)
+	flusher.Flush()
+	g.mark(func(r *Record) { r.Status, r.HeadersSent = http.StatusOK, time.Now() })
+	send := func(e typedEvent) bool {
+		b, _ := json.Marshal(e.data)
+		if _, err := g.w.Write(append(append(append(append([]byte("event: "), e.name...), "\ndata: "...), b...), '\n', '\n')); err != nil {
+			g.noteGone()
+			return false
+		}
+		flusher.Flush()
+		return true
+	}
+	for _, e := range ts.start {
+		if !send(e) {
+			return
+		}
+	}
+	if !g.wait(g.timing.TTFT) {
+		return
+	}
+	for i, e := range ts.tokens {
+		if i > 0 && !g.wait(g.timing.ITL) {
+			return
+		}
+		if i == g.cutAfter {
+			g.cut()
+			return
+		}
+		if !send(e) {
+			return
+		}
+		now := time.Now()
+		g.mark(func(r *Record) {
+			if r.FirstToken.IsZero() {
+				r.FirstToken = now
+			} else {
+				r.MaxTokenGap = max(r.MaxTokenGap, now.Sub(r.LastToken))
+			}
+			r.LastToken = now
+			r.TokenEvents = i + 1
+		})
+	}
+	for _, e := range ts.end {
+		if !send(e) {
+			return
+		}
+	}
+	g.mark(func(r *Record) { r.PromptTokens, r.CompletionTokens = g.prompt, g.tokens })
+}
+
+// stopReason is the Messages API's finish reason.
+func (g *generation) stopReason() string {
+	if g.finishReason() == "length" {
+		return "max_tokens"
+	}
+	return "end_turn"
+}
+
+// messagesEvents is the Messages API stream: message_start with the input
+// tokens, a text block of text_delta events, message_delta with the output
+// tokens and stop reason, message_stop.
+func (g *generation) messagesEvents() typedStream {
+	msg := map[string]any{"id": g.e.rec.ID, "type": "message", "role": "assistant", "content": []any{},
+		"model": g.s.cfg.Model, "stop_reason": nil, "stop_sequence": nil,
+		"usage": map[string]int{"input_tokens": g.prompt, "output_tokens": 1}}
+	ts := typedStream{start: []typedEvent{
+		{name: "message_start", data: map[string]any{"type": "message_start", "message": msg}},
+		{name: "content_block_start", data: map[string]any{"type": "content_block_start", "index": 0,
+			"content_block": map[string]string{"type": "text", "text": ""}}},
+		{name: "ping", data: map[string]string{"type": "ping"}},
+	}}
+	for _, st := range g.steps(g.timing.TokensPerEvent) {
+		ts.tokens = append(ts.tokens, typedEvent{name: "content_block_delta", token: true, data: map[string]any{
+			"type": "content_block_delta", "index": 0, "delta": map[string]any{"type": "text_delta", "text": st.content}}})
+	}
+	ts.end = []typedEvent{
+		{name: "content_block_stop", data: map[string]any{"type": "content_block_stop", "index": 0}},
+		{name: "message_delta", data: map[string]any{"type": "message_delta",
+			"delta": map[string]any{"stop_reason": g.stopReason(), "stop_sequence": nil},
+			"usage": map[string]int{"output_tokens": g.tokens}}},
+		{name: "message_stop", data: map[string]string{"type": "message_stop"}},
+	}
+	return ts
+}
+
+func (g *generation) unaryMessages() {
+	steps := g.steps(g.timing.TokensPerEvent)
+	if !g.wait(g.timing.HeaderDelay + g.timing.TTFT + time.Duration(len(steps)-1)*g.timing.ITL) {
+		return
+	}
+	writeJSON(g.w, http.StatusOK, map[string]any{"id": g.e.rec.ID, "type": "message", "role": "assistant",
+		"content": []map[string]string{{"type": "text", "text": joinText(stepsContent(steps))}},
+		"model":   g.s.cfg.Model, "stop_reason": g.stopReason(), "stop_sequence": nil,
+		"usage": map[string]int{"input_tokens": g.prompt, "output_tokens": g.tokens}})
+	g.mark(func(r *Record) {
+		r.Status, r.HeadersSent = http.StatusOK, time.Now()
+		r.PromptTokens, r.CompletionTokens = g.prompt, g.tokens
+	})
+}
+
+// response is a Responses API response object at a stage of its life.
+func (g *generation) response(status string, text *string) map[string]any {
+	r := map[string]any{"id": g.e.rec.ID, "object": "response", "created_at": g.s.created, "status": status,
+		"model": g.s.cfg.Model, "output": []any{}, "usage": nil}
+	if text != nil {
+		r["output"] = []any{map[string]any{"id": "msg_" + g.e.rec.ID, "type": "message", "status": "completed", "role": "assistant",
+			"content": []any{map[string]any{"type": "output_text", "text": *text, "annotations": []any{}}}}}
+		r["usage"] = map[string]any{"input_tokens": g.prompt, "input_tokens_details": map[string]int{"cached_tokens": 0},
+			"output_tokens": g.tokens, "output_tokens_details": map[string]int{"reasoning_tokens": 0},
+			"total_tokens": g.prompt + g.tokens}
+	}
+	return r
+}
+
+// responsesEvents is the Responses API stream: the lifecycle events, one
+// response.output_text.delta per step, the .done events, and
+// response.completed with the usage.
+func (g *generation) responsesEvents() typedStream {
+	seq := 0
+	ev := func(typ string, fields map[string]any) typedEvent {
+		fields["type"], fields["sequence_number"] = typ, seq
+		seq++
+		return typedEvent{name: typ, data: fields}
+	}
+	item := "msg_" + g.e.rec.ID
+	ts := typedStream{start: []typedEvent{
+		ev("response.created", map[string]any{"response": g.response("in_progress", nil)}),
+		ev("response.in_progress", map[string]any{"response": g.response("in_progress", nil)}),
+		ev("response.output_item.added", map[string]any{"output_index": 0, "item": map[string]any{
+			"id": item, "type": "message", "status": "in_progress", "role": "assistant", "content": []any{}}}),
+		ev("response.content_part.added", map[string]any{"item_id": item, "output_index": 0, "content_index": 0,
+			"part": map[string]any{"type": "output_text", "text": "", "annotations": []any{}}}),
+	}}
+	steps := g.steps(g.timing.TokensPerEvent)
+	for _, st := range steps {
+		e := ev("response.output_text.delta", map[string]any{"item_id": item, "output_index": 0, "content_index": 0,
+			"delta": st.content, "logprobs": []any{}})
+		e.token = true
+		ts.tokens = append(ts.tokens, e)
+	}
+	text := joinText(stepsContent(steps))
+	ts.end = []typedEvent{
+		ev("response.output_text.done", map[string]any{"item_id": item, "output_index": 0, "content_index": 0, "text": text}),
+		ev("response.content_part.done", map[string]any{"item_id": item, "output_index": 0, "content_index": 0,
+			"part": map[string]any{"type": "output_text", "text": text, "annotations": []any{}}}),
+		ev("response.completed", map[string]any{"response": g.response("completed", &text)}),
+	}
+	return ts
+}
+
+func (g *generation) unaryResponses() {
+	steps := g.steps(g.timing.TokensPerEvent)
+	if !g.wait(g.timing.HeaderDelay + g.timing.TTFT + time.Duration(len(steps)-1)*g.timing.ITL) {
+		return
+	}
+	text := joinText(stepsContent(steps))
+	writeJSON(g.w, http.StatusOK, g.response("completed", &text))
+	g.mark(func(r *Record) {
+		r.Status, r.HeadersSent = http.StatusOK, time.Now()
+		r.PromptTokens, r.CompletionTokens = g.prompt, g.tokens
+	})
+}
