@@ -117,7 +117,7 @@ func assemble(events *rewrite.EventReader, a *rewrite.Assembly, f *flight) error
 		case ev.Kind == rewrite.EventDone:
 			continue
 		case ev.Kind == rewrite.EventToken:
-			f.clock.MarkToken(time.Now())
+			f.clock.MarkOutput(time.Now(), ev.Output)
 		}
 		if ev.Kind == rewrite.EventUsage || ev.UsageOnChoices {
 			f.usage = ev.Usage

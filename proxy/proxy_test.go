@@ -107,8 +107,8 @@ func readEvents(t *testing.T, body io.Reader) ([]sseEvent, error) {
 }
 
 // metricsOf returns the number fields of the "metrics" member of a JSON
-// object (a null field maps to nil) and, under "engine.<name>", those of
-// its engine report.
+// object (a null field maps to nil); those of nested objects (the engine's
+// report, the output split) under dotted names, "engine.total_ms".
 func metricsOf(t *testing.T, doc string) map[string]*float64 {
 	t.Helper()
 	var v struct {
@@ -121,23 +121,26 @@ func metricsOf(t *testing.T, doc string) map[string]*float64 {
 		t.Fatalf("no metrics in %s", doc)
 	}
 	out := map[string]*float64{}
-	for k, raw := range v.Metrics {
-		if k == "engine" {
-			var engine map[string]any
-			json.Unmarshal(raw, &engine)
-			for ek, ev := range engine {
-				if f, ok := ev.(float64); ok {
-					out["engine."+ek] = &f
-				}
+	var flatten func(prefix string, fields map[string]json.RawMessage)
+	flatten = func(prefix string, fields map[string]json.RawMessage) {
+		for k, raw := range fields {
+			var nested map[string]json.RawMessage
+			if json.Unmarshal(raw, &nested) == nil && nested != nil {
+				flatten(prefix+k+".", nested)
+				continue
 			}
-			continue
+			var f *float64
+			if err := json.Unmarshal(raw, &f); err != nil {
+				var s string
+				if json.Unmarshal(raw, &s) == nil {
+					continue // a name, such as engine.source
+				}
+				t.Fatalf("metrics.%s%s is not a number: %s", prefix, k, raw)
+			}
+			out[prefix+k] = f
 		}
-		var f *float64
-		if err := json.Unmarshal(raw, &f); err != nil {
-			t.Fatalf("metrics.%s is not a number: %s", k, raw)
-		}
-		out[k] = f
 	}
+	flatten("", v.Metrics)
 	return out
 }
 

@@ -319,7 +319,7 @@ func (r *eventRelay) inspect(raw []byte) {
 	f := r.f
 	ev := rewrite.ClassifyEventFor(f.api, raw)
 	if ev.Kind == rewrite.EventToken {
-		f.clock.MarkToken(time.Now())
+		f.clock.MarkOutput(time.Now(), ev.Output)
 	}
 	var released []byte
 	if r.held != nil {

@@ -4,6 +4,8 @@ import (
 	"strings"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/timing-sidecar/timing-sidecar/timing"
 )
 
 // API is the wire format of a measured endpoint.
@@ -60,7 +62,10 @@ func classifyMessages(ev *Event, s, typ string) {
 		d := gjson.Get(s, "delta")
 		for _, k := range [...]string{"text", "thinking", "partial_json"} {
 			if v := d.Get(k); v.Type == gjson.String && len(v.Raw) > 2 {
-				ev.Kind = EventToken
+				ev.Kind, ev.Output = EventToken, timing.OutputContent
+				if k == "thinking" {
+					ev.Output = timing.OutputReasoning
+				}
 				return
 			}
 		}
@@ -83,7 +88,10 @@ func classifyResponses(ev *Event, s, typ string) {
 	switch {
 	case strings.HasSuffix(typ, ".delta"):
 		if v := gjson.Get(s, "delta"); v.Type == gjson.String && len(v.Raw) > 2 {
-			ev.Kind = EventToken
+			ev.Kind, ev.Output = EventToken, timing.OutputContent
+			if strings.HasPrefix(typ, "response.reasoning") {
+				ev.Output = timing.OutputReasoning // reasoning text and its summary
+			}
 		}
 	case typ == "response.completed" || typ == "response.incomplete":
 		r := gjson.Get(s, "response")

@@ -37,6 +37,8 @@ type Event struct {
 	// nested, when set, is where in Data the object the metrics go into
 	// lies (the Responses API's "response"); otherwise it is Data whole.
 	nestedAt, nestedLen int
+	// Output says what an EventToken carries: content, reasoning or both.
+	Output timing.Output
 	// Usage holds the token counts of an EventUsage, or of an event with
 	// UsageOnChoices.
 	Usage timing.Usage
@@ -79,12 +81,12 @@ func ClassifyEvent(raw []byte) Event {
 		return ev
 	}
 	choices.ForEach(func(_, choice gjson.Result) bool {
-		if carriesOutput(choice) {
-			ev.Kind = EventToken
-			return false
-		}
+		ev.Output |= outputOf(choice)
 		return true
 	})
+	if ev.Output != 0 {
+		ev.Kind = EventToken
+	}
 	// llama.cpp's server, and others, put the usage on the event that
 	// finishes the choices instead of an event of its own, after the
 	// choices (as OpenAI, TGI and llama.cpp order their keys). A byte
@@ -112,25 +114,36 @@ func allFinished(choices gjson.Result) bool {
 	return all
 }
 
-// carriesOutput reports whether one choice of a chunk holds generated
-// output: non-empty delta content, reasoning or tool calls (chat), or
-// non-empty text (completions).
-func carriesOutput(choice gjson.Result) bool {
+// outputOf reports what generated output one choice of a chunk holds:
+// content (non-empty delta content or tool calls, or completions text) and
+// reasoning (non-empty delta reasoning_content or reasoning).
+func outputOf(choice gjson.Result) timing.Output {
+	var out timing.Output
 	if delta := choice.Get("delta"); delta.IsObject() {
-		found := false
 		delta.ForEach(func(key, v gjson.Result) bool {
 			switch key.Str {
-			case "content", "reasoning_content", "reasoning":
-				found = v.Type == gjson.String && len(v.Raw) > 2
+			case "content":
+				if v.Type == gjson.String && len(v.Raw) > 2 {
+					out |= timing.OutputContent
+				}
+			case "reasoning_content", "reasoning":
+				if v.Type == gjson.String && len(v.Raw) > 2 {
+					out |= timing.OutputReasoning
+				}
 			case "tool_calls":
-				found = v.IsArray() && !isEmptyArray(v.Raw)
+				// Tool-call arguments are content: the answer, not thinking.
+				if v.IsArray() && !isEmptyArray(v.Raw) {
+					out |= timing.OutputContent
+				}
 			}
-			return !found
+			return true
 		})
-		return found
+		return out
 	}
-	text := choice.Get("text")
-	return text.Type == gjson.String && len(text.Raw) > 2
+	if text := choice.Get("text"); text.Type == gjson.String && len(text.Raw) > 2 {
+		out = timing.OutputContent
+	}
+	return out
 }
 
 // BodyUsage reads the token counts of a non-streaming response body.
@@ -147,9 +160,15 @@ func BodyUsage(body []byte) timing.Usage {
 func parseUsage(usage gjson.Result) timing.Usage {
 	var u timing.Usage
 	usage.ForEach(func(key, v gjson.Result) bool {
+		if key.Str == "completion_tokens_details" || key.Str == "output_tokens_details" {
+			if c, ok := tokenCount(v.Get("reasoning_tokens")); ok {
+				u.ReasoningTokens = c
+			}
+			return true
+		}
 		// A count is a whole number of tokens, not below zero; anything
 		// else is not a count the sidecar can use, so it stays unknown.
-		if v.Type != gjson.Number || v.Num < 0 || v.Num != float64(int64(v.Num)) {
+		if _, ok := tokenCount(v); !ok {
 			return true
 		}
 		switch key.Str {
@@ -161,6 +180,14 @@ func parseUsage(usage gjson.Result) timing.Usage {
 		return true
 	})
 	return u
+}
+
+// tokenCount reads a token count: a whole number, not below zero.
+func tokenCount(v gjson.Result) (timing.Count, bool) {
+	if v.Type != gjson.Number || v.Num < 0 || v.Num != float64(int64(v.Num)) {
+		return timing.Count{}, false
+	}
+	return timing.Count{Value: v.Int(), Set: true}, true
 }
 
 func isEmptyArray(raw string) bool {

@@ -102,3 +102,31 @@ func TestClassifyUsageOnTheFinishingEvent(t *testing.T) {
 		})
 	}
 }
+
+func TestClassifyOutputKinds(t *testing.T) {
+	for _, tt := range []struct {
+		delta string
+		want  timing.Output
+	}{
+		{`{"content":"a"}`, timing.OutputContent},
+		{`{"reasoning_content":"hm"}`, timing.OutputReasoning},
+		{`{"reasoning":"hm"}`, timing.OutputReasoning},
+		{`{"reasoning":"hm","content":"a"}`, timing.OutputReasoning | timing.OutputContent},
+		{`{"tool_calls":[{"index":0,"function":{"arguments":"{"}}]}`, timing.OutputContent},
+		{`{"reasoning_content":"","content":""}`, 0},
+		{`{"reasoning":null,"content":"a"}`, timing.OutputContent},
+	} {
+		ev := ClassifyEvent([]byte(`data: {"choices":[{"index":0,"delta":` + tt.delta + `}]}` + "\n\n"))
+		if ev.Output != tt.want || (ev.Kind == EventToken) != (tt.want != 0) {
+			t.Errorf("%s: output %b, kind %d", tt.delta, ev.Output, ev.Kind)
+		}
+	}
+	u := BodyUsage([]byte(`{"usage":{"prompt_tokens":1,"completion_tokens":9,"completion_tokens_details":{"reasoning_tokens":4}}}`))
+	if !u.ReasoningTokens.Set || u.ReasoningTokens.Value != 4 {
+		t.Errorf("reasoning tokens %+v", u.ReasoningTokens)
+	}
+	u = BodyUsage([]byte(`{"usage":{"input_tokens":1,"output_tokens":9,"output_tokens_details":{"reasoning_tokens":3}}}`))
+	if !u.ReasoningTokens.Set || u.ReasoningTokens.Value != 3 || u.CompletionTokens.Value != 9 {
+		t.Errorf("Responses usage %+v", u)
+	}
+}

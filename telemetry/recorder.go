@@ -41,13 +41,13 @@ type Recorder struct {
 	tenantLabel     bool
 	accessLog       *slog.Logger
 
-	queue, ttft, itl, maxITL, e2e *prometheus.HistogramVec
-	requests                      *prometheus.CounterVec
-	promptTokens, outputTokens    *prometheus.CounterVec
-	upstreamErrors                *prometheus.CounterVec
-	clientDisconnects             prometheus.Counter
-	panics                        prometheus.Counter
-	inFlight                      prometheus.Gauge
+	queue, ttft, ttfc, itl, maxITL, e2e *prometheus.HistogramVec
+	requests                            *prometheus.CounterVec
+	promptTokens, outputTokens          *prometheus.CounterVec
+	upstreamErrors                      *prometheus.CounterVec
+	clientDisconnects                   prometheus.Counter
+	panics                              prometheus.Counter
+	inFlight                            prometheus.Gauge
 
 	// series caches each (endpoint, model)'s histograms, so a request
 	// does not hash its labels once per series.
@@ -57,7 +57,7 @@ type Recorder struct {
 type seriesKey struct{ endpoint, model string }
 
 type modelSeries struct {
-	queue, ttft, itl, maxITL, e2e prometheus.Observer
+	queue, ttft, ttfc, itl, maxITL, e2e prometheus.Observer
 }
 
 func (r *Recorder) seriesFor(endpoint, model string) *modelSeries {
@@ -68,6 +68,7 @@ func (r *Recorder) seriesFor(endpoint, model string) *modelSeries {
 	s := &modelSeries{
 		queue:  r.queue.WithLabelValues(endpoint, model),
 		ttft:   r.ttft.WithLabelValues(endpoint, model),
+		ttfc:   r.ttfc.WithLabelValues(endpoint, model),
 		itl:    r.itl.WithLabelValues(endpoint, model),
 		maxITL: r.maxITL.WithLabelValues(endpoint, model),
 		e2e:    r.e2e.WithLabelValues(endpoint, model),
@@ -105,6 +106,8 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 		"Time from the sidecar holding the whole request to the engine's response headers, for streamed responses.", latencyBuckets)
 	r.ttft = histogram("timing_sidecar_time_to_first_token_seconds",
 		"Time from the sidecar holding the whole request to the first token event (as vLLM's histogram; the body field counts from the engine's response headers).", ttftBuckets)
+	r.ttfc = histogram("timing_sidecar_time_to_first_content_token_seconds",
+		"Time from the sidecar holding the whole request to the first content (answer) token event, past any reasoning; for streams.", ttftBuckets)
 	r.itl = histogram("timing_sidecar_inter_token_latency_seconds",
 		"Each streamed request's mean inter-token latency: (last token - first token) / (completion tokens - 1).", itlBuckets)
 	r.maxITL = histogram("timing_sidecar_max_inter_token_latency_seconds",
@@ -125,7 +128,7 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 		Help: "Panics caught while serving a request; each answered that request with a 500 or cut its response, and was logged with its stack."})
 	r.inFlight = prometheus.NewGauge(prometheus.GaugeOpts{Name: "timing_sidecar_in_flight_requests",
 		Help: "Requests being handled now."})
-	reg.MustRegister(r.queue, r.ttft, r.itl, r.maxITL, r.e2e, r.requests, r.promptTokens, r.outputTokens,
+	reg.MustRegister(r.queue, r.ttft, r.ttfc, r.itl, r.maxITL, r.e2e, r.requests, r.promptTokens, r.outputTokens,
 		r.upstreamErrors, r.clientDisconnects, r.panics, r.inFlight)
 	return r
 }
@@ -175,6 +178,9 @@ func (r *Recorder) observe(req *Request, model, tenant string) {
 	}
 	if ttft, ok := req.timeToFirstToken(); ok {
 		s.ttft.Observe(ttft / 1000)
+	}
+	if ttfc, ok := req.timeToFirstContent(); ok {
+		s.ttfc.Observe(ttfc / 1000)
 	}
 	observe(s.queue, m.QueueTime)
 	observe(s.itl, m.MeanITL)

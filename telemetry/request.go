@@ -54,3 +54,13 @@ func (r *Request) timeToFirstToken() (float64, bool) {
 	}
 	return q.Value + t.Value, true
 }
+
+// timeToFirstContent is arrival to the first content (answer) token, past
+// any reasoning.
+func (r *Request) timeToFirstContent() (float64, bool) {
+	q, t := r.Metrics.QueueTime, r.Metrics.TimeToFirstContent
+	if !q.Set || !t.Set {
+		return 0, false
+	}
+	return q.Value + t.Value, true
+}

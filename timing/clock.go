@@ -23,10 +23,47 @@ type Clock struct {
 	// the metrics in a stream.
 	Done time.Time
 
+	// Reasoning and Content are the first and last marks of each kind of
+	// output: reasoning (delta.reasoning_content or delta.reasoning, and
+	// the other APIs' thinking) and content (text, tool calls).
+	Reasoning, Content Span
+
 	// maxGap is the largest gap between two consecutive token events.
 	maxGap time.Duration
 	// tokenEvents counts token-bearing events; it is not a token count.
 	tokenEvents int
+}
+
+// Span is the first and last mark of one kind of output.
+type Span struct {
+	First, Last time.Time
+}
+
+func (s *Span) mark(now time.Time) {
+	if s.First.IsZero() {
+		s.First = now
+	}
+	s.Last = now
+}
+
+// Output says what kind of output a token event carries.
+type Output uint8
+
+const (
+	OutputContent   Output = 1 << iota // text, tool calls
+	OutputReasoning                    // reasoning
+)
+
+// MarkOutput records an event that carries generated output of the kinds
+// in out.
+func (c *Clock) MarkOutput(now time.Time, out Output) {
+	if out&OutputReasoning != 0 {
+		c.Reasoning.mark(now)
+	}
+	if out&OutputContent != 0 {
+		c.Content.mark(now)
+	}
+	c.MarkToken(now)
 }
 
 // MarkToken records an event that carries generated output.

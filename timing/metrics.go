@@ -1,6 +1,9 @@
 package timing
 
-import "strconv"
+import (
+	"strconv"
+	"time"
+)
 
 // Number is a metric that may not have been measurable; unset encodes as
 // JSON null, never as 0.
@@ -19,6 +22,9 @@ type Count struct {
 type Usage struct {
 	PromptTokens     Count
 	CompletionTokens Count
+	// ReasoningTokens is the part of CompletionTokens that was reasoning
+	// (completion_tokens_details.reasoning_tokens), when reported.
+	ReasoningTokens Count
 }
 
 // Merge returns u with the counts other has set: an API that reports the
@@ -30,6 +36,9 @@ func (u Usage) Merge(other Usage) Usage {
 	}
 	if other.CompletionTokens.Set {
 		u.CompletionTokens = other.CompletionTokens
+	}
+	if other.ReasoningTokens.Set {
+		u.ReasoningTokens = other.ReasoningTokens
 	}
 	return u
 }
@@ -46,11 +55,53 @@ type Metrics struct {
 	MaxITL           Number // largest gap between consecutive token events (streams)
 	PromptTokens     Count
 	CompletionTokens Count
+	// TimeToFirstContent is the first content (not reasoning) event −
+	// accepted, for streams; not part of the JSON object, where the split
+	// holds it for reasoning streams, and TimeToFirstToken for the others.
+	TimeToFirstContent Number
+	// Split divides the output into reasoning and content, for a stream
+	// that carried reasoning (Split.Present).
+	Split OutputSplit
 	// Engine is the engine's own report of the same request, when the
 	// response carried one; Overhead is E2ELatency minus the engine's
 	// total, the time spent outside the engine.
 	Engine   EngineTiming
 	Overhead Number
+}
+
+// OutputSplit is vLLM's output_token_metrics: the reasoning and the
+// content of a response measured apart.
+type OutputSplit struct {
+	Present            bool
+	Reasoning, Content SplitPart
+}
+
+// SplitPart is one kind of output's figures.
+type SplitPart struct {
+	TokenCount       Count
+	TimeToFirstToken Number // first of the kind − accepted
+	GenerationTime   Number // last of the kind − first of the kind
+	MeanITL          Number // generation time / (token count − 1), when the count is known and above 1
+	TokensPerSecond  Number // token count / generation time
+}
+
+// splitPart computes one part from its marks and token count.
+func splitPart(accepted time.Time, s Span, count Count) SplitPart {
+	p := SplitPart{TokenCount: count}
+	if s.First.IsZero() {
+		// No event of this kind: no tokens, whatever else is unknown.
+		p.TokenCount = Count{0, true}
+		return p
+	}
+	p.TimeToFirstToken = number(span(accepted, s.First))
+	p.GenerationTime = number(span(s.First, s.Last))
+	if count.Set && count.Value > 1 && p.GenerationTime.Set {
+		p.MeanITL = Number{p.GenerationTime.Value / float64(count.Value-1), true}
+	}
+	if count.Set && p.GenerationTime.Set && p.GenerationTime.Value > 0 {
+		p.TokensPerSecond = Number{float64(count.Value) / (p.GenerationTime.Value / 1000), true}
+	}
+	return p
 }
 
 // EngineTiming is an engine's report of its own timing for a request,
@@ -100,6 +151,18 @@ func Compute(c *Clock, u Usage, streamed bool) Metrics {
 	if c.tokenEvents > 1 {
 		m.MaxITL = Number{ms(c.maxGap), true}
 	}
+	m.TimeToFirstContent = number(span(c.Accepted, c.Content.First))
+	if !c.Reasoning.First.IsZero() {
+		// Counts from the engine only: the reasoning tokens it reports,
+		// and the rest of the completion as content.
+		var content Count
+		if u.ReasoningTokens.Set && tokens.Set && tokens.Value >= u.ReasoningTokens.Value {
+			content = Count{tokens.Value - u.ReasoningTokens.Value, true}
+		}
+		m.Split = OutputSplit{Present: true,
+			Reasoning: splitPart(c.Accepted, c.Reasoning, u.ReasoningTokens),
+			Content:   splitPart(c.Accepted, c.Content, content)}
+	}
 	if tokens.Set && tokens.Value > 1 && m.GenerationTime.Set {
 		m.MeanITL = Number{m.GenerationTime.Value / float64(tokens.Value-1), true}
 	}
@@ -132,6 +195,13 @@ func (m *Metrics) AppendJSON(dst []byte) []byte {
 	dst = m.PromptTokens.appendJSON(dst)
 	dst = append(dst, `,"completion_tokens":`...)
 	dst = m.CompletionTokens.appendJSON(dst)
+	if m.Split.Present {
+		dst = append(dst, `,"output_token_metrics":{"reasoning":`...)
+		dst = m.Split.Reasoning.appendJSON(dst)
+		dst = append(dst, `,"content":`...)
+		dst = m.Split.Content.appendJSON(dst)
+		dst = append(dst, '}')
+	}
 	if e := &m.Engine; e.Reported {
 		// Only when the engine reported: other responses keep their shape.
 		dst = append(dst, `,"overhead_ms":`...)
@@ -169,4 +239,18 @@ func (c Count) appendJSON(dst []byte) []byte {
 		return append(dst, "null"...)
 	}
 	return strconv.AppendInt(dst, c.Value, 10)
+}
+
+func (p *SplitPart) appendJSON(dst []byte) []byte {
+	dst = append(dst, `{"token_count":`...)
+	dst = p.TokenCount.appendJSON(dst)
+	dst = append(dst, `,"time_to_first_token_ms":`...)
+	dst = p.TimeToFirstToken.appendJSON(dst)
+	dst = append(dst, `,"generation_time_ms":`...)
+	dst = p.GenerationTime.appendJSON(dst)
+	dst = append(dst, `,"mean_itl_ms":`...)
+	dst = p.MeanITL.appendJSON(dst)
+	dst = append(dst, `,"tokens_per_second":`...)
+	dst = p.TokensPerSecond.appendJSON(dst)
+	return append(dst, '}')
 }

@@ -1,7 +1,9 @@
 package timing
 
 import (
+	"bytes"
 	"encoding/json"
+	"math"
 	"testing"
 	"time"
 )
@@ -33,7 +35,7 @@ func TestCompute(t *testing.T) {
 	}{{
 		name:     "stream with several tokens",
 		clock:    streamClock(10, []float64{60, 80, 100, 160}, 170),
-		usage:    Usage{count(12), count(5)},
+		usage:    Usage{PromptTokens: count(12), CompletionTokens: count(5)},
 		streamed: true,
 		want: Metrics{
 			TimeToFirstToken: n(50), GenerationTime: n(100), QueueTime: n(10),
@@ -43,7 +45,7 @@ func TestCompute(t *testing.T) {
 	}, {
 		name:     "one event carrying several tokens has no gap",
 		clock:    streamClock(10, []float64{60}, 61),
-		usage:    Usage{count(3), count(4)},
+		usage:    Usage{PromptTokens: count(3), CompletionTokens: count(4)},
 		streamed: true,
 		want: Metrics{
 			TimeToFirstToken: n(50), GenerationTime: n(0), QueueTime: n(10),
@@ -53,7 +55,7 @@ func TestCompute(t *testing.T) {
 	}, {
 		name:     "single token: no mean inter-token latency",
 		clock:    streamClock(5, []float64{25}, 26),
-		usage:    Usage{count(3), count(1)},
+		usage:    Usage{PromptTokens: count(3), CompletionTokens: count(1)},
 		streamed: true,
 		want: Metrics{
 			TimeToFirstToken: n(20), GenerationTime: n(0), QueueTime: n(5),
@@ -71,7 +73,7 @@ func TestCompute(t *testing.T) {
 	}, {
 		name:     "stream without tokens",
 		clock:    streamClock(10, nil, 12),
-		usage:    Usage{count(3), count(0)},
+		usage:    Usage{PromptTokens: count(3), CompletionTokens: count(0)},
 		streamed: true,
 		want: Metrics{
 			QueueTime: n(10), E2ELatency: n(12),
@@ -80,7 +82,7 @@ func TestCompute(t *testing.T) {
 	}, {
 		name:  "non-streaming: only end-to-end figures",
 		clock: &Clock{Arrival: at(0), Accepted: at(400), Done: at(400)},
-		usage: Usage{count(7), count(64)},
+		usage: Usage{PromptTokens: count(7), CompletionTokens: count(64)},
 		want: Metrics{
 			TokensPerSecond: n(64 / 0.400), E2ELatency: n(400),
 			PromptTokens: count(7), CompletionTokens: count(64),
@@ -88,7 +90,7 @@ func TestCompute(t *testing.T) {
 	}, {
 		name:     "marks out of order are null, not negative",
 		clock:    &Clock{Arrival: at(50), Accepted: at(10), Done: at(5)},
-		usage:    Usage{count(1), count(2)},
+		usage:    Usage{PromptTokens: count(1), CompletionTokens: count(2)},
 		streamed: true,
 		want:     Metrics{PromptTokens: count(1), CompletionTokens: count(2)},
 	}}
@@ -114,7 +116,7 @@ func closeEnough(a, b Metrics) bool {
 }
 
 func TestAppendJSON(t *testing.T) {
-	m := Compute(streamClock(10, []float64{60.0005, 80}, 90), Usage{count(12), Count{}}, true)
+	m := Compute(streamClock(10, []float64{60.0005, 80}, 90), Usage{PromptTokens: count(12), CompletionTokens: Count{}}, true)
 	got := string(m.AppendJSON(nil))
 	want := `{"time_to_first_token_ms":50.001,"generation_time_ms":20.000,"queue_time_ms":10.000,` +
 		`"mean_itl_ms":null,"tokens_per_second":null,"e2e_latency_ms":90.000,"max_itl_ms":20.000,` +
@@ -128,9 +130,65 @@ func TestAppendJSON(t *testing.T) {
 }
 
 func TestAppendJSONAllocatesNothing(t *testing.T) {
-	m := Compute(streamClock(10, []float64{60, 80}, 90), Usage{count(12), count(2)}, true)
+	m := Compute(streamClock(10, []float64{60, 80}, 90), Usage{PromptTokens: count(12), CompletionTokens: count(2)}, true)
 	buf := make([]byte, 0, 512)
 	if allocs := testing.AllocsPerRun(100, func() { buf = m.AppendJSON(buf[:0]) }); allocs != 0 {
 		t.Fatalf("AppendJSON allocates %v times per call, want 0", allocs)
 	}
+}
+
+func TestOutputSplit(t *testing.T) {
+	n := func(v float64) Number { return Number{v, true} }
+	clock := func(reasoning, content []float64) *Clock {
+		c := &Clock{Arrival: at(0), Accepted: at(10), Done: at(100)}
+		for _, r := range reasoning {
+			c.MarkOutput(at(r), OutputReasoning)
+		}
+		for _, x := range content {
+			c.MarkOutput(at(x), OutputContent)
+		}
+		return c
+	}
+	usage := func(completion, reasoning int64, details bool) Usage {
+		u := Usage{PromptTokens: count(5), CompletionTokens: count(completion)}
+		if details {
+			u.ReasoningTokens = count(reasoning)
+		}
+		return u
+	}
+	for _, tt := range []struct {
+		name               string
+		clock              *Clock
+		usage              Usage
+		present            bool
+		reasoning, content SplitPart
+	}{
+		{"reasoning then content", clock([]float64{20, 30, 40}, []float64{50, 60, 70}), usage(10, 4, true), true,
+			SplitPart{count(4), n(10), n(20), n(20.0 / 3), n(200)},
+			SplitPart{count(6), n(40), n(20), n(4), n(300)}},
+		{"reasoning only, cut by length", clock([]float64{20, 30}, nil), usage(8, 8, true), true,
+			SplitPart{count(8), n(10), n(10), n(10.0 / 7), n(800)},
+			SplitPart{TokenCount: count(0)}},
+		{"no reasoning: no split", clock(nil, []float64{20, 30}), usage(2, 0, true), false, SplitPart{}, SplitPart{}},
+		{"no completion_tokens_details: counts unknown", clock([]float64{20}, []float64{30, 40}), usage(3, 0, false), true,
+			SplitPart{TimeToFirstToken: n(10), GenerationTime: n(0)},
+			SplitPart{TimeToFirstToken: n(20), GenerationTime: n(10)}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			m := Compute(tt.clock, tt.usage, true)
+			if m.Split.Present != tt.present || !near(m.Split.Reasoning, tt.reasoning) || !near(m.Split.Content, tt.content) {
+				t.Fatalf("split %+v", m.Split)
+			}
+			b := m.AppendJSON(nil)
+			if tt.present != bytes.Contains(b, []byte(`"output_token_metrics":{"reasoning":{"token_count":`)) || !json.Valid(b) {
+				t.Fatalf("JSON %s", b)
+			}
+		})
+	}
+}
+
+func near(got, want SplitPart) bool {
+	eq := func(a, b Number) bool { return a.Set == b.Set && math.Abs(a.Value-b.Value) < 1e-9 }
+	return got.TokenCount == want.TokenCount && eq(got.TimeToFirstToken, want.TimeToFirstToken) &&
+		eq(got.GenerationTime, want.GenerationTime) && eq(got.MeanITL, want.MeanITL) && eq(got.TokensPerSecond, want.TokensPerSecond)
 }

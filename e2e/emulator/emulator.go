@@ -79,6 +79,9 @@ type Record struct {
 	// were flushed. FirstToken, LastToken: the first and last token events
 	// were flushed (streams). Done: the handler returned.
 	Received, HeadersSent, FirstToken, LastToken, Done time.Time
+	// FirstReasoning and FirstContent are the first reasoning and the
+	// first content (text or tool call) events of a chat stream.
+	FirstReasoning, FirstContent time.Time
 	// ClientGone is when the engine saw its client go away, zero if the
 	// client stayed to the end.
 	ClientGone time.Time

@@ -340,7 +340,11 @@ func (g *generation) finishReason() string {
 }
 
 func (g *generation) usage(completion int) usage {
-	return usage{PromptTokens: g.prompt, TotalTokens: g.prompt + completion, CompletionTokens: completion}
+	u := usage{PromptTokens: g.prompt, TotalTokens: g.prompt + completion, CompletionTokens: completion}
+	if g.output == OutputReasoning && g.chat {
+		u.CompletionTokensDetails = &tokenDetails{ReasoningTokens: min(completion, g.thinking()*g.choices)}
+	}
+	return u
 }
 
 func (g *generation) unary() {

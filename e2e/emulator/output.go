@@ -104,10 +104,7 @@ func (g *generation) rawSteps(per int) []step {
 		}
 		return out
 	}
-	thinking := 0
-	if g.output == OutputReasoning || g.output == OutputReasoningField {
-		thinking = g.tokens / 2
-	}
+	thinking := g.thinking()
 	for i := 0; i < g.tokens; i += per {
 		n := min(per, g.tokens-i)
 		var tokens []string
@@ -122,6 +119,16 @@ func (g *generation) rawSteps(per int) []step {
 		}
 	}
 	return out
+}
+
+// thinking is how many of a choice's tokens are reasoning: the first half
+// of the server's default output length, or all of a shorter max_tokens
+// (reasoning cut by length).
+func (g *generation) thinking() int {
+	if g.output != OutputReasoning && g.output != OutputReasoningField {
+		return 0
+	}
+	return min(g.timing.OutputTokens/2, g.tokens)
 }
 
 // reasoningKey is the delta and message field reasoning goes in.

@@ -129,6 +129,12 @@ func (g *generation) stream() {
 			}
 			r.LastToken = now
 			r.TokenEvents = events
+			if st.reasoning != nil && r.FirstReasoning.IsZero() {
+				r.FirstReasoning = now
+			}
+			if (st.content != nil || st.tool != nil) && r.FirstContent.IsZero() {
+				r.FirstContent = now
+			}
 		})
 	}
 	if g.includeUsage() {

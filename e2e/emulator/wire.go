@@ -9,6 +9,13 @@ type usage struct {
 	PromptTokens     int `json:"prompt_tokens"`
 	TotalTokens      int `json:"total_tokens"`
 	CompletionTokens int `json:"completion_tokens"`
+	// CompletionTokensDetails is sent for OutputReasoning only, so both
+	// shapes of usage are exercised.
+	CompletionTokensDetails *tokenDetails `json:"completion_tokens_details,omitempty"`
+}
+
+type tokenDetails struct {
+	ReasoningTokens int `json:"reasoning_tokens"`
 }
 
 type chatDelta struct {
