@@ -28,7 +28,7 @@ func (p *Proxy) relayAssembled(ctx *fasthttp.RequestCtx, f *flight, x *exchange,
 	}()
 	r.events.Reset(x.body(resp))
 	a := rewrite.NewAssembly(p.cfg.MaxBufferedResponse)
-	err := assemble(r.events, a, f)
+	engine, err := assemble(r.events, a, f)
 	f.clock.Done = time.Now()
 
 	copyResponseHeader(ctx, resp)
@@ -84,6 +84,7 @@ func (p *Proxy) relayAssembled(ctx *fasthttp.RequestCtx, f *flight, x *exchange,
 	out.B = body
 	if f.wantMetrics {
 		m := timing.Compute(&f.clock, f.usage, true)
+		m.SetEngine(engine)
 		mb := p.pools.buffer()
 		defer p.pools.release(mb)
 		mb.B = appendMetrics(mb.B[:0], &m, f.multiple)
@@ -98,35 +99,57 @@ func (p *Proxy) relayAssembled(ctx *fasthttp.RequestCtx, f *flight, x *exchange,
 	f.rec.Status, f.rec.BytesOut = fasthttp.StatusOK, len(body)
 }
 
+// errStreamCut: the upgraded stream ended, cleanly as far as HTTP goes,
+// without [DONE] and with a choice unfinished: an engine that closed a
+// close-delimited body mid-generation.
+var errStreamCut = errors.New("the stream ended before its choices finished")
+
 // assemble reads events to the end of the stream into a, marking f's clock
-// and taking the engine's usage.
-func assemble(events *rewrite.EventReader, a *rewrite.Assembly, f *flight) error {
+// and taking the engine's usage; it returns the engine's own timing report
+// if the stream carried one.
+func assemble(events *rewrite.EventReader, a *rewrite.Assembly, f *flight) (timing.EngineTiming, error) {
+	var engine timing.EngineTiming
+	done := false
 	for {
 		raw, whole, err := events.Next()
 		if err == io.EOF {
-			return nil
+			if !done && !a.Finished() {
+				if _, _, failed := a.Error(); !failed {
+					return engine, errStreamCut
+				}
+			}
+			return engine, nil
 		}
 		if err != nil {
-			return err
+			return engine, err
 		}
 		if !whole {
-			return errEventTooLarge
+			return engine, errEventTooLarge
 		}
 		ev := rewrite.ClassifyEvent(raw)
 		switch {
 		case ev.Kind == rewrite.EventDone:
+			done = true
 			continue
 		case ev.Kind == rewrite.EventToken:
 			f.clock.MarkOutput(time.Now(), ev.Output)
 		}
 		if ev.Kind == rewrite.EventUsage || ev.UsageOnChoices {
-			f.usage = ev.Usage
+			f.usage = f.usage.Merge(ev.Usage)
+			if e := rewrite.EngineTiming(ev.Target()); e.Reported {
+				engine = e
+			}
 		}
 		if ev.Data == nil {
-			continue // a comment, or no data
+			if rewrite.HasDataField(raw) {
+				// Data over several lines: not read, so it cannot be
+				// reassembled, and leaving it out would lose output.
+				return engine, rewrite.ErrNotAnEvent
+			}
+			continue // a comment
 		}
 		if err := a.Add(ev.Data); err != nil {
-			return err
+			return engine, err
 		}
 	}
 }

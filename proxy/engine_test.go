@@ -50,7 +50,7 @@ func TestVLLMsOwnMetricsBesideOurs(t *testing.T) {
 				near(t, m, "engine.queue_time_ms", ms(rec.HeadersSent.Sub(rec.Received)))
 			}
 			// Our e2e holds the engine's whole time and a little more.
-			if o := *m["overhead_ms"]; o < -1 || o > 20 || math.Abs(*m["e2e_latency_ms"]-*m["engine.total_ms"]-o) > 0.002 {
+			if o := *m["overhead_ms"]; o < -1 || o > 50 || math.Abs(*m["e2e_latency_ms"]-*m["engine.total_ms"]-o) > 0.002 {
 				t.Errorf("overhead_ms %v with e2e %v and engine total %v", o, *m["e2e_latency_ms"], *m["engine.total_ms"])
 			}
 		})

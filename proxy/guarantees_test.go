@@ -686,3 +686,29 @@ func TestUsageOnTheFinishingEvent(t *testing.T) {
 		})
 	}
 }
+
+// Two events in a row that each finish their choices and carry usage (vLLM
+// with n=2 and continuous_usage_stats): each goes out once, in order.
+func TestTwoFinishingEventsWithUsageInARow(t *testing.T) {
+	fin := func(i int) string {
+		return `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":` +
+			string(rune('0'+i)) + `,"delta":{"content":"x"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":` +
+			string(rune('1'+i)) + `,"total_tokens":3}}` + "\n\n"
+	}
+	usage := `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}` + "\n\n"
+	engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, _ []byte) {
+		defer c.Close()
+		io.WriteString(c, sseHead+chunk(roleEvent)+chunk(fin(0))+chunk(fin(1))+chunk(usage)+chunk("data: [DONE]\n\n")+"0\r\n\r\n")
+	})
+	base := startProxy(t, engine.URL(), nil)
+	resp := post(t, base+"/v1/chat/completions", `{"stream":true,"n":2,"stream_options":{"include_usage":true,"continuous_usage_stats":true},"include_metrics":true}`, nil)
+	events, _ := readEvents(t, resp.Body)
+	resp.Body.Close()
+	var idx []string
+	for _, e := range events {
+		idx = append(idx, e.data[:min(len(e.data), 130)])
+	}
+	if len(events) != 5 || !strings.Contains(events[1].data, `"index":0`) || !strings.Contains(events[2].data, `"index":1`) {
+		t.Fatalf("events reordered or lost:\n%s", strings.Join(idx, "\n"))
+	}
+}

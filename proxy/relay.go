@@ -333,7 +333,7 @@ func (r *eventRelay) inspect(raw []byte) {
 		case f.wantMetrics:
 			f.clock.Done = time.Now()
 			m := timing.Compute(&f.clock, f.usage, true)
-			m.SetEngine(rewrite.EngineTiming(ev.Data))
+			m.SetEngine(rewrite.EngineTiming(ev.Target()))
 			r.metrics = appendMetrics(r.metrics[:0], &m, f.multiple)
 			if out, ok := rewrite.AppendEventWithMetrics(r.spliced[:0], raw, ev, r.metrics); ok {
 				r.spliced, r.pending = out, out
@@ -362,13 +362,15 @@ func (r *eventRelay) releaseHeld(withMetrics bool) []byte {
 	held := r.held
 	r.held = nil
 	if !withMetrics {
-		return held
+		// A copy: heldBuf may take the next event before this one is out.
+		r.heldOut = append(r.heldOut[:0], held...)
+		return r.heldOut
 	}
 	f := r.f
 	f.clock.Done = time.Now()
 	ev := rewrite.ClassifyEvent(held)
 	m := timing.Compute(&f.clock, f.usage, true)
-	m.SetEngine(rewrite.EngineTiming(ev.Data))
+	m.SetEngine(rewrite.EngineTiming(ev.Target()))
 	r.metrics = appendMetrics(r.metrics[:0], &m, f.multiple)
 	if out, ok := rewrite.AppendEventWithMetrics(r.heldOut[:0], held, ev, r.metrics); ok {
 		r.heldOut = out

@@ -3,6 +3,7 @@ package proxy
 import (
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"reflect"
 	"strings"
@@ -66,7 +67,8 @@ func TestUpgradedResponsesEqualDirectOnes(t *testing.T) {
 		{"chat cut by length", chat, `{"model":"m",` + msgs + `,"max_tokens":5}`, nil},
 		{"chat, several tokens per event", chat, `{"model":"m",` + msgs + `}`, map[string]string{emulator.HeaderTokensPerEvent: "3"}},
 		{"chat reasoning_content", chat, `{"model":"m",` + msgs + `}`, map[string]string{emulator.HeaderOutput: emulator.OutputReasoning}},
-		{"chat reasoning", chat, `{"model":"m",` + msgs + `}`, map[string]string{emulator.HeaderOutput: emulator.OutputReasoningField}},
+		{"chat reasoning under both names", chat, `{"model":"m",` + msgs + `}`, map[string]string{emulator.HeaderOutput: emulator.OutputReasoningField}},
+		{"chat reasoning cut by length", chat, `{"model":"m",` + msgs + `,"max_tokens":3}`, map[string]string{emulator.HeaderOutput: emulator.OutputReasoning}},
 		{"chat tool call", chat, `{"model":"m",` + msgs + `,"tools":[{"type":"function","function":{"name":"get_weather"}}]}`,
 			map[string]string{emulator.HeaderOutput: emulator.OutputTools}},
 		{"chat logprobs", chat, `{"model":"m",` + msgs + `,"logprobs":true,"top_logprobs":2}`, nil},
@@ -171,4 +173,74 @@ func TestUpgradedStreamFailures(t *testing.T) {
 	// The engine drops the stream: a 502, never a partial body.
 	resp := post(t, base+"/v1/chat/completions", body, map[string]string{emulator.HeaderCutAfter: "2"})
 	openAIError(t, resp, http.StatusBadGateway, "upstream_interrupted")
+}
+
+// Newer vLLM sends "reasoning" and "reasoning_content" alike in each
+// delta: each is reassembled once, under its own name.
+func TestUpgradeKeepsBothReasoningNames(t *testing.T) {
+	ev := func(s string) string {
+		return `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"reasoning":"` + s + `","reasoning_content":"` + s + `"},"finish_reason":null}]}` + "\n\n"
+	}
+	fin := `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"ok"},"finish_reason":"stop","stop_reason":null}]}` + "\n\n"
+	engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, _ []byte) {
+		defer c.Close()
+		io.WriteString(c, sseHead+chunk(roleEvent)+chunk(ev("ab"))+chunk(ev("cd"))+chunk(fin)+chunk("data: [DONE]\n\n")+"0\r\n\r\n")
+	})
+	base := startUpgradingProxy(t, engine)
+	_, doc, raw := postJSON(t, base+"/v1/chat/completions", `{"model":"m","messages":[]}`, nil)
+	msg := doc["choices"].([]any)[0].(map[string]any)["message"].(map[string]any)
+	if msg["reasoning"] != "abcd" || msg["reasoning_content"] != "abcd" {
+		t.Fatalf("reasoning assembled wrong: %s", raw)
+	}
+}
+
+// With the engine computing its own metrics, an upgraded response gets
+// them under metrics.engine as a streamed one does.
+func TestUpgradeKeepsTheEnginesMetrics(t *testing.T) {
+	engine := emulator.New(emulator.Config{PerRequestMetrics: true, Timing: emulator.Timing{TTFT: 10 * time.Millisecond, ITL: 2 * time.Millisecond, OutputTokens: 4}})
+	if err := engine.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	defer engine.Close()
+	base := startProxy(t, engine.URL(), func(c *Config) { c.UpgradeNonStreaming, c.ForwardIncludeMetrics = true, true })
+	_, _, raw := postJSON(t, base+"/v1/chat/completions", `{"model":"m","include_metrics":true,"messages":[{"role":"user","content":"hi"}]}`, nil)
+	if m := metricsOf(t, raw); m["engine.total_ms"] == nil {
+		t.Fatalf("no metrics.engine on an upgraded response: %s", raw)
+	}
+}
+
+// An event over several data lines is not read; reassembling without it
+// would lose output, so the client gets a 502, not a short 200.
+func TestUpgradeRefusesEventsItCannotRead(t *testing.T) {
+	split := "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\ndata: \"choices\":[{\"index\":0,\"delta\":{\"content\":\"LOST\"},\"finish_reason\":null}]}\n\n"
+	fin := `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"!"},"finish_reason":"stop"}]}` + "\n\n"
+	engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, _ []byte) {
+		defer c.Close()
+		io.WriteString(c, sseHead+chunk(roleEvent)+chunk(split)+chunk(fin)+chunk("data: [DONE]\n\n")+"0\r\n\r\n")
+	})
+	base := startUpgradingProxy(t, engine)
+	status, _, raw := postJSON(t, base+"/v1/chat/completions", `{"model":"m","messages":[]}`, nil)
+	if status == 200 && !strings.Contains(raw, "LOST") {
+		t.Fatalf("200 with content silently dropped: %s", raw)
+	}
+}
+
+// A close-delimited stream that stops mid-generation ends cleanly as far
+// as HTTP goes; without [DONE] or finish reasons it is a 502, not a 200.
+func TestUpgradeNoticesAStreamCutShort(t *testing.T) {
+	engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, _ []byte) {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"+roleEvent+tokenEvent("a"))
+		c.Close()
+	})
+	base := startUpgradingProxy(t, engine)
+	status, _, raw := postJSON(t, base+"/v1/chat/completions", `{"model":"m","messages":[]}`, nil)
+	var d struct {
+		Choices []struct {
+			FinishReason *string `json:"finish_reason"`
+		}
+	}
+	json.Unmarshal([]byte(raw), &d)
+	if status == 200 && (len(d.Choices) == 0 || d.Choices[0].FinishReason == nil) {
+		t.Fatalf("truncated stream answered 200: %s", raw)
+	}
 }

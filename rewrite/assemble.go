@@ -15,11 +15,13 @@ import (
 // character split across events is whole again.
 //
 // Chat choices become {"index","message":{"role","content",
-// ["reasoning_content"|"reasoning"],"tool_calls"},"logprobs",
+// ["reasoning_content"],["reasoning"],"tool_calls"},"logprobs",
 // "finish_reason","stop_reason"} (vLLM's shape: tool_calls is [] when there
 // are none, content is null when the message is only tool calls);
 // completions choices {"index","text","logprobs","finish_reason",
-// "stop_reason"}. Fields the engine sends as null in a non-streaming body
+// "stop_reason"}. Tool-call fragments without an index (some servers leave
+// it out) start a new call when they carry an id and continue the last one
+// otherwise. Fields the engine sends as null in a non-streaming body
 // and not at all in a stream (vLLM: refusal, annotations, audio,
 // function_call, prompt_logprobs, service_tier) are absent.
 type Assembly struct {
@@ -33,19 +35,18 @@ type Assembly struct {
 }
 
 type choiceAssembly struct {
-	seen      bool
-	role      []byte // raw JSON string
-	content   joined // chat delta.content, or completions text
-	reasoning joined
-	// reasoningKey is the engine's name for reasoning: reasoning_content
-	// (vLLM before 0.10) or reasoning.
-	reasoningKey string
-	tools        []toolAssembly
-	logprobs     joined    // chat: the elements of logprobs.content
-	textLogprobs [4]joined // completions: text_offset, token_logprobs, tokens, top_logprobs
-	hasLogprobs  bool
-	finish, stop []byte // raw; stop also when null, once a finish reason came
-	hasStop      bool
+	seen    bool
+	role    []byte // raw JSON string
+	content joined // chat delta.content, or completions text
+	// reasoning under each name the engine used: reasoning_content (vLLM
+	// before 0.10), reasoning, or both, which newer vLLM keeps equal.
+	reasoningContent, reasoning joined
+	tools                       []toolAssembly
+	logprobs                    joined    // chat: the elements of logprobs.content
+	textLogprobs                [4]joined // completions: text_offset, token_logprobs, tokens, top_logprobs
+	hasLogprobs                 bool
+	finish, stop                []byte // raw; stop also when null, once a finish reason came
+	hasStop                     bool
 }
 
 type toolAssembly struct {
@@ -151,10 +152,9 @@ func (a *Assembly) addChoice(choice gjson.Result) error {
 					}
 				case "content":
 					c.content.addString(dv)
-				case "reasoning_content", "reasoning":
-					if dv.Type == gjson.String {
-						c.reasoningKey = k.Str
-					}
+				case "reasoning_content":
+					c.reasoningContent.addString(dv)
+				case "reasoning":
 					c.reasoning.addString(dv)
 				case "tool_calls":
 					dv.ForEach(func(_, t gjson.Result) bool {
@@ -190,10 +190,18 @@ var textLogprobKeys = [4]string{"text_offset", "token_logprobs", "tokens", "top_
 
 func (c *choiceAssembly) addToolCall(t gjson.Result) {
 	idx := t.Get("index")
-	if idx.Type != gjson.Number || idx.Num < 0 || idx.Num >= maxChoices {
+	if idx.Exists() && (idx.Type != gjson.Number || idx.Num < 0 || idx.Num >= maxChoices) {
 		return
 	}
-	i := int(idx.Num)
+	var i int
+	switch {
+	case idx.Type == gjson.Number:
+		i = int(idx.Num)
+	case t.Get("id").Type == gjson.String:
+		i = len(c.tools) // no index, an id: a new call (servers that leave index out)
+	default:
+		i = max(len(c.tools)-1, 0) // no index, no id: the call being sent
+	}
 	for len(c.tools) <= i {
 		c.tools = append(c.tools, toolAssembly{})
 	}
@@ -233,6 +241,21 @@ func (j *joined) addElements(v gjson.Result) {
 		j.b = append(j.b, e.Raw...)
 		return true
 	})
+}
+
+// Finished tells whether every choice seen has its finish reason: a
+// stream cut short without [DONE] would not.
+func (a *Assembly) Finished() bool {
+	seen := false
+	for i := range a.choices {
+		if c := &a.choices[i]; c.seen {
+			if c.finish == nil {
+				return false
+			}
+			seen = true
+		}
+	}
+	return seen
 }
 
 // Error returns the data of an in-stream error event and the HTTP status
@@ -323,19 +346,28 @@ func (c *choiceAssembly) appendMessage(dst []byte) []byte {
 	dst = append(dst, `,"message":{"role":`...)
 	dst = appendRawOr(dst, c.role, `"assistant"`)
 	dst = append(dst, `,"content":`...)
-	if len(c.content.b) == 0 && (len(c.tools) > 0 || !c.content.set) {
+	// vLLM's content is null, not "", when the message is only tool calls
+	// or only reasoning (its parsers return content or None); the role
+	// event's "" does not make it text.
+	onlyOther := len(c.tools) > 0 || c.reasoningContent.set || c.reasoning.set
+	if len(c.content.b) == 0 && (onlyOther || !c.content.set) {
 		dst = append(dst, "null"...)
 	} else {
 		dst = append(dst, '"')
 		dst = append(dst, c.content.b...)
 		dst = append(dst, '"')
 	}
-	if c.reasoning.set && c.reasoningKey != "" {
-		dst = append(dst, `,"`...)
-		dst = append(dst, c.reasoningKey...)
-		dst = append(dst, `":"`...)
-		dst = append(dst, c.reasoning.b...)
-		dst = append(dst, '"')
+	for _, r := range [...]struct {
+		key string
+		j   *joined
+	}{{"reasoning_content", &c.reasoningContent}, {"reasoning", &c.reasoning}} {
+		if r.j.set {
+			dst = append(dst, `,"`...)
+			dst = append(dst, r.key...)
+			dst = append(dst, `":"`...)
+			dst = append(dst, r.j.b...)
+			dst = append(dst, '"')
+		}
 	}
 	dst = append(dst, `,"tool_calls":[`...)
 	for i := range c.tools {

@@ -123,3 +123,16 @@ func BenchmarkAssemble100Events(b *testing.B) {
 		out, _ = a.AppendBody(out[:0], true)
 	}
 }
+
+func TestAssemblyToolCallsWithoutIndex(t *testing.T) {
+	a := assembleAll(t,
+		`{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}`,
+		`{"choices":[{"index":0,"delta":{"tool_calls":[{"id":"c0","type":"function","function":{"name":"f","arguments":"{\"a\""}}]}}]}`,
+		`{"choices":[{"index":0,"delta":{"tool_calls":[{"function":{"arguments":":1}"}}]}}]}`,
+		`{"choices":[{"index":0,"delta":{"tool_calls":[{"id":"c1","type":"function","function":{"name":"g","arguments":"{}"}}]},"finish_reason":"tool_calls"}]}`,
+	)
+	body, ok := a.AppendBody(nil, true)
+	if !ok || !strings.Contains(string(body), `"tool_calls":[{"id":"c0","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}},{"id":"c1","type":"function","function":{"name":"g","arguments":"{}"}}]`) {
+		t.Fatalf("got %s", body)
+	}
+}

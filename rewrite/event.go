@@ -50,6 +50,34 @@ type Event struct {
 
 var dataField = []byte("data:")
 
+// Target is the object of the event's data the metrics go into: the data
+// itself, or the object nested in it where the API puts usage (the
+// Responses API's "response").
+func (ev Event) Target() []byte {
+	if ev.nestedLen > 0 {
+		return ev.Data[ev.nestedAt : ev.nestedAt+ev.nestedLen]
+	}
+	return ev.Data
+}
+
+// HasDataField tells whether a raw event has a data field at all: an
+// event without one is a comment or carries nothing; one with several
+// data lines has data that ClassifyEvent does not read.
+func HasDataField(raw []byte) bool {
+	for len(raw) > 0 {
+		line := raw
+		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
+			line, raw = raw[:i], raw[i+1:]
+		} else {
+			raw = nil
+		}
+		if bytes.HasPrefix(line, dataField) {
+			return true
+		}
+	}
+	return false
+}
+
 // ClassifyEvent classifies one raw event (as returned whole by
 // EventReader.Next). It reads only the keys it needs and allocates nothing.
 //

@@ -195,7 +195,7 @@ func TestOutputs(t *testing.T) {
 	}
 	_, ev = call(t, s, "/v1/chat/completions", body, HeaderOutput, OutputReasoningField)
 	all = strings.Join(ev, "\n")
-	if !strings.Contains(all, `"delta":{"reasoning":"the"}`) || !strings.Contains(all, `"delta":{"content":"fox"}`) {
+	if !strings.Contains(all, `"delta":{"reasoning_content":"the","reasoning":"the"}`) || !strings.Contains(all, `"delta":{"content":"fox"}`) {
 		t.Errorf("reasoning events:\n%s", all)
 	}
 	resp, ev := call(t, s, "/v1/completions", `{"model":"m","prompt":"hi","stream":true}`, HeaderOutput, OutputTools)

@@ -412,10 +412,12 @@ func (g *generation) message(steps []step) chatMessage {
 	}
 	if len(reasoning) > 0 {
 		r := joinText(reasoning)
-		if g.reasoningKey() == "reasoning" {
-			m.Reasoning, m.ReasoningContent = &r, nil
-		} else {
-			m.ReasoningContent, _ = json.Marshal(r)
+		m.ReasoningContent, _ = json.Marshal(r)
+		if g.output == OutputReasoningField {
+			m.Reasoning = &r
+		}
+		if content == "" {
+			m.Content = nil // vLLM's reasoning parsers: content or None
 		}
 	}
 	return m

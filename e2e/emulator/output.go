@@ -15,8 +15,8 @@ const (
 	// parsers sent it before 0.10) for the first half of the tokens, then
 	// content.
 	OutputReasoning = "reasoning"
-	// OutputReasoningField is OutputReasoning under the newer field name,
-	// "reasoning".
+	// OutputReasoningField is OutputReasoning under both names, as newer
+	// vLLM sends it: "reasoning" and "reasoning_content", alike.
 	OutputReasoningField = "reasoning-field"
 	// OutputTools is one tool call, its arguments spread over the events,
 	// and finish reason "tool_calls" (chat only).
@@ -129,14 +129,6 @@ func (g *generation) thinking() int {
 		return 0
 	}
 	return min(g.timing.OutputTokens/2, g.tokens)
-}
-
-// reasoningKey is the delta and message field reasoning goes in.
-func (g *generation) reasoningKey() string {
-	if g.output == OutputReasoningField {
-		return "reasoning"
-	}
-	return "reasoning_content"
 }
 
 // chatLogprob is one entry of a chat choice's logprobs.content.

@@ -88,10 +88,9 @@ func (g *generation) stream() {
 			if g.chat {
 				c := chatChunkChoice{Index: i, FinishReason: fr, Delta: chatDelta{Content: content}}
 				if st.reasoning != nil {
-					if g.reasoningKey() == "reasoning" {
-						c.Delta.Reasoning = st.reasoning
-					} else {
-						c.Delta.ReasoningContent = st.reasoning
+					c.Delta.ReasoningContent = st.reasoning
+					if g.output == OutputReasoningField {
+						c.Delta.Reasoning = st.reasoning // newer vLLM sends both, alike
 					}
 				}
 				if st.tool != nil {
