@@ -16,12 +16,8 @@ import (
 // tolerance of the engine's own marks, in the place each API puts usage,
 // and every other byte as the engine sent it.
 func TestMessagesAndResponsesAPIs(t *testing.T) {
-	engine := emulator.New(emulator.Config{Timing: emulator.Timing{HeaderDelay: 20 * time.Millisecond,
+	engine := startEmulator(t, emulator.Config{Timing: emulator.Timing{HeaderDelay: 20 * time.Millisecond,
 		TTFT: 40 * time.Millisecond, ITL: 20 * time.Millisecond, OutputTokens: 5}})
-	if err := engine.Start("127.0.0.1:0"); err != nil {
-		t.Fatal(err)
-	}
-	defer engine.Close()
 	base := startProxy(t, engine.URL(), nil)
 	for _, tt := range []struct {
 		name, path, body string

@@ -13,12 +13,8 @@ import (
 )
 
 func TestVLLMsOwnMetricsBesideOurs(t *testing.T) {
-	engine := emulator.New(emulator.Config{PerRequestMetrics: true, Strict: true,
+	engine := startEmulator(t, emulator.Config{PerRequestMetrics: true, Strict: true,
 		Timing: emulator.Timing{HeaderDelay: 20 * time.Millisecond, TTFT: 30 * time.Millisecond, ITL: 20 * time.Millisecond, OutputTokens: 4}})
-	if err := engine.Start("127.0.0.1:0"); err != nil {
-		t.Fatal(err)
-	}
-	defer engine.Close()
 	forwarding := startProxy(t, engine.URL(), func(c *Config) { c.ForwardIncludeMetrics = true })
 	const msgs = `"messages":[{"role":"user","content":"hi"}]`
 	for _, tt := range []struct{ name, body string }{

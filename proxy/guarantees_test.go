@@ -14,7 +14,6 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -424,24 +423,6 @@ func TestRequestsCannotRedirectTheSidecar(t *testing.T) {
 	noRequest(t, trapped)
 }
 
-// lockedBuffer collects log output written from many goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 func TestLogsCarryNoSecrets(t *testing.T) {
 	const (
 		key    = "sk-SECRETKEY123"
@@ -457,17 +438,10 @@ func TestLogsCarryNoSecrets(t *testing.T) {
 		io.WriteString(c, sseHead+chunk(roleEvent)+chunk(tokenEvent(output))+
 			chunk(`data: {"id":"c","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`+"\n\n")+"0\r\n\r\n")
 	})
-	var opLog, accessLog lockedBuffer
+	var opLog, accessLog syncBuffer
 	cfg := DefaultConfig()
 	cfg.Upstream = engine.URL()
-	p, err := New(cfg, slog.New(slog.NewJSONHandler(&opLog, &slog.HandlerOptions{Level: slog.LevelDebug})), &accessLog)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	go p.Serve(ln)
-	defer p.Shutdown(context.Background())
-	base := "http://" + ln.Addr().String()
+	p, base := serveSidecar(t, cfg, slog.New(slog.NewJSONHandler(&opLog, &slog.HandlerOptions{Level: slog.LevelDebug})), &accessLog)
 
 	headers := map[string]string{"Authorization": "Bearer " + key, "X-Api-Key": key, "Cookie": "session=" + key}
 	resp := post(t, base+"/v1/chat/completions?api_key="+key, `{"stream":true,"include_metrics":true,"messages":[{"role":"user","content":"`+prompt+`"}]}`, headers)
@@ -521,7 +495,7 @@ func panicsCounted(t *testing.T, reg *prometheus.Registry) float64 {
 
 func TestPanicsAreContainedCountedAndLogged(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	var log lockedBuffer
+	var log syncBuffer
 	p := &Proxy{log: slog.New(slog.NewJSONHandler(&log, nil)), telemetry: telemetry.NewRecorder(reg, telemetry.Options{MaxModels: 1, MaxTenants: 1})}
 
 	// In the handler: that request gets a 500 in OpenAI's shape.
@@ -578,18 +552,11 @@ func TestBytesPastAResponseNeverReachTheNextClient(t *testing.T) {
 		}
 		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{\"ok\":true}")
 	})
-	var opLog lockedBuffer
+	var opLog syncBuffer
 	cfg := DefaultConfig()
 	cfg.Upstream = engine.URL()
 	cfg.UpstreamHeaderTimeout = time.Second // the leftover bytes never finish a header block
-	p, err := New(cfg, slog.New(slog.NewJSONHandler(&opLog, &slog.HandlerOptions{Level: slog.LevelDebug})), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	go p.Serve(ln)
-	defer p.Shutdown(context.Background())
-	base := "http://" + ln.Addr().String()
+	_, base := serveSidecar(t, cfg, slog.New(slog.NewJSONHandler(&opLog, &slog.HandlerOptions{Level: slog.LevelDebug})), nil)
 	for i, want := range []string{`{"metrics":`, `{"ok":true,"metrics":`} {
 		resp := post(t, base+"/v1/chat/completions", `{"include_metrics":true}`, nil)
 		got, _ := io.ReadAll(resp.Body)

@@ -19,7 +19,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 )
 
-// syncBuffer is an access log the test can read while the proxy writes.
+// syncBuffer is a log the test can read while the proxy writes.
 type syncBuffer struct {
 	mu  sync.Mutex
 	buf bytes.Buffer
@@ -29,6 +29,12 @@ func (b *syncBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 func (b *syncBuffer) lines() []string {

@@ -34,7 +34,14 @@ func startSidecar(t *testing.T, upstream string, configure func(*Config), access
 	if configure != nil {
 		configure(&cfg)
 	}
-	p, err := New(cfg, slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})), accessLog)
+	return serveSidecar(t, cfg, slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})), accessLog)
+}
+
+// serveSidecar runs a sidecar with cfg (its Listen unused), logging to log,
+// and returns it and its base URL.
+func serveSidecar(t *testing.T, cfg Config, log *slog.Logger, accessLog io.Writer) (*Proxy, string) {
+	t.Helper()
+	p, err := New(cfg, log, accessLog)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,12 +12,8 @@ import (
 )
 
 func TestReasoningAndContentMeasuredApart(t *testing.T) {
-	engine := emulator.New(emulator.Config{Timing: emulator.Timing{HeaderDelay: 10 * time.Millisecond,
+	engine := startEmulator(t, emulator.Config{Timing: emulator.Timing{HeaderDelay: 10 * time.Millisecond,
 		TTFT: 30 * time.Millisecond, ITL: 20 * time.Millisecond, OutputTokens: 6}})
-	if err := engine.Start("127.0.0.1:0"); err != nil {
-		t.Fatal(err)
-	}
-	defer engine.Close()
 	p, base := startSidecar(t, engine.URL(), nil, nil)
 	stream := func(t *testing.T, output, extra string) (map[string]*float64, string, emulator.Record) {
 		t.Helper()

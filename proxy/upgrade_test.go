@@ -46,16 +46,23 @@ func postJSON(t *testing.T, url, body string, headers map[string]string) (int, m
 	return resp.StatusCode, doc, string(raw)
 }
 
+// startEmulator runs the emulated engine for one test.
+func startEmulator(t *testing.T, cfg emulator.Config) *emulator.Server {
+	t.Helper()
+	e := emulator.New(cfg)
+	if err := e.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
 func startUpgradingProxy(t *testing.T, engine interface{ URL() string }) string {
 	return startProxy(t, engine.URL(), func(c *Config) { c.UpgradeNonStreaming = true })
 }
 
 func TestUpgradedResponsesEqualDirectOnes(t *testing.T) {
-	engine := emulator.New(emulator.Config{Timing: emulator.Timing{TTFT: 20 * time.Millisecond, ITL: 2 * time.Millisecond, OutputTokens: 12}})
-	if err := engine.Start("127.0.0.1:0"); err != nil {
-		t.Fatal(err)
-	}
-	defer engine.Close()
+	engine := startEmulator(t, emulator.Config{Timing: emulator.Timing{TTFT: 20 * time.Millisecond, ITL: 2 * time.Millisecond, OutputTokens: 12}})
 	base := startUpgradingProxy(t, engine)
 	const chat, cmpl = "/v1/chat/completions", "/v1/completions"
 	const msgs = `"messages":[{"role":"user","content":"hi"}]`
@@ -125,11 +132,7 @@ func TestUpgradeMeasuresLikeAStream(t *testing.T) {
 }
 
 func TestRequestsNotUpgraded(t *testing.T) {
-	engine := emulator.New(emulator.Config{})
-	if err := engine.Start("127.0.0.1:0"); err != nil {
-		t.Fatal(err)
-	}
-	defer engine.Close()
+	engine := startEmulator(t, emulator.Config{})
 	base := startUpgradingProxy(t, engine)
 	for _, body := range []string{
 		`{"model":"m","messages":[{"role":"user","content":"hi"}],"n":2}`,
@@ -151,11 +154,7 @@ func TestRequestsNotUpgraded(t *testing.T) {
 }
 
 func TestUpgradedStreamFailures(t *testing.T) {
-	engine := emulator.New(emulator.Config{Timing: emulator.Timing{OutputTokens: 6}})
-	if err := engine.Start("127.0.0.1:0"); err != nil {
-		t.Fatal(err)
-	}
-	defer engine.Close()
+	engine := startEmulator(t, emulator.Config{Timing: emulator.Timing{OutputTokens: 6}})
 	base := startUpgradingProxy(t, engine)
 	body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"include_metrics":true}`
 
@@ -197,11 +196,7 @@ func TestUpgradeKeepsBothReasoningNames(t *testing.T) {
 // With the engine computing its own metrics, an upgraded response gets
 // them under metrics.engine as a streamed one does.
 func TestUpgradeKeepsTheEnginesMetrics(t *testing.T) {
-	engine := emulator.New(emulator.Config{PerRequestMetrics: true, Timing: emulator.Timing{TTFT: 10 * time.Millisecond, ITL: 2 * time.Millisecond, OutputTokens: 4}})
-	if err := engine.Start("127.0.0.1:0"); err != nil {
-		t.Fatal(err)
-	}
-	defer engine.Close()
+	engine := startEmulator(t, emulator.Config{PerRequestMetrics: true, Timing: emulator.Timing{TTFT: 10 * time.Millisecond, ITL: 2 * time.Millisecond, OutputTokens: 4}})
 	base := startProxy(t, engine.URL(), func(c *Config) { c.UpgradeNonStreaming, c.ForwardIncludeMetrics = true, true })
 	_, _, raw := postJSON(t, base+"/v1/chat/completions", `{"model":"m","include_metrics":true,"messages":[{"role":"user","content":"hi"}]}`, nil)
 	if m := metricsOf(t, raw); m["engine.total_ms"] == nil {

@@ -80,16 +80,7 @@ func (g *generation) streamTyped(ts typedStream) {
 		if !send(e) {
 			return
 		}
-		now := time.Now()
-		g.mark(func(r *Record) {
-			if r.FirstToken.IsZero() {
-				r.FirstToken = now
-			} else {
-				r.MaxTokenGap = max(r.MaxTokenGap, now.Sub(r.LastToken))
-			}
-			r.LastToken = now
-			r.TokenEvents = i + 1
-		})
+		g.markTokenEvent(i+1, nil)
 	}
 	for _, e := range ts.end {
 		if !send(e) {

@@ -119,22 +119,7 @@ func (g *generation) stream() {
 			textAt += len(joinText([]json.RawMessage{content}))
 		}
 		events++
-		now := time.Now()
-		g.mark(func(r *Record) {
-			if r.FirstToken.IsZero() {
-				r.FirstToken = now
-			} else {
-				r.MaxTokenGap = max(r.MaxTokenGap, now.Sub(r.LastToken))
-			}
-			r.LastToken = now
-			r.TokenEvents = events
-			if st.reasoning != nil && r.FirstReasoning.IsZero() {
-				r.FirstReasoning = now
-			}
-			if (st.content != nil || st.tool != nil) && r.FirstContent.IsZero() {
-				r.FirstContent = now
-			}
-		})
+		g.markTokenEvent(events, &st)
 	}
 	if g.includeUsage() {
 		var rec Record
@@ -171,4 +156,25 @@ func (g *generation) cut() {
 	if conn, _, err := http.NewResponseController(g.w).Hijack(); err == nil {
 		conn.Close()
 	}
+}
+
+// markTokenEvent records that token event number events (from 1) went out
+// with st's output, or with content when st is nil.
+func (g *generation) markTokenEvent(events int, st *step) {
+	now := time.Now()
+	g.mark(func(r *Record) {
+		if r.FirstToken.IsZero() {
+			r.FirstToken = now
+		} else {
+			r.MaxTokenGap = max(r.MaxTokenGap, now.Sub(r.LastToken))
+		}
+		r.LastToken = now
+		r.TokenEvents = events
+		if st != nil && st.reasoning != nil && r.FirstReasoning.IsZero() {
+			r.FirstReasoning = now
+		}
+		if (st == nil || st.content != nil || st.tool != nil) && r.FirstContent.IsZero() {
+			r.FirstContent = now
+		}
+	})
 }
