@@ -3,10 +3,48 @@
 // stream event.
 package telemetry
 
-import "sync"
+import (
+	"strings"
+	"sync"
+	"unicode/utf8"
+)
 
 // otherLabel is the value every label past the limit counts under.
 const otherLabel = "other"
+
+// maxLabelBytes bounds each client-supplied string the sidecar records
+// (model, tenant, request id, method, path), in label values and in the
+// access log. 256 is far above any real name: Hugging Face ids are at most
+// 96 characters and served model names and tenant ids are shorter still;
+// yet it keeps a bounded model slot to some tens of KB of exposition
+// instead of the megabytes a request body allows.
+const maxLabelBytes = 256
+
+// clean returns s as valid UTF-8 of at most maxLabelBytes: each run of
+// invalid bytes becomes one U+FFFD (Prometheus refuses such label values
+// with a panic) and a longer value is cut on a rune boundary. A value that
+// is already clean, the usual case, is returned as is without allocating.
+func clean(s string) string {
+	if len(s) <= maxLabelBytes && utf8.ValidString(s) {
+		return s
+	}
+	// Only a prefix can survive the cut, so only a prefix is examined:
+	// the work is bounded whatever the client sent.
+	if len(s) > maxLabelBytes+utf8.UTFMax {
+		s = s[:maxLabelBytes+utf8.UTFMax]
+	}
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	if len(s) > maxLabelBytes {
+		i := maxLabelBytes
+		for !utf8.RuneStart(s[i]) {
+			i--
+		}
+		s = s[:i]
+	}
+	// A copy, so that a label kept for the life of the process does not
+	// pin the whole request body it was cut from.
+	return strings.Clone(s)
+}
 
 // boundedLabel admits the first max distinct values of a label taken from
 // client input (model, tenant) and maps the rest to "other", so no client
@@ -23,7 +61,15 @@ func newBoundedLabel(max int) *boundedLabel {
 
 // value returns v if it is admitted, else "other". An empty value stays
 // empty: it means the request did not name one.
-func (b *boundedLabel) value(v string) string {
+//
+// A value not yet admitted takes a free slot only if served, that is the
+// engine answered 2xx; an admitted value keeps its label whatever the
+// status. vLLM answers a model it does not serve with 404, so names made
+// up by clients never take a slot from the real models seen afterwards.
+// The limit of the rule: behind an engine that accepts any model name (or
+// for tenants, which no engine checks) a client with successful requests
+// can still fill the slots, and those count as "other" until a restart.
+func (b *boundedLabel) value(v string, served bool) string {
 	if v == "" {
 		return ""
 	}
@@ -34,7 +80,7 @@ func (b *boundedLabel) value(v string) string {
 	if ok {
 		return v
 	}
-	if n >= b.max {
+	if !served || n >= b.max {
 		return otherLabel
 	}
 	b.mu.Lock()

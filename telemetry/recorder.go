@@ -25,10 +25,11 @@ var (
 
 // Options configures a Recorder.
 type Options struct {
-	// MaxModels bounds the distinct "model" label values.
+	// MaxModels bounds the distinct "model" label values. A value takes
+	// one of these slots only with a 2xx response (see boundedLabel).
 	MaxModels int
 	// TenantLabel adds a "tenant" label to the request and token counters;
-	// MaxTenants bounds its values.
+	// MaxTenants bounds its values, admitted the same way.
 	TenantLabel bool
 	MaxTenants  int
 	// AccessLog, when set, gets one line per request.
@@ -139,11 +140,16 @@ func (r *Recorder) Panic() { r.panics.Inc() }
 // Begin counts a request in flight; every Begin is followed by one Finish.
 func (r *Recorder) Begin() { r.inFlight.Inc() }
 
-// Finish records a finished request.
+// Finish records a finished request. It first cleans, in place, the
+// strings req holds from the client (see clean), so that neither the
+// series nor the access log ever gets them raw.
 func (r *Recorder) Finish(req *Request) {
 	r.inFlight.Dec()
-	model := r.models.value(req.Model)
-	tenant := r.tenants.value(req.Tenant)
+	req.ID, req.Method, req.Path = clean(req.ID), clean(req.Method), clean(req.Path)
+	req.Model, req.Tenant = clean(req.Model), clean(req.Tenant)
+	served := req.Status >= 200 && req.Status < 300
+	model := r.models.value(req.Model, served)
+	tenant := r.tenants.value(req.Tenant, served)
 	stream := "false"
 	if req.Stream {
 		stream = "true"
