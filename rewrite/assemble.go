@@ -280,11 +280,12 @@ func (a *Assembly) Error() (body []byte, status int, ok bool) {
 
 // AppendBody appends the non-streaming response. chat selects the chat
 // shape; otherwise completions. On false, when the events held something
-// that is not JSON, dst is returned unchanged.
+// that is not JSON (or nested deeper than maxDepth), dst is returned
+// unchanged.
 func (a *Assembly) AppendBody(dst []byte, chat bool) ([]byte, bool) {
 	n := len(dst)
 	dst = a.appendBody(dst, chat)
-	if !gjson.Valid(view(dst[n:])) {
+	if !valid(view(dst[n:])) {
 		return dst[:n], false
 	}
 	return dst, true

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/tidwall/gjson"
@@ -49,10 +50,15 @@ func FuzzEventReader(f *testing.F) {
 	})
 }
 
-// FuzzAppendWithMetrics: splicing into any valid JSON object succeeds,
-// yields valid JSON, and leaves every other key as it was.
+// FuzzAppendWithMetrics: splicing into any valid JSON object within
+// maxDepth succeeds, yields valid JSON whose one "metrics" is ours, and
+// leaves every other key as a last-wins parser reads it.
 func FuzzAppendWithMetrics(f *testing.F) {
-	for _, s := range []string{chatUsage, cmplUsage, `{}`, `{ }`, `{"metrics":1}`, "{\n\"a\" : [1, {\"b\":null}]\n}\n", `[]`, `{"a":`, `"s"`} {
+	for _, s := range []string{
+		chatUsage, cmplUsage, `{}`, `{ }`, `{"metrics":1}`, "{\n\"a\" : [1, {\"b\":null}]\n}\n", `[]`, `{"a":`, `"s"`,
+		`{"metrics":1,"a":2,"metrics":{"x":[3]}}`, `{ "metrics" : 1 , "metrics":2 }`, `{"a":"\"[{","metrics":null}`,
+		nestedObject(maxDepth), nestedObject(maxDepth + 1),
+	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, obj []byte) {
@@ -60,7 +66,7 @@ func FuzzAppendWithMetrics(f *testing.F) {
 		var in map[string]any
 		isObject := json.Valid(obj) && json.Unmarshal(obj, &in) == nil && in != nil
 		if !ok {
-			if isObject && !hasDuplicateKeys(obj) {
+			if isObject && !deeperThan(string(obj), maxDepth) {
 				t.Fatalf("refused a valid object %q", obj)
 			}
 			return
@@ -74,39 +80,32 @@ func FuzzAppendWithMetrics(f *testing.F) {
 		}
 		var want map[string]any
 		json.Unmarshal([]byte(metricsJSON), &want)
-		if !reflect.DeepEqual(got["metrics"], any(want)) {
+		if !reflect.DeepEqual(got["metrics"], any(want)) || countKey(out, "metrics") != 1 {
 			t.Fatalf("metrics = %v in %q", got["metrics"], out)
 		}
 		delete(got, "metrics")
 		delete(in, "metrics")
-		if !hasDuplicateKeys(obj) && !reflect.DeepEqual(got, in) {
+		if !reflect.DeepEqual(got, in) {
 			t.Fatalf("other keys changed: %q -> %q", obj, out)
 		}
 	})
 }
 
-// hasDuplicateKeys tells whether a top-level key repeats: encoding/json and
-// gjson then disagree about which one counts, which is not the splice's
-// concern.
-func hasDuplicateKeys(obj []byte) bool {
-	seen := map[string]bool{}
-	dup := false
-	gjson.ParseBytes(obj).ForEach(func(key, _ gjson.Result) bool {
-		dup = seen[key.String()]
-		seen[key.String()] = true
-		return !dup
-	})
-	return dup
-}
-
 // FuzzUpstreamBody: whatever request the sidecar understood, the body it
-// sends upstream is valid JSON without include_metrics and with every other
-// top-level member as the client sent it.
+// sends upstream is valid JSON without include_metrics, with one
+// stream_options whose include_usage is true when usage was asked for, and
+// with every other top-level member as a last-wins parser reads it in what
+// the client sent.
 func FuzzUpstreamBody(f *testing.F) {
 	for _, s := range []string{
 		`{"model":"m","include_metrics":true}`, `{ "include_metrics" : false , "stream":true}`,
 		`{"include_metrics":true}`, "{\"a\":[1,{\"include_metrics\":1}],\n\"include_metrics\":true\n}",
 		`{"include_metrics":true,"include_metrics":false}`, `{"stream":true,"stream_options":{"include_usage":false}}`,
+		`{"stream":true,"stream_options":{"include_usage":true},"stream_options":{"include_usage":false,"x":1}}`,
+		`{"stream_options":null,"include_metrics":true,"stream":true,"stream_options":null,"stream":true}`,
+		`{"stream":true,"stream_options":{"include_usage":true,"include_usage":null}}`,
+		`{ "include_metrics" : true , "stream_options" : null , "stream":true}`,
+		strings.Replace(nestedObject(maxDepth+1), `{`, `{"include_metrics":true,`, 1),
 	} {
 		f.Add([]byte(s), true)
 	}
@@ -121,16 +120,22 @@ func FuzzUpstreamBody(f *testing.F) {
 			t.Fatalf("input modified: %q", in)
 		}
 		if err != nil {
-			return
+			t.Fatalf("UpstreamBody(%q): %v", body, err)
 		}
 		var got, want map[string]any
 		if err := json.Unmarshal(out, &got); err != nil {
 			t.Fatalf("invalid JSON %q from %q", out, body)
 		}
-		if req.HasIncludeMetrics && gjson.GetBytes(out, "include_metrics").Exists() {
+		if req.HasIncludeMetrics && countKey(out, "include_metrics") != 0 {
 			t.Fatalf("include_metrics left in %q", out)
 		}
-		if hasDuplicateKeys(body) || json.Unmarshal(body, &want) != nil {
+		if askUsage && req.Stream && !req.IncludeUsage {
+			opts, _ := got["stream_options"].(map[string]any)
+			if opts["include_usage"] != true || countKey(out, "stream_options") != 1 {
+				t.Fatalf("usage not asked for in %q", out)
+			}
+		}
+		if json.Unmarshal(body, &want) != nil {
 			return
 		}
 		if req.HasIncludeMetrics {
@@ -142,4 +147,42 @@ func FuzzUpstreamBody(f *testing.F) {
 			t.Fatalf("other members changed: %q -> %q", body, out)
 		}
 	})
+}
+
+// FuzzValid: valid is gjson.Valid with a limit on nesting, whatever the
+// strings, escapes and brackets: checked with a small limit against the
+// depth gjson's own parser finds.
+func FuzzValid(f *testing.F) {
+	for _, s := range []string{
+		`[[1]]`, `[[[1]]]`, `{"a":"[[[{{{"}`, `["\"[[[", "]]]"]`, `["\\", [[1]]]`, `["\\\"[[[", 1]`,
+		`{"[[":{"]]":[{}]}}`, `]]][[[`, `[["[[[[`, `["\u005b", [[]]]`, ` [ [ ] ] `,
+	} {
+		f.Add(s)
+	}
+	const limit = 2
+	f.Fuzz(func(t *testing.T, s string) {
+		got := validWithin(s, limit)
+		if !gjson.Valid(s) {
+			if got {
+				t.Fatalf("validWithin(%q) true, gjson.Valid false", s)
+			}
+			return
+		}
+		if want := nesting(gjson.Parse(s)) <= limit; got != want {
+			t.Fatalf("validWithin(%q, %d) = %v, nesting %d", s, limit, got, nesting(gjson.Parse(s)))
+		}
+	})
+}
+
+// nesting is how deep arrays and objects nest in v, by recursion.
+func nesting(v gjson.Result) int {
+	if !v.IsArray() && !v.IsObject() {
+		return 0
+	}
+	d := 0
+	v.ForEach(func(_, e gjson.Result) bool {
+		d = max(d, nesting(e))
+		return true
+	})
+	return d + 1
 }

@@ -1,16 +1,17 @@
 package rewrite
 
 import (
+	"errors"
 	"strings"
 
 	"github.com/tidwall/gjson"
-	"github.com/tidwall/sjson"
 )
 
 // Request is what the sidecar reads of a chat or completions request body.
 type Request struct {
-	// Understood is false when the body is not a JSON object or a field the
-	// sidecar reads has an unexpected type. Such a request is forwarded
+	// Understood is false when the body is not a JSON object, is nested
+	// deeper than maxDepth, or a field the sidecar reads has an unexpected
+	// type. Such a request is forwarded
 	// unchanged and measured without metrics: the upstream answers it as it
 	// would without the sidecar.
 	Understood bool
@@ -40,16 +41,27 @@ type Request struct {
 	// fields whose effect a stream reproduces (see upgradableField).
 	Upgradable bool
 
-	// includeMetrics is where the include_metrics members lie: the first
-	// key's opening quote to its value's end, and how many there are.
-	includeMetricsAt, includeMetricsEnd, includeMetricsCount int
+	// Where the members UpstreamBody edits lie, so that the common case,
+	// each key once, is edited by offsets without a second parse.
+	includeMetrics, streamOptions members
+}
+
+// members is where the copies of one top-level key lie in a request body:
+// how many there are, and for the last one, where its key (its opening
+// quote) and its value start and where the value ends.
+type members struct{ count, key, value, end int }
+
+func (m *members) add(key, value gjson.Result) {
+	m.count++
+	m.key, m.value, m.end = key.Index, value.Index, value.Index+len(value.Raw)
 }
 
 // InspectRequest reads the top-level fields the sidecar needs in one pass.
 // Where a key repeats, the last one counts, as in the engine's JSON parser.
+// A body nested deeper than maxDepth is not Understood (see maxDepth).
 func InspectRequest(body []byte) Request {
 	s := view(body)
-	if !gjson.Valid(s) {
+	if !valid(s) {
 		return Request{}
 	}
 	doc := gjson.Parse(s)
@@ -63,9 +75,7 @@ func InspectRequest(body []byte) Request {
 		}
 		switch key.Str {
 		case "include_metrics":
-			if r.includeMetricsCount++; r.includeMetricsCount == 1 {
-				r.includeMetricsAt, r.includeMetricsEnd = key.Index, value.Index+len(value.Raw)
-			}
+			r.includeMetrics.add(key, value)
 			// The last one counts, as in the engine's parser: a bad value
 			// followed by a good one is fine.
 			r.HasIncludeMetrics, r.IncludeMetrics, r.InvalidIncludeMetrics = false, false, false
@@ -87,14 +97,23 @@ func InspectRequest(body []byte) Request {
 				r.Model = strings.Clone(value.Str)
 			}
 		case "stream_options":
+			r.streamOptions.add(key, value)
 			r.IncludeUsage, r.ContinuousUsage = false, false
 			switch {
 			case value.IsObject():
 				// vLLM's default is true once stream_options is there:
-				// only an explicit false or null turns usage off.
-				iu := value.Get("include_usage")
-				r.IncludeUsage = !iu.Exists() || (iu.Type != gjson.False && iu.Type != gjson.Null)
-				r.ContinuousUsage = value.Get("continuous_usage_stats").Type == gjson.True
+				// only an explicit false or null turns usage off. The
+				// last copy of a key counts here too.
+				r.IncludeUsage = true
+				value.ForEach(func(k, v gjson.Result) bool {
+					switch k.Str {
+					case "include_usage":
+						r.IncludeUsage = v.Type != gjson.False && v.Type != gjson.Null
+					case "continuous_usage_stats":
+						r.ContinuousUsage = v.Type == gjson.True
+					}
+					return true
+				})
 			case value.Type != gjson.Null:
 				r.Understood = false
 			}
@@ -168,21 +187,27 @@ func multiplePrompts(p gjson.Result) bool {
 	return several
 }
 
+// errNotUnderstood refuses to edit a body InspectRequest did not
+// understand: the offsets and fields the edit relies on are not there.
+var errNotUnderstood = errors.New("the request body was not understood")
+
 // UpgradedBody returns the body to send upstream for a request the sidecar
-// upgrades to a stream: include_metrics removed, "stream": true and
-// "stream_options": {"include_usage": true}. r must be Upgradable.
+// upgrades to a stream: include_metrics removed (unless r says there is
+// none to remove), "stream": true and "stream_options":
+// {"include_usage": true}. Every copy of those keys goes and the new
+// members end the object, where a parser that takes the last copy reads
+// them. r must be InspectRequest(body), Upgradable.
 func UpgradedBody(body []byte, r Request) ([]byte, error) {
-	out, err := UpstreamBody(nil, body, r, false)
-	if err != nil {
-		return body, err
+	if !r.Understood {
+		return body, errNotUnderstood
 	}
-	if out, err = sjson.SetRawBytesOptions(out, "stream", []byte("true"), sjsonOptions); err != nil {
-		return body, err
-	}
-	if out, err = sjson.SetRawBytesOptions(out, "stream_options", []byte(`{"include_usage":true}`), sjsonOptions); err != nil {
-		return body, err
-	}
-	return out, nil
+	e := newObjectEdit(nil, body)
+	e.cutKeys(func(key string) bool {
+		return key == "stream" || key == "stream_options" || key == "include_metrics" && r.HasIncludeMetrics
+	})
+	e.toEnd()
+	e.dst = append(e.dst, `"stream":true,"stream_options":{"include_usage":true}`...)
+	return e.done(), nil
 }
 
 // UpstreamBody returns the body to send upstream, appended to dst when it
@@ -190,59 +215,62 @@ func UpgradedBody(body []byte, r Request) ([]byte, error) {
 // (strict OpenAI-compatible servers reject unknown fields) and, with
 // askUsage, for a stream that did not ask for usage, sets
 // stream_options.include_usage so the engine reports exact token counts.
-// The client's other stream_options are kept. body is not modified.
+// The client's other stream_options are kept; the edited stream_options
+// ends the object and is the only copy, so that a parser that takes the
+// last copy of a key reads it. r must be InspectRequest(body). body is not
+// modified.
 func UpstreamBody(dst, body []byte, r Request, askUsage bool) ([]byte, error) {
-	var err error
-	out := body
-	if r.HasIncludeMetrics {
-		if r.includeMetricsCount == 1 {
-			// The common case: cut the member out, no second parse.
-			out = appendWithoutMember(dst, body, r.includeMetricsAt, r.includeMetricsEnd)
-		} else {
-			out = appendWithoutKey(dst, body, "include_metrics")
+	cutMetrics := r.HasIncludeMetrics
+	setUsage := askUsage && r.Stream && !r.IncludeUsage
+	if !cutMetrics && !setUsage {
+		return body, nil
+	}
+	if !r.Understood {
+		return body, errNotUnderstood
+	}
+	e := newObjectEdit(dst, body)
+	if cutMetrics && r.includeMetrics.count > 1 || setUsage && r.streamOptions.count > 1 {
+		// Repeated keys: one pass, however many copies.
+		e.cutKeys(func(key string) bool {
+			return cutMetrics && key == "include_metrics" || setUsage && key == "stream_options"
+		})
+	} else {
+		// The common case: each key at most once, cut where InspectRequest
+		// found it, without a second parse. Cuts go in order; a key not
+		// there (or not cut) has count 0 and sorts first.
+		var a, b members
+		if cutMetrics {
+			a = r.includeMetrics
+		}
+		if setUsage {
+			b = r.streamOptions
+		}
+		if b.key < a.key {
+			a, b = b, a
+		}
+		for _, m := range [2]members{a, b} {
+			if m.count > 0 {
+				e.cut(m.key, m.end)
+			}
 		}
 	}
-	if askUsage && r.Stream && !r.IncludeUsage {
-		if gjson.GetBytes(out, "stream_options").Type == gjson.Null {
-			out, err = sjson.SetRawBytesOptions(out, "stream_options", []byte(`{"include_usage":true}`), sjsonOptions)
-		} else {
-			out, err = sjson.SetRawBytesOptions(out, "stream_options.include_usage", []byte("true"), sjsonOptions)
-		}
-		if err != nil {
-			return body, err
-		}
+	if setUsage {
+		e.toEnd()
+		e.dst = append(e.dst, `"stream_options":`...)
+		e.dst = appendWithUsage(e.dst, body[r.streamOptions.value:r.streamOptions.end])
 	}
-	return out, nil
+	return e.done(), nil
 }
 
-// appendWithoutKey appends to dst the valid JSON object obj without any of
-// its top-level members named key, in one pass however often key repeats.
-func appendWithoutKey(dst, obj []byte, key string) []byte {
-	dst = append(dst, '{')
-	first := true
-	gjson.ParseBytes(obj).ForEach(func(k, v gjson.Result) bool {
-		if k.Str == key {
-			return true
-		}
-		if !first {
-			dst = append(dst, ',')
-		}
-		first = false
-		dst = append(dst, obj[k.Index:v.Index+len(v.Raw)]...)
-		return true
-	})
-	return append(dst, '}')
-}
-
-// appendWithoutMember appends to dst the valid JSON object obj without the
-// member from at (its key's opening quote) to end (past its value), taking
-// the comma before it, or for the first member the comma after it.
-func appendWithoutMember(dst, obj []byte, at, end int) []byte {
-	if i := lastNonSpace(obj[:at]); obj[i] == ',' {
-		at = i
-	} else if j := end + firstNonSpace(obj[end:]); obj[j] == ',' {
-		end = j + 1
+// appendWithUsage appends the client's stream_options (a JSON object, null,
+// or empty when absent) with include_usage true as its only include_usage.
+func appendWithUsage(dst, opts []byte) []byte {
+	if len(opts) == 0 || opts[0] != '{' {
+		return append(dst, `{"include_usage":true}`...)
 	}
-	dst = append(dst, obj[:at]...)
-	return append(dst, obj[end:]...)
+	e := newObjectEdit(dst, opts)
+	e.cutKeys(func(key string) bool { return key == "include_usage" })
+	e.toEnd()
+	e.dst = append(e.dst, `"include_usage":true`...)
+	return e.done()
 }

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tidwall/gjson"
 )
 
 func TestInspectRequest(t *testing.T) {
@@ -27,6 +29,8 @@ func TestInspectRequest(t *testing.T) {
 			Request{Understood: true, Stream: true, IncludeUsage: true}},
 		{"include_usage false", `{"stream":true,"stream_options":{"include_usage":false}}`, Request{Understood: true, Stream: true}},
 		{"include_usage null", `{"stream":true,"stream_options":{"include_usage":null}}`, Request{Understood: true, Stream: true}},
+		{"include_usage repeated: the last counts", `{"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":false,"include_usage":false,"continuous_usage_stats":true}}`,
+			Request{Understood: true, Stream: true, ContinuousUsage: true}},
 		{"n=2", `{"n":2}`, Request{Understood: true, MultipleChoices: true}},
 		{"n=1", `{"n":1}`, Request{Understood: true}},
 		{"several prompts", `{"prompt":["a","b"]}`, Request{Understood: true, MultipleChoices: true}},
@@ -46,7 +50,7 @@ func TestInspectRequest(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got := InspectRequest([]byte(tt.body))
-			got.includeMetricsAt, got.includeMetricsEnd, got.includeMetricsCount = 0, 0, 0
+			got.includeMetrics, got.streamOptions = members{}, members{}
 			got.Upgradable = false // TestUpgradable
 			if got != tt.want {
 				t.Fatalf("InspectRequest = %+v, want %+v", got, tt.want)
@@ -144,6 +148,15 @@ func TestUpstreamBodyManyDuplicatesIsLinear(t *testing.T) {
 	}
 }
 
+func TestUpstreamBodyAllocatesNothing(t *testing.T) {
+	// Each key once, the common case: edited by offsets into dst's room.
+	body := []byte(`{"model":"m","stream":true,"include_metrics":true,"stream_options":{"include_usage":false,"continuous_usage_stats":false},"max_tokens":5}`)
+	r, buf := InspectRequest(body), make([]byte, 0, 1024)
+	if allocs := testing.AllocsPerRun(100, func() { buf, _ = UpstreamBody(buf[:0], body, r, true) }); allocs != 0 {
+		t.Fatalf("UpstreamBody allocates %v times, want 0", allocs)
+	}
+}
+
 func TestUpstreamBodyUntouchedIsSameBytes(t *testing.T) {
 	body := []byte(`{ "model" : "m",  "stream": true }`)
 	got, err := UpstreamBody(nil, body, InspectRequest(body), false)
@@ -162,4 +175,152 @@ func jsonEqual(t *testing.T, a, b []byte) bool {
 		t.Fatalf("invalid JSON %s: %v", b, err)
 	}
 	return reflect.DeepEqual(x, y)
+}
+
+func TestInspectRequestDeepNesting(t *testing.T) {
+	// 12 MB of nested arrays overflowed the stack of a recursive check.
+	deep := strings.Repeat("[", 6<<20) + strings.Repeat("]", 6<<20)
+	for name, body := range map[string]string{
+		"nested arrays":              deep,
+		"nested arrays in an object": `{"model":"m","include_metrics":true,"messages":` + deep + `}`,
+	} {
+		if got := InspectRequest([]byte(body)); got != (Request{}) {
+			t.Errorf("%s: InspectRequest = %+v, want not Understood", name, got)
+		}
+	}
+	at := []byte(strings.Replace(nestedObject(maxDepth), `{`, `{"include_metrics":true,`, 1))
+	if r := InspectRequest(at); !r.Understood || !r.IncludeMetrics {
+		t.Errorf("a request maxDepth deep is not understood: %+v", r)
+	}
+	past := []byte(strings.Replace(nestedObject(maxDepth+1), `{`, `{"include_metrics":true,`, 1))
+	if r := InspectRequest(past); r.Understood {
+		t.Errorf("a request deeper than maxDepth is understood: %+v", r)
+	}
+}
+
+// TestRequestEditsLastCopy: where the client repeated a key the sidecar
+// sets, the body sent upstream has one copy, at the end of the object, so a
+// parser that takes the last copy (Python's json, as the engine does)
+// reads the sidecar's value; the other members are as the client sent them.
+func TestRequestEditsLastCopy(t *testing.T) {
+	usage := func(body []byte) ([]byte, error) { return UpstreamBody(nil, body, InspectRequest(body), true) }
+	tests := []struct {
+		name string
+		edit func([]byte) ([]byte, error)
+		body string
+		key  string
+		want string // the value a last-wins parser reads at key
+	}{
+		{"stream_options repeated", usage,
+			`{"stream":true,"stream_options":{"include_usage":true},"model":"m","stream_options":{"include_usage":false,"continuous_usage_stats":false}}`,
+			"stream_options", `{"include_usage":true,"continuous_usage_stats":false}`},
+		{"stream_options repeated, the last null", usage,
+			`{"stream_options":{"include_usage":false},"stream":true,"stream_options":null}`,
+			"stream_options", `{"include_usage":true}`},
+		{"stream_options repeated, include_metrics cut too", usage,
+			`{"stream_options":null,"include_metrics":true,"stream":true,"stream_options":{"x":1,"include_usage":null}}`,
+			"stream_options", `{"x":1,"include_usage":true}`},
+		{"include_usage repeated inside", usage,
+			`{"stream":true,"stream_options":{"include_usage":true,"include_usage":false,"x":[1]}}`,
+			"stream_options", `{"x":[1],"include_usage":true}`},
+		{"stream_options before include_metrics", usage,
+			`{"stream_options":{"include_usage":false},"include_metrics":true,"stream":true}`,
+			"stream_options", `{"include_usage":true}`},
+		{"include_metrics and stream_options the first two", usage,
+			`{ "include_metrics" : true , "stream_options" : null , "stream":true}`,
+			"stream_options", `{"include_usage":true}`},
+		{"include_metrics and stream_options the last two", usage,
+			`{"stream":true,"stream_options":null,"include_metrics":true}`,
+			"stream_options", `{"include_usage":true}`},
+		{"include_metrics and stream_options the only two", func(body []byte) ([]byte, error) {
+			r := InspectRequest(body)
+			r.Stream = true // the edit on its own, however it came to be asked for
+			return UpstreamBody(nil, body, r, true)
+		}, `{"stream_options":null,"include_metrics":true}`, "stream_options", `{"include_usage":true}`},
+		{"stream_options absent", usage,
+			`{"model":"m","stream":true}`, "stream_options", `{"include_usage":true}`},
+		{"upgrade with stream repeated", func(body []byte) ([]byte, error) { return UpgradedBody(body, InspectRequest(body)) },
+			`{"stream":false,"model":"m","stream":false,"include_metrics":true,"stream_options":null,"messages":[]}`,
+			"stream", `true`},
+		{"upgrade sets stream_options", func(body []byte) ([]byte, error) { return UpgradedBody(body, InspectRequest(body)) },
+			`{"stream_options":null,"model":"m","stream":null,"stream_options":null}`,
+			"stream_options", `{"include_usage":true}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			body := []byte(tt.body)
+			got, err := tt.edit(body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(body) != tt.body {
+				t.Fatalf("input modified: %s", body)
+			}
+			var out, in map[string]any
+			if err := json.Unmarshal(got, &out); err != nil {
+				t.Fatalf("invalid JSON %s: %v", got, err)
+			}
+			if !jsonEqual(t, mustMarshal(t, out[tt.key]), []byte(tt.want)) {
+				t.Fatalf("%s reads %v in %s, want %s", tt.key, out[tt.key], got, tt.want)
+			}
+			for _, k := range []string{"include_metrics", "stream", "stream_options"} {
+				if n := countKey(got, k); n > 1 {
+					t.Fatalf("%d copies of %s in %s", n, k, got)
+				}
+			}
+			json.Unmarshal(body, &in)
+			for _, k := range []string{"include_metrics", "stream", "stream_options"} {
+				delete(in, k)
+				delete(out, k)
+			}
+			if !reflect.DeepEqual(out, in) {
+				t.Fatalf("other members changed: %s -> %s", body, got)
+			}
+		})
+	}
+}
+
+func TestUpgradedBodyKeepsForwardedIncludeMetrics(t *testing.T) {
+	body := []byte(`{"model":"m","include_metrics":true,"messages":[]}`)
+	r := InspectRequest(body)
+	r.HasIncludeMetrics = false // --forward-include-metrics: the engine gets it
+	got, err := UpgradedBody(body, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !jsonEqual(t, got, []byte(`{"model":"m","include_metrics":true,"messages":[],"stream":true,"stream_options":{"include_usage":true}}`)) {
+		t.Fatalf("UpgradedBody = %s", got)
+	}
+}
+
+func TestRequestEditsRefuseWhatWasNotUnderstood(t *testing.T) {
+	body := []byte(`[1]`)
+	r := Request{Stream: true, HasIncludeMetrics: true}
+	if got, err := UpstreamBody(nil, body, r, true); err == nil || string(got) != `[1]` {
+		t.Errorf("UpstreamBody = %s, %v; want the body and an error", got, err)
+	}
+	if got, err := UpgradedBody(body, r); err == nil || string(got) != `[1]` {
+		t.Errorf("UpgradedBody = %s, %v; want the body and an error", got, err)
+	}
+}
+
+// countKey counts the top-level members named key.
+func countKey(obj []byte, key string) int {
+	n := 0
+	gjson.ParseBytes(obj).ForEach(func(k, _ gjson.Result) bool {
+		if k.Str == key {
+			n++
+		}
+		return true
+	})
+	return n
+}
+
+func mustMarshal(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

@@ -2,6 +2,7 @@ package rewrite
 
 import (
 	"bytes"
+	"encoding/json"
 	"strings"
 	"testing"
 )
@@ -64,6 +65,62 @@ func BenchmarkSpliceInto2KB(b *testing.B) {
 func BenchmarkInspectRequest2KB(b *testing.B) {
 	body := []byte(`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("tell me more ", 150) +
 		`"}],"stream":true,"stream_options":{"include_usage":true},"include_metrics":true,"max_tokens":64}`)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if !InspectRequest(body).IncludeMetrics {
+			b.Fatal("not opted in")
+		}
+	}
+}
+
+// chatRequest is a streamed chat request of about size bytes as an agent
+// sends it: a system prompt, a tool schema, then turns of prose and code.
+// The code's brackets sit inside strings, where the depth check must skip
+// them.
+func chatRequest(size int) []byte {
+	type message struct {
+		Role    string `json:"role"`
+		Content string `json:"content"`
+	}
+	req := map[string]any{
+		"model":           "meta-llama/Llama-3.1-8B-Instruct",
+		"stream":          true,
+		"stream_options":  map[string]any{"include_usage": true},
+		"include_metrics": true,
+		"max_tokens":      512,
+		"temperature":     0.2,
+		"tools": []any{map[string]any{"type": "function", "function": map[string]any{
+			"name": "run_tests", "description": "Run the test suite and return failures.",
+			"parameters": map[string]any{"type": "object", "properties": map[string]any{
+				"paths": map[string]any{"type": "array", "items": map[string]any{"type": "string"}},
+			}},
+		}}},
+	}
+	msgs := []message{{"system", "You are a careful senior engineer. Answer with code when it helps, and explain it briefly."}}
+	prose := "Why does this return the wrong total when the list is empty? I expected zero, and the caller checks for it. "
+	code := "```python\ndef total(xs: list[dict[str, int]]) -> int:\n    return sum(x[\"n\"] for x in xs if x.get(\"ok\", [True])[0])\n```\n"
+	for n := 0; n < size; {
+		m := message{"user", prose + code}
+		if len(msgs)%2 == 0 {
+			m = message{"assistant", "The generator is fine; the caller passes {\"items\": []} rather than [], so:\n" + code}
+		}
+		msgs = append(msgs, m)
+		b, _ := json.Marshal(msgs)
+		n = len(b) + 400
+	}
+	req["messages"] = msgs
+	b, err := json.Marshal(req)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+func BenchmarkInspectRequest4KB(b *testing.B)   { benchmarkInspectRequest(b, chatRequest(4<<10)) }
+func BenchmarkInspectRequest100KB(b *testing.B) { benchmarkInspectRequest(b, chatRequest(100<<10)) }
+
+func benchmarkInspectRequest(b *testing.B, body []byte) {
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	for b.Loop() {

@@ -2,7 +2,6 @@ package rewrite
 
 import (
 	"github.com/tidwall/gjson"
-	"github.com/tidwall/sjson"
 
 	"github.com/timing-sidecar/timing-sidecar/timing"
 )
@@ -12,14 +11,15 @@ const metricsKey = "metrics"
 
 // AppendWithMetrics appends to dst the JSON object obj with the member
 // "metrics": metrics added at its end, and reports whether it could: obj
-// must be a valid JSON object (surrounding whitespace allowed). When obj has
-// no "metrics" key, the common case, the member is inserted before the
-// closing brace without allocating (given room in dst); when it has one, its
-// value is replaced. On false, dst is returned unchanged and the caller
-// forwards obj as it was, so the sidecar never emits invalid JSON.
+// must be a valid JSON object (surrounding whitespace allowed) nested at
+// most maxDepth deep. The member is inserted before the closing brace
+// without allocating (given room in dst); any "metrics" members obj had
+// are cut, since a client reads the last copy of a key and must read ours.
+// On false, dst is returned unchanged and the caller forwards obj as it
+// was, so the sidecar never emits invalid JSON.
 func AppendWithMetrics(dst, obj, metrics []byte) ([]byte, bool) {
 	s := view(obj)
-	if !gjson.Valid(s) {
+	if !valid(s) {
 		return dst, false
 	}
 	return appendMember(dst, obj, metrics, gjson.Get(s, metricsKey).Exists())
@@ -34,13 +34,13 @@ type Body struct {
 	hasMetrics bool
 }
 
-// InspectBody reads a non-streaming response body.
 // InspectBody reads a non-streaming response body. Usage is read as
 // BodyUsage reads it (the first "usage" key, leniently), so the counts do
-// not depend on whether metrics are spliced in.
+// not depend on whether metrics are spliced in. A body nested deeper than
+// maxDepth is not an object to splice into.
 func InspectBody(body []byte) Body {
 	s := view(body)
-	if !gjson.Valid(s) {
+	if !valid(s) {
 		return Body{Usage: BodyUsage(body)}
 	}
 	doc := gjson.Parse(s)
@@ -79,20 +79,14 @@ func appendMember(dst, obj, metrics []byte, hasMetrics bool) ([]byte, bool) {
 	if open < 0 || obj[open] != '{' || obj[close] != '}' {
 		return dst, false
 	}
+	e := newObjectEdit(dst, obj)
 	if hasMetrics {
-		out, err := sjson.SetRawBytesOptions(append([]byte(nil), obj...), metricsKey, metrics, sjsonOptions)
-		if err != nil {
-			return dst, false
-		}
-		return append(dst, out...), true
+		e.cutKeys(func(key string) bool { return key == metricsKey })
 	}
-	dst = append(dst, obj[:close]...)
-	if lastNonSpace(obj[:close]) != open {
-		dst = append(dst, ',')
-	}
-	dst = append(dst, `"`+metricsKey+`":`...)
-	dst = append(dst, metrics...)
-	return append(dst, obj[close:]...), true
+	e.toEnd()
+	e.dst = append(e.dst, `"`+metricsKey+`":`...)
+	e.dst = append(e.dst, metrics...)
+	return e.done(), true
 }
 
 // AppendEventWithMetrics appends to dst the raw event with the metrics

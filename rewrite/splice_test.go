@@ -2,6 +2,8 @@ package rewrite
 
 import (
 	"encoding/json"
+	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -18,7 +20,10 @@ func TestAppendWithMetrics(t *testing.T) {
 		{"empty object with space", `{ }`, `{ "metrics":` + metricsJSON + `}`},
 		{"trailing whitespace kept", "{\"a\":1}\n", `{"a":1,"metrics":` + metricsJSON + "}\n"},
 		{"pretty object", "{\n  \"a\": 1\n}", "{\n  \"a\": 1\n,\"metrics\":" + metricsJSON + "}"},
-		{"existing metrics replaced", `{"metrics":null,"a":1}`, `{"metrics":` + metricsJSON + `,"a":1}`},
+		{"existing metrics moved to the end", `{"metrics":null,"a":1}`, `{"a":1,"metrics":` + metricsJSON + `}`},
+		{"every existing metrics cut", `{"metrics":1,"a":1,"metrics":2}`, `{"a":1,"metrics":` + metricsJSON + `}`},
+		{"only existing metrics", `{ "metrics" : 1 }`, `{  "metrics":` + metricsJSON + `}`},
+		{"nested metrics kept", `{"a":{"metrics":1},"metrics":2}`, `{"a":{"metrics":1},"metrics":` + metricsJSON + `}`},
 		{"array", `[1]`, ""},
 		{"invalid", `{"a":`, ""},
 		{"string", `"x"`, ""},
@@ -82,7 +87,7 @@ func TestInspectBody(t *testing.T) {
 		spliced string
 	}{
 		{`{"id":"x","usage":{"prompt_tokens":3,"completion_tokens":9}}`, 9, `{"id":"x","usage":{"prompt_tokens":3,"completion_tokens":9},"metrics":` + metricsJSON + `}`},
-		{`{"metrics":1,"usage":{"completion_tokens":2}}`, 2, `{"metrics":` + metricsJSON + `,"usage":{"completion_tokens":2}}`},
+		{`{"metrics":1,"usage":{"completion_tokens":2}}`, 2, `{"usage":{"completion_tokens":2},"metrics":` + metricsJSON + `}`},
 		{`{"usage":`, -1, ""},
 		{`{"usage":{"completion_tokens":4},"x":NaN}`, 4, ""},
 		{`{"usage":null,"usage":{"completion_tokens":9}}`, 0, `{"usage":null,"usage":{"completion_tokens":9},"metrics":` + metricsJSON + `}`},
@@ -96,5 +101,64 @@ func TestInspectBody(t *testing.T) {
 		if ok != (tt.spliced != "") || string(got) != tt.spliced {
 			t.Errorf("%s: spliced %q, %v; want %q", tt.body, got, ok, tt.spliced)
 		}
+	}
+}
+
+// TestSpliceReplacesEveryMetrics: a client takes the last copy of a key, so
+// the spliced body must have one "metrics", ours, and every other member as
+// the engine sent it.
+func TestSpliceReplacesEveryMetrics(t *testing.T) {
+	for _, obj := range []string{
+		`{"metrics":{"engine":1},"a":1}`,
+		`{"metrics":1,"a":1,"metrics":{"engine":2}}`,
+		`{"a":[{"metrics":1}],"metrics":null, "b" : "metrics" }`,
+		"{\n  \"metrics\": 1,\n  \"metrics\": 2\n}\n",
+	} {
+		for name, splice := range map[string]func() ([]byte, bool){
+			"AppendWithMetrics": func() ([]byte, bool) { return AppendWithMetrics(nil, []byte(obj), []byte(metricsJSON)) },
+			"Body.AppendWithMetrics": func() ([]byte, bool) {
+				return InspectBody([]byte(obj)).AppendWithMetrics(nil, []byte(obj), []byte(metricsJSON))
+			},
+		} {
+			got, ok := splice()
+			if !ok {
+				t.Fatalf("%s(%s) refused", name, obj)
+			}
+			var out, in map[string]any
+			if err := json.Unmarshal(got, &out); err != nil {
+				t.Fatalf("%s(%s): invalid JSON %s", name, obj, got)
+			}
+			if !jsonEqual(t, mustMarshal(t, out[metricsKey]), []byte(metricsJSON)) || countKey(got, metricsKey) != 1 {
+				t.Fatalf("%s(%s) = %s: metrics not ours alone", name, obj, got)
+			}
+			json.Unmarshal([]byte(obj), &in)
+			delete(in, metricsKey)
+			delete(out, metricsKey)
+			if !reflect.DeepEqual(out, in) {
+				t.Fatalf("%s(%s) = %s: other members changed", name, obj, got)
+			}
+		}
+	}
+}
+
+func TestSpliceRefusesTooDeep(t *testing.T) {
+	at, past := []byte(nestedObject(maxDepth)), []byte(nestedObject(maxDepth+1))
+	m := []byte(metricsJSON)
+	if _, ok := AppendWithMetrics(nil, at, m); !ok {
+		t.Error("AppendWithMetrics refused an object maxDepth deep")
+	}
+	if got, ok := AppendWithMetrics([]byte("x"), past, m); ok || string(got) != "x" {
+		t.Errorf("AppendWithMetrics spliced into an object deeper than maxDepth")
+	}
+	if _, ok := InspectBody(at).AppendWithMetrics(nil, at, m); !ok {
+		t.Error("InspectBody: an object maxDepth deep is not an object")
+	}
+	if b := InspectBody(past); b.object {
+		t.Error("InspectBody: an object deeper than maxDepth is an object")
+	}
+	// 12 MB of nesting, with the usage before it: read, and no stack overflow.
+	huge := []byte(`{"usage":{"completion_tokens":4},"x":` + strings.Repeat("[", 6<<20) + strings.Repeat("]", 6<<20) + `}`)
+	if b := InspectBody(huge); b.object || b.Usage.CompletionTokens.Value != 4 {
+		t.Errorf("InspectBody of a 12 MB nested body = %+v", b)
 	}
 }
