@@ -22,10 +22,12 @@ func emulateCommand() *cli.Command {
 			&cli.DurationFlag{Name: "ttft", EnvVars: env("emulate-ttft"), Value: 50 * time.Millisecond, Usage: "Time from response headers to the first token."},
 			&cli.DurationFlag{Name: "itl", EnvVars: env("emulate-itl"), Value: 10 * time.Millisecond, Usage: "Gap between token events."},
 			&cli.IntFlag{Name: "tokens", EnvVars: env("emulate-tokens"), Value: 16, Usage: "Tokens per choice when a request sets no max_tokens."},
+			&cli.IntFlag{Name: "max-model-len", EnvVars: env("emulate-max-model-len"), Value: emulator.DefaultMaxModelLen,
+				Usage: "Context length in tokens: a request whose prompt and max_tokens exceed it gets vLLM's 400."},
 		},
 		Action: func(c *cli.Context) error {
 			e := emulator.New(emulator.Config{Timing: emulator.Timing{TTFT: c.Duration("ttft"), ITL: c.Duration("itl"),
-				TokensPerEvent: 1, OutputTokens: c.Int("tokens")}})
+				TokensPerEvent: 1, OutputTokens: c.Int("tokens")}, MaxModelLen: c.Int("max-model-len")})
 			srv := &http.Server{Addr: c.String("listen"), Handler: e.Handler(), ReadHeaderTimeout: 10 * time.Second}
 			fmt.Fprintf(c.App.ErrWriter, "emulated engine listening on %s\n", c.String("listen"))
 			go func() { <-c.Context.Done(); srv.Close() }()

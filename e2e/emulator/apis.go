@@ -27,17 +27,20 @@ func apiOf(path string) string {
 }
 
 // typedEvent is one event of a typed stream (Messages, Responses): its
-// "event:" name and data, and whether it carries a token.
+// "event:" name and data.
 type typedEvent struct {
-	name  string
-	data  any
-	token bool
+	name string
+	data any
 }
 
 // typedStream is a stream's events in three parts: those sent with the
-// headers, the token events (paced), and those after the last token.
+// headers, the token events (paced), and those after the last token. The
+// token events and the closing ones are made when they are due, so a
+// stream holds one step of its output at a time.
 type typedStream struct {
-	start, tokens, end []typedEvent
+	start []typedEvent
+	token func(step) typedEvent // the token event of a step
+	end   func() []typedEvent   // the events after the last token
 }
 
 // streamTyped sends a typed stream as vLLM does for these APIs: each event
@@ -69,7 +72,8 @@ func (g *generation) streamTyped(ts typedStream) {
 	if !g.wait(g.timing.TTFT) {
 		return
 	}
-	for i, e := range ts.tokens {
+	steps := g.stepper(g.timing.TokensPerEvent)
+	for i := 0; steps.more(); i++ {
 		if i > 0 && !g.wait(g.timing.ITL) {
 			return
 		}
@@ -77,12 +81,12 @@ func (g *generation) streamTyped(ts typedStream) {
 			g.cut()
 			return
 		}
-		if !send(e) {
+		if !send(ts.token(steps.next())) {
 			return
 		}
 		g.markTokenEvent(i+1, nil)
 	}
-	for _, e := range ts.end {
+	for _, e := range ts.end() {
 		if !send(e) {
 			return
 		}
@@ -111,16 +115,18 @@ func (g *generation) messagesEvents() typedStream {
 			"content_block": map[string]string{"type": "text", "text": ""}}},
 		{name: "ping", data: map[string]string{"type": "ping"}},
 	}}
-	for _, st := range g.steps(g.timing.TokensPerEvent) {
-		ts.tokens = append(ts.tokens, typedEvent{name: "content_block_delta", token: true, data: map[string]any{
-			"type": "content_block_delta", "index": 0, "delta": map[string]any{"type": "text_delta", "text": st.content}}})
+	ts.token = func(st step) typedEvent {
+		return typedEvent{name: "content_block_delta", data: map[string]any{
+			"type": "content_block_delta", "index": 0, "delta": map[string]any{"type": "text_delta", "text": st.content}}}
 	}
-	ts.end = []typedEvent{
-		{name: "content_block_stop", data: map[string]any{"type": "content_block_stop", "index": 0}},
-		{name: "message_delta", data: map[string]any{"type": "message_delta",
-			"delta": map[string]any{"stop_reason": g.stopReason(), "stop_sequence": nil},
-			"usage": map[string]int{"output_tokens": g.tokens}}},
-		{name: "message_stop", data: map[string]string{"type": "message_stop"}},
+	ts.end = func() []typedEvent {
+		return []typedEvent{
+			{name: "content_block_stop", data: map[string]any{"type": "content_block_stop", "index": 0}},
+			{name: "message_delta", data: map[string]any{"type": "message_delta",
+				"delta": map[string]any{"stop_reason": g.stopReason(), "stop_sequence": nil},
+				"usage": map[string]int{"output_tokens": g.tokens}}},
+			{name: "message_stop", data: map[string]string{"type": "message_stop"}},
+		}
 	}
 	return ts
 }
@@ -173,19 +179,20 @@ func (g *generation) responsesEvents() typedStream {
 		ev("response.content_part.added", map[string]any{"item_id": item, "output_index": 0, "content_index": 0,
 			"part": map[string]any{"type": "output_text", "text": "", "annotations": []any{}}}),
 	}}
-	steps := g.steps(g.timing.TokensPerEvent)
-	for _, st := range steps {
-		e := ev("response.output_text.delta", map[string]any{"item_id": item, "output_index": 0, "content_index": 0,
+	ts.token = func(st step) typedEvent {
+		return ev("response.output_text.delta", map[string]any{"item_id": item, "output_index": 0, "content_index": 0,
 			"delta": st.content, "logprobs": []any{}})
-		e.token = true
-		ts.tokens = append(ts.tokens, e)
 	}
-	text := joinText(stepsContent(steps))
-	ts.end = []typedEvent{
-		ev("response.output_text.done", map[string]any{"item_id": item, "output_index": 0, "content_index": 0, "text": text}),
-		ev("response.content_part.done", map[string]any{"item_id": item, "output_index": 0, "content_index": 0,
-			"part": map[string]any{"type": "output_text", "text": text, "annotations": []any{}}}),
-		ev("response.completed", map[string]any{"response": g.response("completed", &text)}),
+	ts.end = func() []typedEvent {
+		// The whole text, made again: the one part of a stream that grows
+		// with its length (Config.MaxModelLen bounds it).
+		text := g.outputText(g.timing.TokensPerEvent)
+		return []typedEvent{
+			ev("response.output_text.done", map[string]any{"item_id": item, "output_index": 0, "content_index": 0, "text": text}),
+			ev("response.content_part.done", map[string]any{"item_id": item, "output_index": 0, "content_index": 0,
+				"part": map[string]any{"type": "output_text", "text": text, "annotations": []any{}}}),
+			ev("response.completed", map[string]any{"response": g.response("completed", &text)}),
+		}
 	}
 	return ts
 }

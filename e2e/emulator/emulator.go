@@ -61,7 +61,18 @@ type Config struct {
 	// "metrics" object (on the usage event of a stream, at the top of a
 	// non-streaming body; null for several choices).
 	PerRequestMetrics bool
+	// MaxModelLen is the emulated context length, as vLLM's
+	// --max-model-len: a request whose prompt and max_tokens exceed it
+	// gets vLLM's 400. Zero means DefaultMaxModelLen.
+	MaxModelLen int
 }
+
+// DefaultMaxModelLen is the emulated model's context length in tokens,
+// prompt and output together, and the max_model_len /v1/models reports.
+// A stream costs the same memory whatever its length, since its tokens are
+// made as they are sent; the limit bounds what holds the whole output: a
+// non-streaming body and the Responses API's closing events.
+const DefaultMaxModelLen = 8192
 
 // DefaultTiming is a small, fast model.
 var DefaultTiming = Timing{TTFT: 50 * time.Millisecond, ITL: 10 * time.Millisecond, TokensPerEvent: 1, OutputTokens: 16}
@@ -124,6 +135,9 @@ func New(cfg Config) *Server {
 	}
 	if cfg.Timing.OutputTokens < 1 {
 		cfg.Timing.OutputTokens = DefaultTiming.OutputTokens
+	}
+	if cfg.MaxModelLen < 1 {
+		cfg.MaxModelLen = DefaultMaxModelLen
 	}
 	s := &Server{cfg: cfg, created: time.Now().Unix(), records: map[string]*entry{}, counts: map[string]int{}}
 	s.srv = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second,
@@ -222,7 +236,7 @@ func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
 	s.count("/v1/models")
 	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []map[string]any{{
 		"id": s.cfg.Model, "object": "model", "created": s.created, "owned_by": "vllm",
-		"root": s.cfg.Model, "parent": nil, "max_model_len": 8192,
+		"root": s.cfg.Model, "parent": nil, "max_model_len": s.cfg.MaxModelLen,
 	}}})
 }
 

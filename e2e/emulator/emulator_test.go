@@ -203,3 +203,62 @@ func TestOutputs(t *testing.T) {
 		t.Errorf("tools on completions: %d %v", resp.StatusCode, ev)
 	}
 }
+
+func TestContextLength(t *testing.T) {
+	chat := func(fields string) string {
+		return `{"model":"m","messages":[{"role":"user","content":"hi there"}]` + fields + `}` // 2 prompt tokens
+	}
+	tooLarge := func(asked, limit int) string {
+		return fmt.Sprintf("'max_tokens' or 'max_completion_tokens' is too large: %d. This model's maximum context length is %d tokens "+
+			"and your request has 2 input tokens (%d > %d - 2).", asked, limit, asked, limit)
+	}
+	for _, tc := range []struct {
+		name   string
+		limit  int // Config.MaxModelLen
+		body   string
+		status int
+		msg    string // the 400's message
+	}{
+		{"prompt and output fill the default context", 0, chat(`,"max_tokens":8190`), 200, ""},
+		{"one token more", 0, chat(`,"max_tokens":8191`), 400, tooLarge(8191, DefaultMaxModelLen)},
+		{"max_completion_tokens counts alike", 0, chat(`,"max_completion_tokens":8191`), 400, tooLarge(8191, DefaultMaxModelLen)},
+		{"a stream is refused before its headers", 0, chat(`,"stream":true,"max_tokens":5000000`), 400, tooLarge(5000000, DefaultMaxModelLen)},
+		{"the largest int", 0, chat(`,"max_tokens":9223372036854775807`), 400, tooLarge(9223372036854775807, DefaultMaxModelLen)},
+		{"a configured context", 100, chat(`,"max_tokens":98`), 200, ""},
+		{"beyond a configured context", 100, chat(`,"max_tokens":99`), 400, tooLarge(99, 100)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := start(t, Config{MaxModelLen: tc.limit})
+			resp, body := call(t, s, "/v1/chat/completions", tc.body)
+			if resp.StatusCode != tc.status {
+				t.Fatalf("status %d, want %d: %s", resp.StatusCode, tc.status, body[0])
+			}
+			if tc.status != 400 {
+				return
+			}
+			var e apiError
+			if err := json.Unmarshal([]byte(body[0]), &e); err != nil || !strings.HasPrefix(body[0], `{"error":{"message":`) {
+				t.Fatalf("not an OpenAI error body: %s", body[0])
+			}
+			if e.Error.Message != tc.msg || e.Error.Type != "BadRequestError" || e.Error.Param != nil || e.Error.Code != 400 {
+				t.Errorf("error %+v, want message %q", e.Error, tc.msg)
+			}
+		})
+	}
+	t.Run("models reports the context", func(t *testing.T) {
+		s := start(t, Config{MaxModelLen: 100})
+		resp, err := http.Get(s.URL() + "/v1/models")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var m struct {
+			Data []struct {
+				MaxModelLen int `json:"max_model_len"`
+			}
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&m); err != nil || len(m.Data) != 1 || m.Data[0].MaxModelLen != 100 {
+			t.Errorf("models: %+v %v", m, err)
+		}
+	})
+}

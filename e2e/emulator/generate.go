@@ -255,14 +255,22 @@ func (g *generation) parse(body []byte) string {
 		prompts = len(list)
 	}
 	g.choices = n * prompts
+	g.prompt = promptTokens(g.req.Messages, g.req.Prompt, g.req.Input)
 	g.tokens = g.timing.OutputTokens
+	asked := false
 	for _, m := range []*int{g.req.MaxTokens, g.req.MaxCompletionTokens} {
 		if m != nil {
-			g.tokens = *m
+			g.tokens, asked = *m, true
 		}
 	}
 	if g.tokens < 1 {
 		return "max_tokens must be at least 1"
+	}
+	if limit := g.s.cfg.MaxModelLen; asked && g.tokens > limit-g.prompt {
+		// vLLM's words (0.10 to 0.17), and its check: prompt and output
+		// must fit the context.
+		return fmt.Sprintf("'max_tokens' or 'max_completion_tokens' is too large: %d. This model's maximum context length is %d tokens "+
+			"and your request has %d input tokens (%d > %d - %d).", g.tokens, limit, g.prompt, g.tokens, limit, g.prompt)
 	}
 	switch lp := strings.TrimSpace(string(g.req.Logprobs)); {
 	case g.chat && lp == "true":
@@ -274,7 +282,6 @@ func (g *generation) parse(body []byte) string {
 		}
 		g.logprobs, g.completionTop = true, n
 	}
-	g.prompt = promptTokens(g.req.Messages, g.req.Prompt, g.req.Input)
 	return ""
 }
 
@@ -448,6 +455,11 @@ func joinText(pieces []json.RawMessage) string {
 	for _, p := range pieces {
 		raw = append(raw, p[1:len(p)-1]...)
 	}
+	return decodeString(raw)
+}
+
+// decodeString decodes the inside of a JSON string.
+func decodeString(raw []byte) string {
 	var s string
 	json.Unmarshal(append(append([]byte{'"'}, raw...), '"'), &s) //nolint:errcheck // pieces are JSON strings
 	return s

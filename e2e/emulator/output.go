@@ -53,72 +53,121 @@ var unicodeWords = []string{"héllo", "wörld", "世界", "こんにちは", "П
 // toolArguments is the tool call's arguments, one token per 4 bytes.
 const toolArguments = `{"city": "Paris", "unit": "celsius", "days": 3}`
 
-// steps splits a choice's output into events of per tokens each. Chat
-// text starts without the space that separates words.
-func (g *generation) steps(per int) []step {
-	out := g.rawSteps(per)
-	if g.api != apiCompletions {
-		trimFirst := func(field func(*step) *json.RawMessage) {
-			for i := range out {
-				if p := field(&out[i]); *p != nil {
-					if strings.HasPrefix(string(*p), `" `) {
-						*p = append(json.RawMessage(`"`), (*p)[2:]...)
-					}
-					return
-				}
-			}
+// stepper makes a choice's output one step (one token event) at a time, as
+// the events go out, so a stream holds the same memory whatever its
+// max_tokens. Chat text starts without the space that separates words.
+type stepper struct {
+	g   *generation
+	per int // tokens per step
+	// at is the next token, or for a tool call the next byte of its
+	// arguments once the step naming the function is made.
+	at        int
+	named     bool  // the tool call's first step, with its name, is made
+	emojiHalf *step // the second half of an emoji split across two events, due next
+	// trimContent and trimReasoning: the first content and the first
+	// reasoning are still to come, with their leading space to drop.
+	trimContent, trimReasoning bool
+}
+
+func (g *generation) stepper(per int) *stepper {
+	trim := g.api != apiCompletions
+	return &stepper{g: g, per: per, trimContent: trim, trimReasoning: trim}
+}
+
+// more tells whether a step is left.
+func (s *stepper) more() bool {
+	switch {
+	case s.emojiHalf != nil:
+		return true
+	case s.g.output == OutputTools:
+		return !s.named || s.at < len(toolArguments)
+	}
+	return s.at < s.g.tokens
+}
+
+// next makes the next step; call it while more is true.
+func (s *stepper) next() step {
+	st := s.make()
+	trim := func(p *json.RawMessage, pending *bool) {
+		if *p == nil || !*pending {
+			return
 		}
-		trimFirst(func(s *step) *json.RawMessage { return &s.content })
-		trimFirst(func(s *step) *json.RawMessage { return &s.reasoning })
+		*pending = false
+		if strings.HasPrefix(string(*p), `" `) {
+			*p = append(json.RawMessage(`"`), (*p)[2:]...)
+		}
+	}
+	trim(&st.content, &s.trimContent)
+	trim(&st.reasoning, &s.trimReasoning)
+	return st
+}
+
+func (s *stepper) make() step {
+	g, per := s.g, s.per
+	if st := s.emojiHalf; st != nil {
+		s.emojiHalf = nil
+		return *st
+	}
+	switch g.output {
+	case OutputTools:
+		if !s.named {
+			s.named = true
+			return step{tool: &toolDelta{ID: "chatcmpl-tool-" + g.e.rec.ID, Type: "function",
+				Function: toolDeltaFnArg{Name: "get_weather"}}, tokens: []string{"get_weather"}}
+		}
+		part := toolArguments[s.at:min(s.at+4*per, len(toolArguments))]
+		s.at += 4 * per
+		return step{tool: &toolDelta{Function: toolDeltaFnArg{Arguments: part}}, tokens: []string{part}}
+	case OutputUnicode:
+		i := s.at
+		s.at += per
+		var picked []string
+		for j := i; j < min(i+per, g.tokens); j++ {
+			picked = append(picked, unicodeWords[j%len(unicodeWords)])
+		}
+		piece := " " + strings.Join(picked, " ")
+		if strings.HasSuffix(piece, "🚀") && len(picked) == 1 {
+			// Split between events as two escaped halves.
+			head, _ := json.Marshal(strings.TrimSuffix(piece, "🚀"))
+			s.emojiHalf = &step{content: json.RawMessage(`"\ude80"`)}
+			return step{content: append(head[:len(head)-1:len(head)-1], `\ud83d"`...), tokens: picked}
+		}
+		raw, _ := json.Marshal(piece)
+		return step{content: raw, tokens: picked}
+	}
+	i := s.at
+	n := min(per, g.tokens-i)
+	s.at += per
+	tokens := make([]string, n)
+	for j := range tokens {
+		tokens[j] = words[(i+j)%len(words)]
+	}
+	raw, _ := json.Marshal(text(i, n))
+	if i < g.thinking() {
+		return step{reasoning: raw, tokens: tokens}
+	}
+	return step{content: raw, tokens: tokens}
+}
+
+// steps is a choice's whole output, for the responses that hold it all.
+func (g *generation) steps(per int) []step {
+	var out []step
+	for s := g.stepper(per); s.more(); {
+		out = append(out, s.next())
 	}
 	return out
 }
 
-func (g *generation) rawSteps(per int) []step {
-	var out []step
-	switch g.output {
-	case OutputTools:
-		out = append(out, step{tool: &toolDelta{ID: "chatcmpl-tool-" + g.e.rec.ID, Type: "function",
-			Function: toolDeltaFnArg{Name: "get_weather"}}, tokens: []string{"get_weather"}})
-		for i := 0; i < len(toolArguments); i += 4 * per {
-			part := toolArguments[i:min(i+4*per, len(toolArguments))]
-			out = append(out, step{tool: &toolDelta{Function: toolDeltaFnArg{Arguments: part}}, tokens: []string{part}})
-		}
-		return out
-	case OutputUnicode:
-		for i := 0; i < g.tokens; i += per {
-			var words []string
-			for j := i; j < min(i+per, g.tokens); j++ {
-				words = append(words, unicodeWords[j%len(unicodeWords)])
-			}
-			s := " " + strings.Join(words, " ")
-			if strings.HasSuffix(s, "🚀") && len(words) == 1 {
-				// Split between events as two escaped halves.
-				head, _ := json.Marshal(strings.TrimSuffix(s, "🚀"))
-				first := append(head[:len(head)-1:len(head)-1], `\ud83d"`...)
-				out = append(out, step{content: first, tokens: words}, step{content: json.RawMessage(`"\ude80"`)})
-				continue
-			}
-			raw, _ := json.Marshal(s)
-			out = append(out, step{content: raw, tokens: words})
-		}
-		return out
-	}
-	thinking := g.thinking()
-	for i := 0; i < g.tokens; i += per {
-		n := min(per, g.tokens-i)
-		var tokens []string
-		for j := i; j < i+n; j++ {
-			tokens = append(tokens, words[j%len(words)])
-		}
-		raw, _ := json.Marshal(text(i, n))
-		if i < thinking {
-			out = append(out, step{reasoning: raw, tokens: tokens})
-		} else {
-			out = append(out, step{content: raw, tokens: tokens})
+// outputText is the text of a choice's whole output, as a client joins
+// it, made again step by step without keeping the steps.
+func (g *generation) outputText(per int) string {
+	var raw []byte
+	for s := g.stepper(per); s.more(); {
+		if c := s.next().content; c != nil {
+			raw = append(raw, c[1:len(c)-1]...)
 		}
 	}
-	return out
+	return decodeString(raw)
 }
 
 // thinking is how many of a choice's tokens are reasoning: the first half

@@ -10,7 +10,9 @@ import (
 // stream sends the response as vLLM does: headers at once (after the
 // configured queue delay), a role event per choice (chat), token events
 // with the choices interleaved, the finish reason on each choice's last
-// token event, the usage event when asked, then [DONE].
+// token event, the usage event when asked, then [DONE]. Each event is made
+// when it is due and written before the next is made: a client that does
+// not read blocks the write (TCP backpressure), and so its generation.
 func (g *generation) stream() {
 	if !g.wait(g.timing.HeaderDelay) {
 		return
@@ -48,10 +50,10 @@ func (g *generation) stream() {
 	if !g.wait(g.timing.TTFT) {
 		return
 	}
-	steps := g.steps(g.timing.TokensPerEvent)
+	steps := g.stepper(g.timing.TokensPerEvent)
 	reason := g.finishReason()
 	events, tokensSent, textAt := 0, 0, 0
-	for k, st := range steps {
+	for k := 0; steps.more(); k++ {
 		if k > 0 && !g.wait(g.timing.ITL) {
 			return
 		}
@@ -66,7 +68,8 @@ func (g *generation) stream() {
 			}
 			return
 		}
-		last := k == len(steps)-1
+		st := steps.next()
+		last := !steps.more()
 		n := len(st.tokens)
 		if last {
 			n = g.tokens - tokensSent // the step split for a surrogate pair carries none
