@@ -2,10 +2,13 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"net/url"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -13,6 +16,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
+
+// adminIdleTimeout closes admin connections idle for longer than the
+// longest usual scrape interval (Prometheus' default is one minute).
+const adminIdleTimeout = 2 * time.Minute
 
 // readiness is the engine's state as the background probe last saw it.
 type readiness struct {
@@ -99,13 +106,20 @@ func (p *Proxy) probe() error {
 	if err != nil {
 		return err
 	}
+	// /readyz shows the reason to anyone who asks: it names the path
+	// without its query, which may hold a token.
+	path, _, _ := strings.Cut(p.cfg.ReadinessPath, "?")
 	resp, err := p.prober.Do(req)
 	if err != nil {
-		return err
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return fmt.Errorf("GET %s: %w", path, err)
 	}
 	resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("GET %s answered %d", p.cfg.ReadinessPath, resp.StatusCode)
+		return fmt.Errorf("GET %s answered %d", path, resp.StatusCode)
 	}
 	return nil
 }

@@ -3,7 +3,6 @@ package proxy
 import (
 	"errors"
 	"io"
-	"net"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -34,10 +33,7 @@ func (p *Proxy) relayAssembled(ctx *fasthttp.RequestCtx, f *flight, x *exchange,
 	copyResponseHeader(ctx, resp)
 	x.finish(resp, err == nil)
 	if x.isAborted() {
-		// The client left: no one to answer (see forward).
-		ctx.HijackSetNoResponse(true)
-		ctx.Hijack(func(net.Conn) {})
-		f.rec.Status, f.rec.ClientGone = telemetry.StatusClientGone, true
+		closeUnanswered(ctx, f)
 		return
 	}
 	setResponseID(ctx, f)
@@ -45,12 +41,12 @@ func (p *Proxy) relayAssembled(ctx *fasthttp.RequestCtx, f *flight, x *exchange,
 	if err != nil {
 		p.log.Warn("could not reassemble an upgraded response", "path", f.rec.Path, "request_id", f.rec.ID, "err", safeError(err))
 		e := apiError{Status: fasthttp.StatusBadGateway, Type: "upstream_error", Code: "upstream_interrupted",
-			Message: "timing-sidecar: the model server's stream ended before the response was complete: " + safeError(err)}
+			Message: "timing-sidecar: the model server's stream ended before the response was complete"}
 		switch {
 		case errors.Is(err, rewrite.ErrAssemblyTooLarge):
 			e.Code, e.Message = "response_too_large", "timing-sidecar: the response is larger than --max-buffered-response-size; it can be had as a stream, or with --upgrade-non-streaming off"
 		case errors.Is(err, rewrite.ErrNotAnEvent), errors.Is(err, errEventTooLarge):
-			e.Code, e.Message = "bad_response", "timing-sidecar: the model server's stream could not be reassembled: "+safeError(err)
+			e.Code, e.Message = "bad_response", "timing-sidecar: the model server's stream could not be reassembled"
 			f.rec.UpstreamError = telemetry.ErrorBadResponse
 		default:
 			f.rec.UpstreamError = upstreamErrorKind(err, false)

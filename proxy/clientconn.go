@@ -1,9 +1,13 @@
 package proxy
 
 import (
+	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/valyala/fasthttp"
 )
 
 // clientListener wraps accepted connections in clientConn.
@@ -44,6 +48,9 @@ type clientConn struct {
 	err     error       // the connection failed or closed
 	onGone  func()      // the watched request's abort
 	start   *time.Timer // starts the read-ahead; made on first use
+	// linger: the server answered an error and closes the connection
+	// with the client's request maybe still arriving (see Close).
+	linger atomic.Bool
 }
 
 // watchDelay is how long a watched request runs before the read-ahead
@@ -141,4 +148,83 @@ func (c *clientConn) Read(p []byte) (int, error) {
 		return 0, err
 	}
 	return c.Conn.Read(p)
+}
+
+// ReadFrom writes what r returns to the client as each read returns, with
+// no buffer between. fasthttp's response writer hands a body of known
+// length to it once the headers are flushed (see relayBody), so an engine
+// that stops short cannot leave bytes it sent in a buffer that is then
+// dropped with the connection.
+func (c *clientConn) ReadFrom(r io.Reader) (int64, error) {
+	bp := copyBuffers.Get().(*[]byte)
+	defer copyBuffers.Put(bp)
+	var written int64
+	for {
+		n, err := r.Read(*bp)
+		if n > 0 {
+			m, werr := c.Conn.Write((*bp)[:n])
+			written += int64(m)
+			if werr != nil {
+				return written, werr
+			}
+		}
+		if err == io.EOF {
+			return written, nil
+		}
+		if err != nil {
+			return written, err
+		}
+	}
+}
+
+var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// Lingering close, as nginx's lingering_close: after an error answered
+// before the client finished sending (a body over the limit), the
+// connection's reading side stays open, its input discarded, until the
+// client is done, silent for lingerTimeout, or lingerTime has passed. A
+// client that writes its whole request before reading (Python's
+// http.client, Go's net/http) then reads the 413 instead of a reset: a
+// close with unread input makes the kernel answer the client's next
+// segment with a reset, which discards the response it has not read yet.
+const (
+	lingerTime    = 10 * time.Second
+	lingerTimeout = 2 * time.Second
+)
+
+// closeAfterError ends the connection once the error response is written,
+// with a lingering close.
+func closeAfterError(ctx *fasthttp.RequestCtx) {
+	ctx.SetConnectionClose()
+	if c, ok := ctx.Conn().(*clientConn); ok {
+		c.linger.Store(true)
+	}
+}
+
+// Close closes the connection; after closeAfterError it sends the FIN at
+// once (the response is written) and discards input in the background
+// before closing.
+func (c *clientConn) Close() error {
+	tc, ok := c.Conn.(*net.TCPConn)
+	if !c.linger.CompareAndSwap(true, false) || !ok || tc.CloseWrite() != nil {
+		return c.Conn.Close()
+	}
+	go discardAndClose(tc)
+	return nil
+}
+
+func discardAndClose(c *net.TCPConn) {
+	defer c.Close()
+	buf := make([]byte, 16<<10)
+	end := time.Now().Add(lingerTime)
+	for {
+		deadline := time.Now().Add(lingerTimeout)
+		if deadline.After(end) {
+			deadline = end
+		}
+		c.SetReadDeadline(deadline) //nolint:errcheck // a failed read ends it
+		if _, err := c.Read(buf); err != nil {
+			return
+		}
+	}
 }

@@ -6,6 +6,8 @@ import (
 	"net"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/timing-sidecar/timing-sidecar/telemetry"
 )
 
 // apiError is an error the sidecar itself answers, in OpenAI's shape, so
@@ -42,20 +44,22 @@ func (e apiError) write(ctx *fasthttp.RequestCtx) {
 }
 
 // upstreamError turns a failure to get response headers from the engine
-// into the error the client sees.
+// into the error the client sees. The message names the kind of failure
+// only: the error's text may quote the engine's bytes (another client's
+// output) or the request's.
 func upstreamError(err error) apiError {
-	var small *fasthttp.ErrSmallBuffer
-	if errors.As(err, &small) {
-		return apiError{Status: fasthttp.StatusBadGateway, Type: "upstream_error", Code: "upstream_header_too_large",
-			Message: "timing-sidecar: the model server's response headers are larger than --max-response-header-size"}
+	e := apiError{Status: fasthttp.StatusBadGateway, Type: "upstream_error"}
+	switch upstreamErrorKind(err, true) {
+	case telemetry.ErrorBadResponse:
+		e.Code, e.Message = "upstream_header_too_large", "timing-sidecar: the model server's response headers are larger than --max-response-header-size"
+	case telemetry.ErrorTimeout:
+		e.Status, e.Code, e.Message = fasthttp.StatusGatewayTimeout, "upstream_timeout", "timing-sidecar: the model server did not answer in time"
+	case telemetry.ErrorConnect:
+		e.Code, e.Message = "upstream_unavailable", "timing-sidecar: cannot connect to the model server"
+	default:
+		e.Code, e.Message = "upstream_unavailable", "timing-sidecar: the model server closed the connection or sent a response that cannot be read"
 	}
-	var ne net.Error
-	if errors.Is(err, errHeaderTimeout) || (errors.As(err, &ne) && ne.Timeout()) {
-		return apiError{Status: fasthttp.StatusGatewayTimeout, Type: "upstream_error", Code: "upstream_timeout",
-			Message: "timing-sidecar: the model server did not answer in time: " + safeError(err)}
-	}
-	return apiError{Status: fasthttp.StatusBadGateway, Type: "upstream_error", Code: "upstream_unavailable",
-		Message: "timing-sidecar: cannot reach the model server: " + safeError(err)}
+	return e
 }
 
 // requestError answers a request fasthttp could not read.
@@ -74,7 +78,7 @@ func requestError(err error) apiError {
 			Message: "timing-sidecar: the request was not received in time (--client-read-timeout)"}
 	default:
 		return apiError{Status: fasthttp.StatusBadRequest, Type: "invalid_request_error", Code: "bad_request",
-			Message: "timing-sidecar: malformed HTTP request: " + safeError(err)}
+			Message: "timing-sidecar: malformed HTTP request"}
 	}
 }
 

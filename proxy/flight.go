@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"net"
+	"runtime/debug"
 	"strconv"
 	"time"
 
@@ -107,6 +108,24 @@ func endpointOf(ctx *fasthttp.RequestCtx) string {
 // finish records the flight. It runs once, when the response is complete
 // (or failed): at the end of the handler, or when a body stream closes.
 func (p *Proxy) finish(f *flight) {
+	if p.record(f) {
+		// Nothing holds the flight after this: it is reused.
+		p.pools.flights.Put(f)
+	}
+}
+
+// record computes the flight's metrics and hands its record to telemetry.
+// It is the panic boundary of what runs after the response is written,
+// outside the handler's and the body stream's: a bug there costs one
+// request's record, not the process. A flight that panicked is not reused.
+func (p *Proxy) record(f *flight) (ok bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			p.telemetry.Panic()
+			p.log.Error("panic while recording a request", "panic", r, "path", f.rec.Path,
+				"request_id", f.rec.ID, "stack", string(debug.Stack()))
+		}
+	}()
 	if f.measured {
 		if f.clock.Done.IsZero() {
 			f.clock.Done = time.Now()
@@ -115,8 +134,7 @@ func (p *Proxy) finish(f *flight) {
 		f.rec.Metrics = timing.Compute(&f.clock, f.usage, f.rec.Stream || f.upgraded)
 	}
 	p.telemetry.Finish(&f.rec)
-	// Nothing holds the flight after this: it is reused.
-	p.pools.flights.Put(f)
+	return true
 }
 
 // setResponseID returns the request id to the client.

@@ -105,24 +105,6 @@ func TestIncludeMetricsOfTheWrongTypeIsRefused(t *testing.T) {
 	}
 }
 
-func TestAmbiguousFramingIsRefused(t *testing.T) {
-	engine := newFakeEngine(t)
-	base := startProxy(t, engine.URL(), nil)
-	for name, raw := range map[string]string{
-		"length and chunked": "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
-		"two lengths":        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}x",
-	} {
-		resp, body := rawExchange(t, base, raw)
-		if resp.StatusCode != 400 || !bytes.Contains(body, []byte(`"type":"invalid_request_error"`)) {
-			t.Errorf("%s: got %d %s, want a 400 error", name, resp.StatusCode, body)
-		}
-		if !resp.Close {
-			t.Errorf("%s: the connection stays open after a request of unknown length", name)
-		}
-	}
-	noRequest(t, engine.arrived)
-}
-
 func TestSlowHeadersAreCutOff(t *testing.T) {
 	engine := newFakeEngine(t)
 	const timeout = 200 * time.Millisecond

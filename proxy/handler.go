@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"errors"
 	"net"
 	"runtime/debug"
@@ -31,12 +30,12 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx) {
 	// holds a response while the client has pipelined requests waiting,
 	// and a short answer would wait for a long generation behind it.
 	ctx.SetWriteDeadline(time.Time{}) //nolint:errcheck
-	if ambiguousFraming(&ctx.Request.Header) {
-		// How request smuggling starts (RFC 9112, section 6.3): refuse
-		// rather than guess where this request ends.
-		apiError{Status: fasthttp.StatusBadRequest, Type: "invalid_request_error", Code: "bad_request",
-			Message: "timing-sidecar: the request has both Content-Length and Transfer-Encoding"}.write(ctx)
-		ctx.SetConnectionClose()
+	if e := checkRequest(&ctx.Request.Header); e != nil {
+		// Refuse rather than guess where this request ends; the
+		// connection cannot be trusted for another one.
+		e.write(ctx)
+		setResponseID(ctx, f)
+		closeAfterError(ctx)
 		return
 	}
 	if ctx.IsPost() && f.rec.Endpoint != telemetry.EndpointOther {
@@ -169,11 +168,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, f *flight, body []byte, identi
 	}
 	fasthttp.ReleaseResponse(resp)
 	if errors.Is(err, errAborted) {
-		// The client left: close the connection without a response, so
-		// a client that only half-closed cannot mistake it for a success.
-		ctx.HijackSetNoResponse(true)
-		ctx.Hijack(func(net.Conn) {})
-		f.rec.Status, f.rec.ClientGone = telemetry.StatusClientGone, true
+		closeUnanswered(ctx, f)
 		return nil, nil, false
 	}
 	p.log.Warn("upstream request failed", "path", f.rec.Path, "request_id", f.rec.ID, "err", safeError(err))
@@ -183,23 +178,11 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, f *flight, body []byte, identi
 	return nil, nil, false
 }
 
-// ambiguousFraming tells whether a request came with both Content-Length
-// and chunked Transfer-Encoding. fasthttp reads such a body as chunked and
-// closes the connection after it, but the request itself is suspect.
-func ambiguousFraming(h *fasthttp.RequestHeader) bool {
-	if h.ContentLength() != -1 {
-		return false // not chunked: the usual case, at no cost
-	}
-	for raw := h.RawHeaders(); len(raw) > 0; {
-		line := raw
-		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
-			line, raw = raw[:i], raw[i+1:]
-		} else {
-			raw = nil
-		}
-		if len(line) >= len("content-length:") && bytes.EqualFold(line[:len("content-length:")], []byte("content-length:")) {
-			return true
-		}
-	}
-	return false
+// closeUnanswered ends a request whose client left before it was answered:
+// the connection is closed without a response, so that a client that only
+// half-closed cannot mistake it for a success.
+func closeUnanswered(ctx *fasthttp.RequestCtx, f *flight) {
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(func(net.Conn) {})
+	f.rec.Status, f.rec.ClientGone = telemetry.StatusClientGone, true
 }

@@ -49,7 +49,9 @@ func removeHopHeaders(h header) {
 	}
 	for _, v := range h.PeekAll("Connection") {
 		for name := range bytes.SplitSeq(v, []byte{','}) {
-			if name = bytes.TrimSpace(name); len(name) > 0 {
+			// The request id is the sidecar's, end to end, whatever a
+			// client lists in Connection.
+			if name = bytes.TrimSpace(name); len(name) > 0 && !bytes.EqualFold(name, requestIDHeader) {
 				h.Del(string(name))
 			}
 		}
@@ -85,7 +87,7 @@ func upstreamRequest(req *fasthttp.Request, ctx *fasthttp.RequestCtx, body []byt
 	req.Header.Add("X-Forwarded-For", ctx.RemoteIP().String())
 	req.UseHostHeader = true
 	req.URI().DisablePathNormalizing = true
-	req.SetRequestURIBytes(ctx.RequestURI())
+	req.SetRequestURIBytes(originForm(ctx.RequestURI()))
 	req.SetBodyRaw(body)
 	if len(body) > 0 || ctx.Request.Header.ContentLength() > 0 {
 		req.Header.SetContentLength(len(body))
@@ -106,8 +108,12 @@ func copyResponseHeader(ctx *fasthttp.RequestCtx, resp *fasthttp.Response) {
 	removeHopHeaders(h)
 }
 
+// isEventStream tells whether a response is server-sent events. Media
+// types are case-insensitive (RFC 9110 section 8.3.1).
 func isEventStream(resp *fasthttp.Response) bool {
-	return bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream"))
+	ct := resp.Header.ContentType()
+	const sse = "text/event-stream"
+	return len(ct) >= len(sse) && bytes.EqualFold(ct[:len(sse)], []byte(sse))
 }
 
 // isEncoded reports a response body with a content coding the sidecar

@@ -53,11 +53,15 @@ func New(cfg Config, log *slog.Logger, accessLog io.Writer) (*Proxy, error) {
 		opts.AccessLog = slog.New(slog.NewJSONHandler(accessLog, nil))
 	}
 	p.telemetry = telemetry.NewRecorder(p.registry, opts)
-	p.admin = &http.Server{Handler: p.AdminHandler(), ReadHeaderTimeout: 10 * time.Second}
+	p.admin = &http.Server{Handler: p.AdminHandler(), ReadHeaderTimeout: 10 * time.Second,
+		// Scrapers and probes keep connections alive between visits;
+		// one silent for longer than any scrape interval is closed.
+		IdleTimeout: adminIdleTimeout, MaxHeaderBytes: 16 << 10}
 	p.prober = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 	p.server = &fasthttp.Server{
-		Handler:      p.handle,
-		ErrorHandler: p.handleBadRequest,
+		Handler:       p.handle,
+		ErrorHandler:  p.handleBadRequest,
+		ExpectHandler: p.expectContinue,
 		// Nothing bounds a response: a generation may stream for minutes.
 		WriteTimeout:       0,
 		ReadTimeout:        cfg.ClientReadTimeout,
@@ -91,11 +95,39 @@ func New(cfg Config, log *slog.Logger, accessLog io.Writer) (*Proxy, error) {
 
 // handleBadRequest answers a request fasthttp could not read, and counts it.
 func (p *Proxy) handleBadRequest(ctx *fasthttp.RequestCtx, err error) {
-	p.telemetry.Begin()
 	e := requestError(err)
+	p.refuse(ctx, e)
+	if e.Status != fasthttp.StatusRequestTimeout {
+		// The client may still be sending; a silent one is not waited for.
+		closeAfterError(ctx)
+	}
+}
+
+// expectContinue answers "Expect: 100-continue": a request the sidecar
+// will refuse is refused before its client sends the body, not after.
+// (fasthttp's documentation asks an ExpectHandler to leave the response
+// alone; it only sets the status after, so the error body stays, which
+// TestExpectContinueRefusesAtOnce checks.)
+func (p *Proxy) expectContinue(ctx *fasthttp.RequestCtx) int {
+	e := checkRequest(&ctx.Request.Header)
+	if e == nil && ctx.Request.Header.ContentLength() > p.cfg.MaxRequestBodySize {
+		tooLarge := requestError(fasthttp.ErrBodyTooLarge)
+		e = &tooLarge
+	}
+	if e == nil {
+		return fasthttp.StatusContinue
+	}
+	p.refuse(ctx, *e)
+	closeAfterError(ctx)
+	return e.Status
+}
+
+// refuse answers a request that is not forwarded, and counts it.
+func (p *Proxy) refuse(ctx *fasthttp.RequestCtx, e apiError) {
+	p.telemetry.Begin()
 	e.write(ctx)
-	p.telemetry.Finish(&telemetry.Request{Method: string(ctx.Method()), Path: string(ctx.Path()),
-		Endpoint: endpointOf(ctx), Status: e.Status})
+	p.record(&flight{rec: telemetry.Request{Method: string(ctx.Method()), Path: string(ctx.Path()),
+		Endpoint: endpointOf(ctx), Status: e.Status}})
 }
 
 // Serve answers requests on ln until Shutdown.
@@ -178,12 +210,18 @@ func (l fasthttpLogger) Printf(format string, args ...any) {
 // redactRequestBytes cuts from a fasthttp message the bytes of the message
 // it could not parse, which fasthttp quotes (a request line, or headers
 // whole) and which may hold credentials, prompts or another client's
-// output. The connection's quoted addresses before the first ": " stay.
+// output. Only the quoted addresses that open a connection's error stay:
+// everything from the first other quote on is cut.
 func redactRequestBytes(msg string) string {
 	const cut = "(message bytes not shown)"
+	const serving = `error when serving connection "`
 	head, rest := "", msg
-	if i := strings.Index(msg, `": `); i >= 0 {
-		head, rest = msg[:i+3], msg[i+3:]
+	if strings.HasPrefix(msg, serving) {
+		// `error when serving connection "a"<->"b": `; addresses hold no
+		// `": `, so its first one ends them.
+		if i := strings.Index(msg[len(serving):], `": `); i >= 0 {
+			head, rest = msg[:len(serving)+i+3], msg[len(serving)+i+3:]
+		}
 	}
 	for _, mark := range []string{`"`, "buffer size="} {
 		if i := strings.Index(rest, mark); i >= 0 {

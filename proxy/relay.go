@@ -34,7 +34,15 @@ func (p *Proxy) relayBody(ctx *fasthttp.RequestCtx, f *flight, x *exchange, resp
 		// out chunked, each read flushed at once.
 		size = -1
 	}
-	if isEventStream(resp) {
+	switch {
+	case isEventStream(resp):
+		ctx.Response.ImmediateHeaderFlush = true
+	case size >= 0 && (readErr != nil || len(prefix)+x.buffered() < size):
+		// A body with a length that has not all arrived: the headers go
+		// out now and each read of the body as it comes (clientConn's
+		// ReadFrom), so if the engine stops short the client still gets
+		// everything it sent, then a close before the length is reached.
+		// A body already here goes out with the headers in one write.
 		ctx.Response.ImmediateHeaderFlush = true
 	}
 	b := &bodyRelay{p: p, f: f, x: x, resp: resp, body: x.body(resp), prefix: prefix, err: readErr}
@@ -148,11 +156,26 @@ func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *exchang
 	buf := p.pools.buffer()
 	defer p.pools.release(buf)
 	complete, err := readUpTo(buf, x.body(resp), limit)
-	if err != nil || !complete {
-		// Too large, or the engine failed mid-body: forward what arrived
-		// and let the rest (or the failure) follow.
+	if err != nil {
+		x.finish(resp, false)
+		if x.isAborted() {
+			closeUnanswered(ctx, f)
+			return
+		}
+		// Nothing has been sent: the client gets a clear failure rather
+		// than a body cut short.
+		f.rec.UpstreamError = upstreamErrorKind(err, false)
+		p.log.Warn("the model server's response ended early", "path", f.rec.Path, "request_id", f.rec.ID, "err", safeError(err))
+		apiError{Status: fasthttp.StatusBadGateway, Type: "upstream_error", Code: "upstream_interrupted",
+			Message: "timing-sidecar: the model server's response ended before it was complete"}.write(ctx)
+		setResponseID(ctx, f)
+		f.rec.Status = fasthttp.StatusBadGateway
+		return
+	}
+	if !complete {
+		// Too large to buffer: forward what arrived and let the rest follow.
 		f.wantMetrics = false
-		p.relayBody(ctx, f, x, resp, append([]byte(nil), buf.B...), err)
+		p.relayBody(ctx, f, x, resp, append([]byte(nil), buf.B...), nil)
 		return
 	}
 	f.clock.Done = time.Now()
@@ -264,6 +287,8 @@ type eventRelay struct {
 	metrics []byte                   // scratch for the metrics JSON
 	readErr error
 	eof     bool
+	// metricsSent: an event carried the metrics; no other will.
+	metricsSent bool
 }
 
 func (r *eventRelay) Read(p []byte) (n int, err error) {
@@ -330,20 +355,23 @@ func (r *eventRelay) inspect(raw []byte) {
 	case ev.Kind == rewrite.EventUsage:
 		f.usage = f.usage.Merge(ev.Usage)
 		switch {
-		case f.wantMetrics:
+		case f.wantMetrics && !r.metricsSent:
+			// The first usage event takes the metrics; an engine that
+			// sends more gets them passed as sent, so no stream carries
+			// two metrics objects.
 			f.clock.Done = time.Now()
 			m := timing.Compute(&f.clock, f.usage, true)
 			m.SetEngine(rewrite.EngineTiming(ev.Target()))
 			r.metrics = appendMetrics(r.metrics[:0], &m, f.multiple)
 			if out, ok := rewrite.AppendEventWithMetrics(r.spliced[:0], raw, ev, r.metrics); ok {
-				r.spliced, r.pending = out, out
+				r.spliced, r.pending, r.metricsSent = out, out, true
 			}
 		case f.hideUsage:
 			r.pending = nil
 		}
 	case ev.UsageOnChoices:
 		f.usage = f.usage.Merge(ev.Usage)
-		if f.wantMetrics {
+		if f.wantMetrics && !r.metricsSent {
 			r.heldBuf = append(r.heldBuf[:0], raw...)
 			r.held, r.pending = r.heldBuf, nil
 		}
@@ -361,7 +389,7 @@ func (r *eventRelay) inspect(raw []byte) {
 func (r *eventRelay) releaseHeld(withMetrics bool) []byte {
 	held := r.held
 	r.held = nil
-	if !withMetrics {
+	if !withMetrics || r.metricsSent {
 		// A copy: heldBuf may take the next event before this one is out.
 		r.heldOut = append(r.heldOut[:0], held...)
 		return r.heldOut
@@ -373,7 +401,7 @@ func (r *eventRelay) releaseHeld(withMetrics bool) []byte {
 	m.SetEngine(rewrite.EngineTiming(ev.Target()))
 	r.metrics = appendMetrics(r.metrics[:0], &m, f.multiple)
 	if out, ok := rewrite.AppendEventWithMetrics(r.heldOut[:0], held, ev, r.metrics); ok {
-		r.heldOut = out
+		r.heldOut, r.metricsSent = out, true
 		return out
 	}
 	return held

@@ -96,12 +96,11 @@ func (u *upstream) get() (*upstreamConn, error) {
 		c := u.idle[len(u.idle)-1]
 		u.idle = u.idle[:len(u.idle)-1]
 		u.mu.Unlock()
-		// A connection idle for under a second was closed by the engine
-		// only by accident (its keep-alive is seconds long); the retry in
-		// roundTrip covers that, and the peek's syscall is saved. (The
-		// peek would also catch stray bytes after a response, which only
-		// a misbehaving engine sends; they then fail that request.)
-		if time.Since(c.idleSince) < time.Second || alive(c.Conn) {
+		// Every reuse is checked, however short the idleness: beside a
+		// close, the peek finds bytes an engine sent after a complete
+		// response (a wrong Content-Length), which would otherwise be read
+		// as the next client's response. One non-blocking syscall.
+		if alive(c.Conn) {
 			c.reused = true
 			return c, nil
 		}
@@ -317,6 +316,17 @@ func (x *exchange) send(c *upstreamConn, req *fasthttp.Request, resp *fasthttp.R
 	}
 	c.SetDeadline(time.Time{}) //nolint:errcheck // the body has its own idle timeout
 	return nil
+}
+
+// buffered is how many bytes of the response the connection has read
+// past its headers.
+func (x *exchange) buffered() int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.conn == nil {
+		return 0
+	}
+	return x.conn.br.Buffered()
 }
 
 func (x *exchange) isAborted() bool {

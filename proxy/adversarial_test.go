@@ -1,0 +1,489 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// The tests in this file try the sidecar as an attacker would: raw bytes
+// from an unauthenticated client, and an engine that misbehaves. Each
+// provokes one attack the README's Guarantees table lists, and checks that
+// the process keeps serving, that nothing reaches the engine the client
+// did not send as one well-framed request, and that no client gets bytes
+// meant for another.
+
+// stillServes checks that the sidecar answers a plain request.
+func stillServes(t *testing.T, base string) {
+	t.Helper()
+	resp, err := client.Get(base + "/v1/models")
+	if err != nil {
+		t.Fatalf("the sidecar no longer serves: %v", err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+}
+
+// exposition is the whole /metrics text of p.
+func exposition(t *testing.T, p *Proxy) string {
+	t.Helper()
+	families, err := p.registry.Gather()
+	if err != nil {
+		t.Fatalf("gather: %v", err)
+	}
+	var b strings.Builder
+	for _, mf := range families {
+		b.WriteString(mf.String())
+	}
+	return b.String()
+}
+
+func TestClientInputInLabelsCannotCrashTheSidecar(t *testing.T) {
+	for _, mode := range []Mode{ModeOff, ModeOptIn} {
+		for _, engineUp := range []bool{true, false} {
+			upstream := "http://127.0.0.1:1" // nothing listens there
+			if engineUp {
+				upstream = newFakeEngine(t).URL()
+			}
+			var accessLog syncBuffer
+			p, base := startSidecar(t, upstream, func(c *Config) {
+				c.Mode = mode
+				c.TenantHeader, c.TenantLabel = "X-Tenant", true
+			}, &accessLog)
+			for _, body := range []string{
+				"{\"model\":\"m\xff\",\"include_metrics\":true}",
+				"{\"model\":\"m\xff\",\"stream\":true}",
+				`{"model":"` + strings.Repeat("m", 1<<20) + `"}`,
+			} {
+				resp := post(t, base+"/v1/chat/completions", body, map[string]string{"X-Tenant": "t\xfe"})
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			stillServes(t, base)
+			text := exposition(t, p)
+			if len(text) > 1<<20 {
+				t.Errorf("mode %s, engine up %v: a 1 MB model name made a %d-byte exposition", mode, engineUp, len(text))
+			}
+			for _, line := range accessLog.lines() {
+				if !json.Valid([]byte(line)) {
+					t.Fatalf("an access-log line is not valid JSON: %.200q", line)
+				}
+				if len(line) > 8<<10 {
+					t.Fatalf("an access-log line of %d bytes: client input is not bounded", len(line))
+				}
+			}
+		}
+	}
+}
+
+// panicWriter is an access log whose every write panics: a bug in
+// recording, which runs after the request's own panic boundary.
+type panicWriter struct{}
+
+func (panicWriter) Write([]byte) (int, error) { panic("access log bug") }
+
+func TestPanicWhileRecordingIsContained(t *testing.T) {
+	engine := newFakeEngine(t)
+	p, base := startSidecar(t, engine.URL(), nil, panicWriter{})
+	for i := range 3 {
+		resp := post(t, base+"/v1/chat/completions", `{"model":"m","stream":true,"include_metrics":true}`, nil)
+		if _, err := readEvents(t, resp.Body); err != io.EOF {
+			t.Fatalf("stream %d: %v", i, err)
+		}
+		resp.Body.Close()
+		resp = post(t, base+"/v1/chat/completions", `{"model":"m","include_metrics":true}`, nil)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d: status %d", i, resp.StatusCode)
+		}
+	}
+	eventually(t, "six panics counted", func() bool { return panicsCounted(t, p.registry) == 6 })
+	if g := gaugeValue(t, p.registry, "timing_sidecar_in_flight_requests"); g != 0 {
+		t.Fatalf("in-flight gauge %v after every request ended", g)
+	}
+}
+
+func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range families {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no series %s", name)
+	return 0
+}
+
+func TestDeeplyNestedBodiesAreForwardedUnread(t *testing.T) {
+	engine := newFakeEngine(t)
+	base := startProxy(t, engine.URL(), func(c *Config) { c.Mode = ModeAlways })
+	const depth = 6 << 20 // 12 MB: once a stack overflow, which no recover catches
+	body := `{"model":"m","messages":` + strings.Repeat("[", depth) + strings.Repeat("]", depth) + `}`
+	resp := post(t, base+"/v1/chat/completions", body, nil)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if fr := engine.next(t); !bytes.Equal(fr.Body, []byte(body)) {
+		t.Fatalf("the engine got %d bytes, not the client's %d unchanged", len(fr.Body), len(body))
+	}
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	if ms.StackInuse > 64<<20 {
+		t.Fatalf("goroutine stacks hold %d MB after one nested request", ms.StackInuse>>20)
+	}
+	stillServes(t, base)
+}
+
+func TestMalformedFramingIsRefused(t *testing.T) {
+	engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, _ []byte) {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+		c.Close()
+	})
+	base := startProxy(t, engine.URL(), nil)
+	// smuggled is a second request hidden in the first one's body.
+	const smuggled = "GET /smuggled HTTP/1.1\r\nHost: x\r\nX-Smuggled: 1\r\n\r\n"
+	for _, tt := range []struct {
+		name, raw string
+		status    int
+	}{
+		{"length and chunked", "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", 400},
+		{"length and an empty chunked body", "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 56\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + smuggled, 400},
+		{"two lengths", "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}x", 400},
+		{"identity coding, no length", "POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: identity\r\n\r\n" + smuggled, 400},
+		{"identity coding and a length", "POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nTransfer-Encoding: identity\r\n\r\n{}" + smuggled, 400},
+		{"a space in a header name", "POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nTransfer Encoding: chunked\r\nContent-Length: 2\r\n\r\n{}", 400},
+		{"a malformed percent-encoding", "GET /v1/%0Xmodels HTTP/1.1\r\nHost: x\r\n\r\n", 400},
+		{"an unknown HTTP version", "GET /v1/models HTTP/9.9\r\nHost: x\r\n\r\n", 505},
+		{"CONNECT", "CONNECT 127.0.0.1:22 HTTP/1.1\r\nHost: 127.0.0.1:22\r\n\r\n", 405},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			resp, body := rawExchange(t, base, tt.raw)
+			var e errorBody
+			if resp.StatusCode != tt.status || json.Unmarshal(body, &e) != nil || e.Error.Type != "invalid_request_error" {
+				t.Errorf("got %d %s, want a %d error", resp.StatusCode, body, tt.status)
+			}
+			if !resp.Close {
+				t.Errorf("the connection stays open after a request whose end is unknown")
+			}
+			noRequest(t, engine.requests)
+		})
+	}
+}
+
+func TestAbsoluteFormIsForwardedAsOriginForm(t *testing.T) {
+	engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, _ []byte) {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+		c.Close()
+	})
+	base := startProxy(t, engine.URL(), nil)
+	for target, want := range map[string]string{
+		"http://elsewhere.example/v1/models?x=1": "/v1/models?x=1",
+		"http://elsewhere.example":               "/",
+		"http://elsewhere.example?x=1":           "/?x=1",
+	} {
+		resp, _ := rawExchange(t, base, "GET "+target+" HTTP/1.1\r\nHost: x\r\n\r\n")
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: status %d", target, resp.StatusCode)
+		}
+		if got := (<-engine.requests).URI; got != want {
+			t.Errorf("%s reached the engine as %q, want %q", target, got, want)
+		}
+	}
+}
+
+// writeWhole writes a request whole before reading anything, as Python's
+// http.client and urllib do, and returns the response.
+func writeWhole(t *testing.T, base, head string, body int) (*http.Response, []byte, error) {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	if _, err := io.WriteString(c, head); err != nil {
+		return nil, nil, err
+	}
+	chunk := bytes.Repeat([]byte("x"), 64<<10)
+	for sent := 0; sent < body; sent += len(chunk) {
+		if _, err := c.Write(chunk[:min(len(chunk), body-sent)]); err != nil {
+			return nil, nil, err
+		}
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, b, nil
+}
+
+func TestOverLimitRequestsGetTheirAnswerNotAReset(t *testing.T) {
+	engine := newFakeEngine(t)
+	base := startProxy(t, engine.URL(), func(c *Config) { c.MaxRequestBodySize = 1 << 20 })
+	const body = 20 << 20
+	for i := range 5 {
+		head := "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " + itoa(body) + "\r\n\r\n"
+		resp, got, err := writeWhole(t, base, head, body)
+		if err != nil {
+			t.Fatalf("client writing the whole body first, try %d: %v, want the 413", i, err)
+		}
+		if resp.StatusCode != 413 || !bytes.Contains(got, []byte(`"code":"request_too_large"`)) {
+			t.Fatalf("try %d: %d %s", i, resp.StatusCode, got)
+		}
+		// Go's net/http client, which also writes before it reads.
+		r, err := client.Post(base+"/v1/chat/completions", "application/json", bytes.NewReader(make([]byte, body)))
+		if err != nil {
+			t.Fatalf("net/http client, try %d: %v, want the 413", i, err)
+		}
+		io.Copy(io.Discard, r.Body)
+		r.Body.Close()
+		if r.StatusCode != 413 {
+			t.Fatalf("net/http client, try %d: status %d", i, r.StatusCode)
+		}
+	}
+	// Headers over the limit, with a body behind them.
+	head := "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat("h", 16<<10) + "\r\nContent-Length: " + itoa(1<<20) + "\r\n\r\n"
+	resp, _, err := writeWhole(t, base, head, 1<<20)
+	if err != nil || resp.StatusCode != 431 {
+		t.Fatalf("headers over the limit: %v %v, want a 431", resp, err)
+	}
+	noRequest(t, engine.arrived)
+}
+
+func TestExpectContinueRefusesAtOnce(t *testing.T) {
+	engine := newFakeEngine(t)
+	base := startProxy(t, engine.URL(), func(c *Config) { c.MaxRequestBodySize = 1 << 20 })
+	c := rawRequest(t, base, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: "+itoa(20<<20)+"\r\n\r\n")
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	// The client sends nothing more until it hears back.
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 413 || !bytes.Contains(body, []byte(`"code":"request_too_large"`)) {
+		t.Fatalf("got %d %s, want the 413 before the body is sent", resp.StatusCode, body)
+	}
+	// Within the limit, the body is invited as usual.
+	c = rawRequest(t, base, "POST /v1/models HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n")
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	line, _ := bufio.NewReader(c).ReadString('\n')
+	if !strings.HasPrefix(line, "HTTP/1.1 100") {
+		t.Fatalf("a request within the limit got %q, want 100 Continue", line)
+	}
+	noRequest(t, engine.arrived)
+}
+
+func TestLateBytesPastAResponseNeverReachTheNextClient(t *testing.T) {
+	const secret = "SECRET-OUTPUT of tenant A"
+	sendLate, lateSent := make(chan struct{}), make(chan struct{})
+	var conns atomic.Int32
+	engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, _ []byte) {
+		defer c.Close()
+		if conns.Add(1) == 1 {
+			// A complete response, then, in a later segment, more.
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+			<-sendLate
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 25\r\n\r\n"+secret)
+			close(lateSent)
+			io.Copy(io.Discard, c)
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{\"ok\":true}")
+	})
+	var opLog syncBuffer
+	cfg := DefaultConfig()
+	cfg.Upstream = engine.URL()
+	cfg.UpstreamHeaderTimeout = 2 * time.Second
+	_, base := serveSidecar(t, cfg, slog.New(slog.NewJSONHandler(&opLog, &slog.HandlerOptions{Level: slog.LevelDebug})), nil)
+	for i, want := range []string{`{}`, `{"ok":true}`} {
+		resp, err := client.Get(base + "/v1/models")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if string(got) != want {
+			t.Fatalf("client %d got %d %s, want %s", i+1, resp.StatusCode, got, want)
+		}
+		if i == 0 {
+			close(sendLate)
+			<-lateSent
+		}
+	}
+	if strings.Contains(opLog.String(), secret) {
+		t.Fatalf("the log holds another client's output:\n%s", opLog.String())
+	}
+}
+
+func TestEngineStoppingShortOfItsLength(t *testing.T) {
+	engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, _ []byte) {
+		// 40 of the 100 bytes promised, then a close.
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"+`{"id":"x","choices":[],"object":"list",`)
+		c.Close()
+	})
+	base := startProxy(t, engine.URL(), nil)
+	t.Run("passed through: what arrived, then a failure", func(t *testing.T) {
+		for _, send := range []func() (*http.Response, error){
+			func() (*http.Response, error) { return client.Get(base + "/v1/models") },
+			func() (*http.Response, error) {
+				return client.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"m"}`))
+			},
+		} {
+			resp, err := send()
+			if err != nil {
+				t.Fatalf("no status: %v", err)
+			}
+			got, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 || string(got) != `{"id":"x","choices":[],"object":"list",` || !errors.Is(err, io.ErrUnexpectedEOF) {
+				t.Fatalf("got %d %q (%v), want 200, the 40 bytes, then an unexpected EOF", resp.StatusCode, got, err)
+			}
+		}
+	})
+	t.Run("measured for metrics: a 502", func(t *testing.T) {
+		resp := post(t, base+"/v1/chat/completions", `{"model":"m","include_metrics":true}`, nil)
+		openAIError(t, resp, 502, "upstream_interrupted")
+	})
+}
+
+func TestEventStreamMediaTypeIsCaseInsensitive(t *testing.T) {
+	const usage = `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}` + "\n\n"
+	engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, _ []byte) {
+		defer c.Close()
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: Text/Event-Stream; charset=utf-8\r\nTransfer-Encoding: chunked\r\n\r\n"+
+			chunk(roleEvent)+chunk(tokenEvent("a"))+chunk(usage)+chunk("data: [DONE]\n\n")+"0\r\n\r\n")
+	})
+	base := startProxy(t, engine.URL(), nil)
+	resp := post(t, base+"/v1/chat/completions", `{"model":"m","stream":true}`, nil)
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if strings.Contains(string(got), `"usage"`) {
+		t.Fatalf("the usage event the sidecar asked for reached the client:\n%s", got)
+	}
+	resp = post(t, base+"/v1/chat/completions", `{"model":"m","stream":true,"include_metrics":true,"stream_options":{"include_usage":true}}`, nil)
+	got, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(got), `"metrics":{`) {
+		t.Fatalf("no metrics on the usage event:\n%s", got)
+	}
+}
+
+func TestConnectionHeaderCannotStripTheRequestID(t *testing.T) {
+	engine := newFakeEngine(t)
+	base := startProxy(t, engine.URL(), nil)
+	for _, sent := range []string{"client-id-1", ""} {
+		headers := map[string]string{"Connection": "X-Request-Id"}
+		if sent != "" {
+			headers["X-Request-Id"] = sent
+		}
+		resp := post(t, base+"/v1/chat/completions", `{"model":"m"}`, headers)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		got := engine.next(t).Header.Get("X-Request-Id")
+		if got == "" || (sent != "" && got != sent) || got != resp.Header.Get("X-Request-Id") {
+			t.Fatalf("sent %q: the engine got request id %q, the client %q", sent, got, resp.Header.Get("X-Request-Id"))
+		}
+	}
+}
+
+func TestErrorsNeverQuoteWhatTheyRead(t *testing.T) {
+	const secret = "sk-SECRET"
+	engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, _ []byte) {
+		// Not HTTP: an engine's bytes, which may be another client's output.
+		io.WriteString(c, `{"output": "`+secret+`"}`+"\r\n\r\n")
+		c.Close()
+	})
+	var opLog syncBuffer
+	cfg := DefaultConfig()
+	cfg.Upstream = engine.URL()
+	_, base := serveSidecar(t, cfg, slog.New(slog.NewJSONHandler(&opLog, &slog.HandlerOptions{Level: slog.LevelDebug})), nil)
+	for name, raw := range map[string]string{
+		"a header value with a control byte": "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + secret + "\x01\r\nContent-Length: 2\r\n\r\n{}",
+		"an unparsable header line":          "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization Bearer " + secret + "\r\nContent-Length: 2\r\n\r\n{}",
+		"an unparsable engine response":      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer x\r\nContent-Length: 2\r\n\r\n{}",
+	} {
+		resp, body := rawExchange(t, base, raw)
+		if resp.StatusCode < 400 || strings.Contains(string(body), secret) || strings.Contains(string(body), "Bearer") {
+			t.Errorf("%s: %d %s", name, resp.StatusCode, body)
+		}
+	}
+	if strings.Contains(opLog.String(), secret) {
+		t.Fatalf("the log quotes what it read:\n%s", opLog.String())
+	}
+}
+
+func TestOnlyOneEventCarriesTheMetrics(t *testing.T) {
+	const usage = `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}` + "\n\n"
+	engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, _ []byte) {
+		defer c.Close()
+		io.WriteString(c, sseHead+chunk(roleEvent)+chunk(tokenEvent("a"))+chunk(usage)+chunk(usage)+chunk("data: [DONE]\n\n")+"0\r\n\r\n")
+	})
+	base := startProxy(t, engine.URL(), nil)
+	resp := post(t, base+"/v1/chat/completions", `{"model":"m","stream":true,"include_metrics":true,"stream_options":{"include_usage":true}}`, nil)
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if n := strings.Count(string(got), `"metrics":`); n != 1 || strings.Count(string(got), `"usage"`) != 2 {
+		t.Fatalf("%d events carry metrics, want the first usage event only:\n%s", n, got)
+	}
+}
+
+func TestAdminPortClosesIdleConnections(t *testing.T) {
+	engine := newFakeEngine(t)
+	p, _ := startSidecar(t, engine.URL(), nil, nil)
+	if p.admin.IdleTimeout <= 0 || p.admin.ReadHeaderTimeout <= 0 {
+		t.Fatalf("admin server idle timeout %v, header timeout %v: an idle connection is held forever",
+			p.admin.IdleTimeout, p.admin.ReadHeaderTimeout)
+	}
+	p.admin.IdleTimeout = 100 * time.Millisecond // the behaviour, in test time
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go p.ServeAdmin(ln)
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := br.ReadByte(); err != io.EOF {
+		t.Fatalf("an idle admin connection was not closed: %v", err)
+	}
+}
+
+func TestReadinessReasonHidesTheProbeQuery(t *testing.T) {
+	p, _ := startSidecar(t, "http://127.0.0.1:1", func(c *Config) { c.ReadinessPath = "/health?token=SECRET" }, nil)
+	p.ready.set(p.probe())
+	rec := httptest.NewRecorder()
+	p.AdminHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
+	if rec.Code != 503 || strings.Contains(rec.Body.String(), "SECRET") || !strings.Contains(rec.Body.String(), "GET /health") {
+		t.Fatalf("/readyz: %d %s", rec.Code, rec.Body.String())
+	}
+}
