@@ -13,6 +13,10 @@ import (
 	"github.com/timing-sidecar/timing-sidecar/telemetry"
 )
 
+// maxKeptRequestBody: a request body buffer grown past this is given back
+// when its request has been handled, not kept for the connection's next.
+const maxKeptRequestBody = 1 << 20
+
 func (p *Proxy) handle(ctx *fasthttp.RequestCtx) {
 	arrival := time.Now()
 	f := p.begin(ctx, arrival)
@@ -24,6 +28,14 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx) {
 				f.rec.BytesOut = len(ctx.Response.Body())
 			}
 			p.finish(f)
+		}
+		// The request has been sent on; the body is not read again. A
+		// large one's buffer would otherwise stay with the connection
+		// while it idles (the server keeps body buffers), up to the body
+		// limit per idle client: the buffer is swapped for none and left
+		// to the garbage collector.
+		if cap(ctx.Request.Body()) > maxKeptRequestBody {
+			ctx.Request.SwapBody(nil)
 		}
 	}()
 	// Flush each response as soon as it is written. fasthttp otherwise
