@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// TestSilentClientsBlockTheirStreams is issue 14: streams whose clients read
+// TestSilentClientsBlockTheirStreams: streams whose clients read
 // nothing, each asking for a huge max_tokens, must each cost the engine a
 // fixed amount of memory. The generation blocks on the connection (TCP
 // backpressure) instead of producing the output ahead of the client.
