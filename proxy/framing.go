@@ -43,13 +43,13 @@ func checkRequest(h *fasthttp.RequestHeader) *apiError {
 			// different parsers: RFC 9112 section 5.1 says refuse it.
 			return badRequest("a header field name is malformed")
 		}
-		name, value := line[:colon], bytes.TrimSpace(line[colon+1:])
+		name := line[:colon]
 		switch {
-		case bytes.EqualFold(name, []byte("Content-Length")):
+		case len(name) == len("Content-Length") && bytes.EqualFold(name, []byte("Content-Length")):
 			lengths++
-		case bytes.EqualFold(name, []byte("Transfer-Encoding")):
+		case len(name) == len("Transfer-Encoding") && bytes.EqualFold(name, []byte("Transfer-Encoding")):
 			codings++
-			for coding := range bytes.SplitSeq(value, []byte{','}) {
+			for coding := range bytes.SplitSeq(line[colon+1:], []byte{','}) {
 				coding = bytes.TrimSpace(coding)
 				if len(coding) == 0 {
 					continue

@@ -1,11 +1,14 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"io"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
 
 	"github.com/timing-sidecar/timing-sidecar/timing"
 )
@@ -119,3 +122,21 @@ func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
 type panicReader struct{}
 
 func (panicReader) Read([]byte) (int, error) { panic("relay bug") }
+
+// BenchmarkCheckRequest is the framing check every request pays: one pass
+// over a typical client's header block.
+func BenchmarkCheckRequest(b *testing.B) {
+	var h fasthttp.RequestHeader
+	raw := "POST /v1/chat/completions HTTP/1.1\r\nHost: vllm.default.svc:8001\r\nUser-Agent: OpenAI/Python 1.99.9\r\n" +
+		"Accept: application/json\r\nAccept-Encoding: gzip, deflate\r\nAuthorization: Bearer sk-0123456789abcdef\r\n" +
+		"Content-Type: application/json\r\nX-Stainless-Lang: python\r\nX-Stainless-Retry-Count: 0\r\nContent-Length: 120\r\n\r\n"
+	if err := h.Read(bufio.NewReader(strings.NewReader(raw))); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if checkRequest(&h) != nil {
+			b.Fatal("refused")
+		}
+	}
+}
