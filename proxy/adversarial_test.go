@@ -37,6 +37,20 @@ func stillServes(t *testing.T, base string) {
 	resp.Body.Close()
 }
 
+// startDebugLoggedSidecar runs a sidecar whose operational log, debug
+// level included, is kept for the test to search.
+func startDebugLoggedSidecar(t *testing.T, upstream string, configure func(*Config)) (string, *syncBuffer) {
+	t.Helper()
+	opLog := new(syncBuffer)
+	cfg := DefaultConfig()
+	cfg.Upstream = upstream
+	if configure != nil {
+		configure(&cfg)
+	}
+	_, base := serveSidecar(t, cfg, slog.New(slog.NewJSONHandler(opLog, &slog.HandlerOptions{Level: slog.LevelDebug})), nil)
+	return base, opLog
+}
+
 // exposition is the whole /metrics text of p.
 func exposition(t *testing.T, p *Proxy) string {
 	t.Helper()
@@ -310,11 +324,7 @@ func TestLateBytesPastAResponseNeverReachTheNextClient(t *testing.T) {
 		}
 		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{\"ok\":true}")
 	})
-	var opLog syncBuffer
-	cfg := DefaultConfig()
-	cfg.Upstream = engine.URL()
-	cfg.UpstreamHeaderTimeout = 2 * time.Second
-	_, base := serveSidecar(t, cfg, slog.New(slog.NewJSONHandler(&opLog, &slog.HandlerOptions{Level: slog.LevelDebug})), nil)
+	base, opLog := startDebugLoggedSidecar(t, engine.URL(), func(c *Config) { c.UpstreamHeaderTimeout = 2 * time.Second })
 	for i, want := range []string{`{}`, `{"ok":true}`} {
 		resp, err := client.Get(base + "/v1/models")
 		if err != nil {
@@ -413,10 +423,7 @@ func TestErrorsNeverQuoteWhatTheyRead(t *testing.T) {
 		io.WriteString(c, `{"output": "`+secret+`"}`+"\r\n\r\n")
 		c.Close()
 	})
-	var opLog syncBuffer
-	cfg := DefaultConfig()
-	cfg.Upstream = engine.URL()
-	_, base := serveSidecar(t, cfg, slog.New(slog.NewJSONHandler(&opLog, &slog.HandlerOptions{Level: slog.LevelDebug})), nil)
+	base, opLog := startDebugLoggedSidecar(t, engine.URL(), nil)
 	for name, raw := range map[string]string{
 		"a header value with a control byte": "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + secret + "\x01\r\nContent-Length: 2\r\n\r\n{}",
 		"an unparsable header line":          "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization Bearer " + secret + "\r\nContent-Length: 2\r\n\r\n{}",

@@ -534,11 +534,8 @@ func TestBytesPastAResponseNeverReachTheNextClient(t *testing.T) {
 		}
 		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{\"ok\":true}")
 	})
-	var opLog syncBuffer
-	cfg := DefaultConfig()
-	cfg.Upstream = engine.URL()
-	cfg.UpstreamHeaderTimeout = time.Second // the leftover bytes never finish a header block
-	_, base := serveSidecar(t, cfg, slog.New(slog.NewJSONHandler(&opLog, &slog.HandlerOptions{Level: slog.LevelDebug})), nil)
+	// The leftover bytes never finish a header block.
+	base, opLog := startDebugLoggedSidecar(t, engine.URL(), func(c *Config) { c.UpstreamHeaderTimeout = time.Second })
 	for i, want := range []string{`{"metrics":`, `{"ok":true,"metrics":`} {
 		resp := post(t, base+"/v1/chat/completions", `{"include_metrics":true}`, nil)
 		got, _ := io.ReadAll(resp.Body)
