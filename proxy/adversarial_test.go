@@ -184,6 +184,7 @@ func TestMalformedFramingIsRefused(t *testing.T) {
 		{"identity coding and a length", "POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nTransfer-Encoding: identity\r\n\r\n{}" + smuggled, 400},
 		{"a space in a header name", "POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nTransfer Encoding: chunked\r\nContent-Length: 2\r\n\r\n{}", 400},
 		{"a malformed percent-encoding", "GET /v1/%0Xmodels HTTP/1.1\r\nHost: x\r\n\r\n", 400},
+		{"a fragment", "GET http://x#y/v1/models HTTP/1.1\r\nHost: x\r\n\r\n", 400},
 		{"an unknown HTTP version", "GET /v1/models HTTP/9.9\r\nHost: x\r\n\r\n", 505},
 		{"CONNECT", "CONNECT 127.0.0.1:22 HTTP/1.1\r\nHost: 127.0.0.1:22\r\n\r\n", 405},
 	} {

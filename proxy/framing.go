@@ -21,8 +21,10 @@ func checkRequest(h *fasthttp.RequestHeader) *apiError {
 		return &apiError{Status: fasthttp.StatusMethodNotAllowed, Type: "invalid_request_error",
 			Code: "method_not_allowed", Message: "timing-sidecar: CONNECT is not served"}
 	}
-	if !validEscapes(h.RequestURI()) {
-		return badRequest("the request target has a malformed percent-encoding")
+	if target := h.RequestURI(); bytes.IndexByte(target, '#') >= 0 || !validEscapes(target) {
+		// A fragment is never sent (RFC 9112 section 3.2); an escape
+		// that is not one is decoded differently by different servers.
+		return badRequest("the request target is malformed")
 	}
 	lengths, codings := 0, 0
 	chunkedLast, otherCoding := false, false
