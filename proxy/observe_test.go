@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
-	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -112,15 +111,21 @@ func TestMixedLoadIsCountedAndLogged(t *testing.T) {
 		{"/v1/chat/completions", `{"model":"b"}`, nil},
 		{"/v1/chat/completions", `{"model":"a","stream":true}`, map[string]string{"X-Fake-Status": "400"}},
 	}
-	var firstTokens []time.Duration // the engine's arrival-to-first-token truth for model a streams
+	// Causal bounds on the sum of the model a streams' TTFT from arrival:
+	// each lies between the engine's receiving the request and writing
+	// the first token, and the client's whole exchange.
+	var ttftLo, ttftHi time.Duration
 	for _, c := range calls {
+		start := time.Now()
 		resp := post(t, base+c.path, c.body, c.headers)
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
+		end := time.Now()
 		fr := engine.next(t)
 		<-fr.Finished
 		if strings.Contains(c.body, `"model":"a","stream":true,"include`) {
-			firstTokens = append(firstTokens, fr.FirstToken.Sub(fr.Received))
+			ttftLo += fr.FirstToken.Sub(fr.Received)
+			ttftHi += end.Sub(start)
 		}
 	}
 	resp, err := client.Get(base + "/v1/models")
@@ -165,15 +170,9 @@ func TestMixedLoadIsCountedAndLogged(t *testing.T) {
 			t.Errorf("%s%v count = %d, want %d", h.name, h.labels, got, h.want)
 		}
 	}
-	// TTFT from arrival: within ±max(5 ms, 5%) of the engine's own figure,
-	// on average over the three streams.
-	var truth float64
-	for _, d := range firstTokens {
-		truth += d.Seconds()
-	}
-	truth /= float64(len(firstTokens))
-	if n, sum := histogramCount(t, p, "timing_sidecar_time_to_first_token_seconds", chatA); math.Abs(sum/float64(n)-truth) > math.Max(0.005, 0.05*truth) {
-		t.Errorf("mean TTFT %.4fs, engine's %.4fs", sum/float64(n), truth)
+	// TTFT from arrival, summed over the three streams.
+	if _, sum := histogramCount(t, p, "timing_sidecar_time_to_first_token_seconds", chatA); sum < ttftLo.Seconds()-1e-6 || sum > ttftHi.Seconds()+1e-6 {
+		t.Errorf("TTFT sum %.4fs, want between %.4fs and %.4fs", sum, ttftLo.Seconds(), ttftHi.Seconds())
 	}
 	// Token counts: the fake engine reports 7 prompt and 4 generated
 	// tokens; the model b streams did not ask for usage but are counted.

@@ -15,10 +15,13 @@ func TestReasoningAndContentMeasuredApart(t *testing.T) {
 	engine := startEmulator(t, emulator.Config{Timing: emulator.Timing{HeaderDelay: 10 * time.Millisecond,
 		TTFT: 30 * time.Millisecond, ITL: 20 * time.Millisecond, OutputTokens: 6}})
 	p, base := startSidecar(t, engine.URL(), nil, nil)
-	stream := func(t *testing.T, output, extra string) (map[string]*float64, string, emulator.Record) {
+	// stream returns the metrics, the usage event, the engine's record,
+	// the client's events and when it had the response headers.
+	stream := func(t *testing.T, output, extra string) (map[string]*float64, string, emulator.Record, []sseEvent, time.Time) {
 		t.Helper()
 		resp := post(t, base+"/v1/chat/completions", `{"model":"m","stream":true,"include_metrics":true`+extra+`,"messages":[{"role":"user","content":"hi"}]}`,
 			map[string]string{emulator.HeaderOutput: output})
+		headers := time.Now()
 		events, _ := readEvents(t, resp.Body)
 		resp.Body.Close()
 		rec, err := engine.Last(t.Context())
@@ -26,22 +29,26 @@ func TestReasoningAndContentMeasuredApart(t *testing.T) {
 			t.Fatalf("%d events, %v", len(events), err)
 		}
 		usage := events[len(events)-2].data
-		return metricsOf(t, usage), usage, rec
+		return metricsOf(t, usage), usage, rec, events, headers
 	}
 	t.Run("reasoning then content", func(t *testing.T) {
-		m, raw, rec := stream(t, emulator.OutputReasoning, "")
+		m, raw, rec, events, headers := stream(t, emulator.OutputReasoning, "")
 		if *m["output_token_metrics.reasoning.token_count"] != 3 || *m["output_token_metrics.content.token_count"] != 3 {
 			t.Fatalf("counts in %s", raw)
 		}
-		near(t, m, "output_token_metrics.reasoning.time_to_first_token_ms", ms(rec.FirstReasoning.Sub(rec.HeadersSent)))
-		near(t, m, "output_token_metrics.content.time_to_first_token_ms", ms(rec.FirstContent.Sub(rec.HeadersSent)))
-		near(t, m, "output_token_metrics.content.generation_time_ms", ms(rec.LastToken.Sub(rec.FirstContent)))
-		near(t, m, "output_token_metrics.content.mean_itl_ms", ms(rec.LastToken.Sub(rec.FirstContent))/2)
+		accepted := span{rec.HeadersSent, headers}
+		firstReasoning := span{rec.FirstReasoning, firstReceived(t, events, isReasoningDelta)}
+		firstContent := span{rec.FirstContent, firstReceived(t, events, isContentDelta)}
+		last := span{rec.LastToken, lastReceived(t, events, isTextDelta)}
+		during(t, m, "output_token_metrics.reasoning.time_to_first_token_ms", accepted, firstReasoning)
+		during(t, m, "output_token_metrics.content.time_to_first_token_ms", accepted, firstContent)
+		during(t, m, "output_token_metrics.content.generation_time_ms", firstContent, last)
+		perToken(t, m, "output_token_metrics.content.mean_itl_ms", firstContent, last, 2)
 		// The top level still counts from the first token of either kind.
-		near(t, m, "time_to_first_token_ms", ms(rec.FirstToken.Sub(rec.HeadersSent)))
+		during(t, m, "time_to_first_token_ms", accepted, span{rec.FirstToken, firstReceived(t, events, isTextDelta)})
 	})
 	t.Run("reasoning only, cut by length", func(t *testing.T) {
-		m, raw, _ := stream(t, emulator.OutputReasoning, `,"max_tokens":2`)
+		m, raw, _, _, _ := stream(t, emulator.OutputReasoning, `,"max_tokens":2`)
 		if *m["output_token_metrics.reasoning.token_count"] != 2 || *m["output_token_metrics.content.token_count"] != 0 {
 			t.Fatalf("counts in %s", raw)
 		}
@@ -49,16 +56,17 @@ func TestReasoningAndContentMeasuredApart(t *testing.T) {
 			"output_token_metrics.content.mean_itl_ms", "output_token_metrics.content.tokens_per_second")
 	})
 	t.Run("the newer field name, usage without details", func(t *testing.T) {
-		m, raw, rec := stream(t, emulator.OutputReasoningField, "")
+		m, raw, rec, events, headers := stream(t, emulator.OutputReasoningField, "")
 		isNull(t, m, "output_token_metrics.reasoning.token_count", "output_token_metrics.content.token_count",
 			"output_token_metrics.reasoning.mean_itl_ms", "output_token_metrics.content.tokens_per_second")
 		if m["output_token_metrics.reasoning.time_to_first_token_ms"] == nil {
 			t.Fatalf("no reasoning timing in %s", raw)
 		}
-		near(t, m, "output_token_metrics.content.time_to_first_token_ms", ms(rec.FirstContent.Sub(rec.HeadersSent)))
+		during(t, m, "output_token_metrics.content.time_to_first_token_ms",
+			span{rec.HeadersSent, headers}, span{rec.FirstContent, firstReceived(t, events, isContentDelta)})
 	})
 	t.Run("content only: no split", func(t *testing.T) {
-		_, raw, _ := stream(t, emulator.OutputText, "")
+		_, raw, _, _, _ := stream(t, emulator.OutputText, "")
 		if strings.Contains(raw, "output_token_metrics") {
 			t.Fatalf("a plain stream got a split: %s", raw)
 		}
@@ -81,16 +89,17 @@ func TestReasoningInterleavedWithToolCalls(t *testing.T) {
 		defer c.Close()
 		var sent [4]time.Time
 		defer func() { truth <- sent }()
-		io.WriteString(c, sseHead+chunk(roleEvent)+chunk(ev(`{"reasoning":"think"}`)))
-		sent[0] = time.Now()
+		io.WriteString(c, sseHead+chunk(roleEvent))
+		sent[0] = time.Now() // each stamped before it is written
+		io.WriteString(c, chunk(ev(`{"reasoning":"think"}`)))
 		for i, delta := range []string{
 			`{"tool_calls":[{"index":0,"id":"t","type":"function","function":{"name":"f","arguments":""}}]}`,
 			`{"reasoning":"more"}`,
 			`{"content":"answer"}`,
 		} {
 			<-release // paced by the test, so the marks are apart
-			io.WriteString(c, chunk(ev(delta)))
 			sent[i+1] = time.Now()
+			io.WriteString(c, chunk(ev(delta)))
 		}
 		io.WriteString(c, chunk(`data: {"id":"c","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":4,"total_tokens":5,"completion_tokens_details":{"reasoning_tokens":2}}}`+"\n\n")+chunk("data: [DONE]\n\n")+"0\r\n\r\n")
 	})
@@ -115,6 +124,10 @@ func TestReasoningInterleavedWithToolCalls(t *testing.T) {
 	if *m[c+"time_to_first_token_ms"] >= *m[r+"time_to_first_token_ms"]+*m[r+"generation_time_ms"] {
 		t.Fatalf("the tool call did not count as content: %s", events[len(events)-2].data)
 	}
-	near(t, m, r+"generation_time_ms", ms(sent[2].Sub(sent[0])))
-	near(t, m, c+"generation_time_ms", ms(sent[3].Sub(sent[1])))
+	var marks [4]span
+	for i, text := range []string{"think", "tool_calls", "more", "answer"} {
+		marks[i] = span{sent[i], received(t, events, text)}
+	}
+	during(t, m, r+"generation_time_ms", marks[0], marks[2])
+	during(t, m, c+"generation_time_ms", marks[1], marks[3])
 }

@@ -121,14 +121,40 @@ func TestUpgradedResponsesEqualDirectOnes(t *testing.T) {
 func TestUpgradeMeasuresLikeAStream(t *testing.T) {
 	engine := newFakeEngine(t)
 	base := startUpgradingProxy(t, engine)
+	start := time.Now()
 	_, _, raw := postJSON(t, base+"/v1/chat/completions", `{"include_metrics":true}`,
 		map[string]string{"X-Fake-Header-Delay": "30", "X-Fake-TTFT": "40", "X-Fake-ITL": "20", "X-Fake-Tokens": "4"})
+	end := time.Now()
 	fr := engine.next(t)
+	<-fr.Finished
 	m := metricsOf(t, raw)
-	near(t, m, "queue_time_ms", ms(fr.HeadersSent.Sub(fr.Received)))
-	near(t, m, "time_to_first_token_ms", ms(fr.FirstToken.Sub(fr.HeadersSent)))
-	near(t, m, "generation_time_ms", ms(fr.LastToken.Sub(fr.FirstToken)))
-	near(t, m, "mean_itl_ms", ms(fr.LastToken.Sub(fr.FirstToken))/3)
+	for _, f := range []string{"queue_time_ms", "time_to_first_token_ms", "generation_time_ms", "mean_itl_ms"} {
+		if m[f] == nil {
+			t.Fatalf("%s is null: %s", f, raw)
+		}
+	}
+	// The client sees nothing before the reassembled body, so only the
+	// engine bounds the marks from below, and the whole exchange from
+	// above: the sums of the figures, each from arrival to one mark,
+	// fall between the engine's writing that byte and the client's
+	// having the response.
+	arrival := span{start, fr.Received}
+	queue, ttft, gen := *m["queue_time_ms"], *m["time_to_first_token_ms"], *m["generation_time_ms"]
+	for _, c := range []struct {
+		name   string
+		sum    float64
+		marked time.Time
+	}{
+		{"queue_time_ms (arrival to headers)", queue, fr.HeadersSent},
+		{"queue + time to first token (arrival to the first token)", queue + ttft, fr.FirstToken},
+		{"queue + ttft + generation (arrival to the last token)", queue + ttft + gen, fr.LastToken},
+	} {
+		lo, hi := between(arrival, span{c.marked, end})
+		if c.sum < lo-3*rounding || c.sum > hi+3*rounding {
+			t.Errorf("%s = %.3f, want between %.3f and %.3f (causal bounds)", c.name, c.sum, lo, hi)
+		}
+	}
+	within(t, m, "mean_itl_ms", gen/3, gen/3) // four token events, one token each
 }
 
 func TestRequestsNotUpgraded(t *testing.T) {
