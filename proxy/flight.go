@@ -33,6 +33,11 @@ type flight struct {
 	// hideUsage: the sidecar asked for the usage event; the client does
 	// not get it.
 	hideUsage bool
+	// metricsOnFinish: a stream whose client asked for metrics but not for
+	// usage. The metrics ride on the event that finishes the choices and
+	// any usage event is removed, so the client gets the engine's events,
+	// no more (a "choices": [] event breaks the usual client loop).
+	metricsOnFinish bool
 	// trailers: the client accepts trailers (TE: trailers).
 	trailers bool
 	// streaming: a body stream finishes the flight, not the handler.

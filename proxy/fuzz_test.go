@@ -116,9 +116,18 @@ func strictRequests(raw []byte) []seenRequest {
 		if err != nil {
 			return reqs
 		}
+		// The engine gets origin-form: an absolute-form target's path
+		// and query as they were written (Go's RequestURI would
+		// re-escape them).
 		target := req.RequestURI
-		if !strings.HasPrefix(target, "/") && target != "*" {
-			target = req.URL.RequestURI()
+		if _, rest, ok := strings.Cut(target, "://"); ok && !strings.HasPrefix(target, "/") {
+			if i := strings.IndexAny(rest, "/?"); i < 0 {
+				target = "/"
+			} else if rest[i] == '?' {
+				target = "/" + rest[i:]
+			} else {
+				target = rest[i:]
+			}
 		}
 		reqs = append(reqs, seenRequest{method: req.Method, target: target, body: body})
 		if req.Close {

@@ -278,7 +278,7 @@ func TestOversizedEventPassesIntact(t *testing.T) {
 			chunk(tokenEvent("b"))+chunk(usage)+chunk("data: [DONE]\n\n")+"0\r\n\r\n")
 	})
 	base := startProxy(t, engine.URL(), func(c *Config) { c.MaxEventSize = 8 << 10 })
-	resp := post(t, base+"/v1/chat/completions", `{"stream":true,"include_metrics":true}`, nil)
+	resp := post(t, base+"/v1/chat/completions", `{"stream":true,"include_metrics":true,"stream_options":{"include_usage":true}}`, nil)
 	events, err := readEvents(t, resp.Body)
 	resp.Body.Close()
 	if err != nil && err != io.EOF {
@@ -331,7 +331,7 @@ func TestMalformedUsageGivesNullCounts(t *testing.T) {
 				io.WriteString(c, sseHead+chunk(roleEvent)+chunk(tokenEvent("a"))+chunk(ev)+chunk("data: [DONE]\n\n")+"0\r\n\r\n")
 			})
 			base := startProxy(t, engine.URL(), nil)
-			resp := post(t, base+"/v1/chat/completions", `{"stream":true,"include_metrics":true}`, nil)
+			resp := post(t, base+"/v1/chat/completions", `{"stream":true,"include_metrics":true,"stream_options":{"include_usage":true}}`, nil)
 			events, _ := readEvents(t, resp.Body)
 			resp.Body.Close()
 			if len(events) != 4 {
@@ -600,7 +600,7 @@ func TestUsageOnTheFinishingEvent(t *testing.T) {
 				io.WriteString(c, out)
 			})
 			base := startProxy(t, engine.URL(), nil)
-			resp := post(t, base+"/v1/chat/completions", `{"stream":true,"include_metrics":true}`, nil)
+			resp := post(t, base+"/v1/chat/completions", `{"stream":true,"include_metrics":true,"stream_options":{"include_usage":true}}`, nil)
 			events, err := readEvents(t, resp.Body)
 			resp.Body.Close()
 			if (err != nil && err != io.EOF) != tt.cut {

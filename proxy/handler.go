@@ -97,6 +97,7 @@ func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight) {
 		return
 	}
 	f.wantMetrics = !transparent && req.Understood && (p.cfg.Mode == ModeAlways || req.IncludeMetrics)
+	f.metricsOnFinish = f.wantMetrics && openAI && req.Stream && !req.IncludeUsage
 	// A stream that did not ask for usage can still be counted exactly:
 	// ask the engine for it and keep the event from the client. Not with
 	// running usage on, which would then show on every event.
@@ -118,10 +119,12 @@ func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight) {
 		var err error
 		// Asking for usage is the Chat Completions way; the other APIs
 		// always report it.
-		askUsage := openAI && (f.wantMetrics || f.hideUsage)
+		// Not with running usage off but asked for: the engine would then
+		// put usage on every event.
+		askUsage := openAI && (f.wantMetrics || f.hideUsage) && !(req.ContinuousUsage && !req.IncludeUsage)
 		if upBody, err = rewrite.UpstreamBody(f.upstreamBody, body, edit, askUsage); err != nil {
 			p.log.Warn("could not edit request body; forwarding it unchanged", "err", err, "request_id", f.rec.ID)
-			upBody, f.wantMetrics, f.hideUsage = body, false, false
+			upBody, f.wantMetrics, f.hideUsage, f.metricsOnFinish = body, false, false, false
 		}
 		if cap(upBody) > cap(f.upstreamBody) && cap(upBody) <= maxKeptUpstreamBody &&
 			unsafe.SliceData(upBody) != unsafe.SliceData(body) {

@@ -177,7 +177,7 @@ func TestStreamMetricsMatchTheEngine(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			start := time.Now()
-			resp := post(t, base+tc.path, `{"model":"m","stream":true,"include_metrics":true,"prompt":"x","messages":[]}`, map[string]string{
+			resp := post(t, base+tc.path, `{"model":"m","stream":true,"include_metrics":true,"stream_options":{"include_usage":true},"prompt":"x","messages":[]}`, map[string]string{
 				"X-Fake-Header-Delay": "30", "X-Fake-TTFT": "40", "X-Fake-ITL": "20", "X-Fake-Tokens": "5",
 				"X-Fake-Per-Event": strconv.Itoa(tc.perEvent),
 			})
@@ -301,19 +301,31 @@ func TestNonStreamingMetrics(t *testing.T) {
 func TestStreamAsksForUsageAndKeepsClientOptions(t *testing.T) {
 	engine := newFakeEngine(t)
 	base := startProxy(t, engine.URL(), nil)
-	resp := post(t, base+"/v1/chat/completions", `{"stream":true,"include_metrics":true,"stream_options":{"continuous_usage_stats":true,"include_usage":false}}`, nil)
-	events, _ := readEvents(t, resp.Body)
+	// Opted in without usage: the engine is asked for it, the client's
+	// other options kept.
+	resp := post(t, base+"/v1/chat/completions", `{"stream":true,"include_metrics":true,"stream_options":{"include_usage":false,"x":1}}`, nil)
+	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	fr := engine.next(t)
 	var sent struct {
 		StreamOptions map[string]any `json:"stream_options"`
 		Include       *bool          `json:"include_metrics"`
 	}
+	fr := engine.next(t)
 	json.Unmarshal(fr.Body, &sent)
-	if sent.StreamOptions["include_usage"] != true || sent.StreamOptions["continuous_usage_stats"] != true || sent.Include != nil {
+	if sent.StreamOptions["include_usage"] != true || sent.StreamOptions["x"] != 1.0 || sent.Include != nil {
 		t.Fatalf("engine got %s", fr.Body)
 	}
-	metricsOf(t, events[len(events)-2].data)
+	// Running usage asked for with usage off: asking for usage would put
+	// it on every event, so the request goes as the client sent it, and
+	// the metrics come without token counts.
+	resp = post(t, base+"/v1/chat/completions", `{"stream":true,"include_metrics":true,"stream_options":{"continuous_usage_stats":true,"include_usage":false}}`, nil)
+	events, _ := readEvents(t, resp.Body)
+	resp.Body.Close()
+	fr = engine.next(t)
+	if !strings.Contains(string(fr.Body), `"stream_options":{"continuous_usage_stats":true,"include_usage":false}`) {
+		t.Fatalf("engine got %s", fr.Body)
+	}
+	isNull(t, metricsOf(t, events[len(events)-2].data), "completion_tokens", "prompt_tokens")
 }
 
 func TestSeveralChoicesGetNullMetrics(t *testing.T) {

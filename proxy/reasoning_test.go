@@ -110,7 +110,7 @@ func TestReasoningInterleavedWithToolCalls(t *testing.T) {
 			release <- struct{}{}
 		}
 	}()
-	resp := post(t, base+"/v1/chat/completions", `{"stream":true,"include_metrics":true}`, nil)
+	resp := post(t, base+"/v1/chat/completions", `{"stream":true,"include_metrics":true,"stream_options":{"include_usage":true}}`, nil)
 	events, _ := readEvents(t, resp.Body)
 	resp.Body.Close()
 	m := metricsOf(t, events[len(events)-2].data)

@@ -289,6 +289,12 @@ type eventRelay struct {
 	eof     bool
 	// metricsSent: an event carried the metrics; no other will.
 	metricsSent bool
+	// heldForFinish: held is a finishing event waiting for the usage
+	// (metricsOnFinish), not an event carrying usage itself.
+	heldForFinish bool
+	// engine is the engine's own timing from a usage event removed
+	// before the client (metricsOnFinish).
+	engine timing.EngineTiming
 }
 
 func (r *eventRelay) Read(p []byte) (n int, err error) {
@@ -346,15 +352,25 @@ func (r *eventRelay) inspect(raw []byte) {
 	if ev.Kind == rewrite.EventToken {
 		f.clock.MarkOutput(time.Now(), ev.Output)
 	}
+	// Anthropic's message_start carries the input tokens ahead of the
+	// rest; a usage event, the counts a held event's metrics need, and
+	// with them, maybe, the engine's own timing.
+	f.usage = f.usage.Merge(ev.Usage)
+	if ev.Kind == rewrite.EventUsage && f.metricsOnFinish {
+		r.engine = rewrite.EngineTiming(ev.Target())
+	}
 	var released []byte
 	if r.held != nil {
-		// This event shows whether the held one was the last with usage.
-		released = r.releaseHeld(ev.Kind != rewrite.EventUsage && !ev.UsageOnChoices)
+		// This event shows whether the held one takes the metrics.
+		released = r.releaseHeld(r.heldTakesMetrics(ev))
 	}
 	switch {
 	case ev.Kind == rewrite.EventUsage:
-		f.usage = f.usage.Merge(ev.Usage)
 		switch {
+		case f.metricsOnFinish:
+			// The client did not ask for it; the finishing event held
+			// before it carries the metrics.
+			r.pending = nil
 		case f.wantMetrics && !r.metricsSent:
 			// The first usage event takes the metrics; an engine that
 			// sends more gets them passed as sent, so no stream carries
@@ -370,18 +386,43 @@ func (r *eventRelay) inspect(raw []byte) {
 			r.pending = nil
 		}
 	case ev.UsageOnChoices:
-		f.usage = f.usage.Merge(ev.Usage)
 		if f.wantMetrics && !r.metricsSent {
-			r.heldBuf = append(r.heldBuf[:0], raw...)
-			r.held, r.pending = r.heldBuf, nil
+			r.hold(raw, false)
 		}
-	default:
-		// Anthropic's message_start: the input tokens, ahead of the rest.
-		f.usage = f.usage.Merge(ev.Usage)
+	case f.metricsOnFinish && !r.metricsSent && rewrite.FinishesChoice(ev):
+		// The usage the sidecar asked for follows this event.
+		r.hold(raw, true)
 	}
 	if released != nil {
 		r.pending, r.queued = released, r.pending
 	}
+}
+
+// hold keeps a copy of raw back from the client until the next event.
+// forFinish: it finishes the choices of a stream with metricsOnFinish and
+// waits for the usage; otherwise it carries usage and waits to show
+// whether it was the last to.
+func (r *eventRelay) hold(raw []byte, forFinish bool) {
+	r.heldBuf = append(r.heldBuf[:0], raw...)
+	r.held, r.heldForFinish, r.pending = r.heldBuf, forFinish, nil
+}
+
+// heldTakesMetrics tells, from the event after it, whether the held event
+// is the one to carry the metrics.
+func (r *eventRelay) heldTakesMetrics(next rewrite.Event) bool {
+	if next.Kind == rewrite.EventUsage {
+		// A usage event the client gets takes them itself; one it does
+		// not get leaves them to the held event.
+		return r.f.metricsOnFinish
+	}
+	if r.heldForFinish {
+		// The stream ends without the usage (an engine that does not
+		// send it): nothing else will carry them. Another choice's event
+		// means this was not the last to finish.
+		return next.Kind == rewrite.EventDone
+	}
+	// Held for its usage: the last event with usage takes them.
+	return !next.UsageOnChoices
 }
 
 // releaseHeld returns the held event, with the metrics spliced in if
@@ -398,7 +439,11 @@ func (r *eventRelay) releaseHeld(withMetrics bool) []byte {
 	f.clock.Done = time.Now()
 	ev := rewrite.ClassifyEvent(held)
 	m := timing.Compute(&f.clock, f.usage, true)
-	m.SetEngine(rewrite.EngineTiming(ev.Target()))
+	engine := rewrite.EngineTiming(ev.Target())
+	if !engine.Reported {
+		engine = r.engine // from the usage event the client does not get
+	}
+	m.SetEngine(engine)
 	r.metrics = appendMetrics(r.metrics[:0], &m, f.multiple)
 	if out, ok := rewrite.AppendEventWithMetrics(r.heldOut[:0], held, ev, r.metrics); ok {
 		r.heldOut, r.metricsSent = out, true

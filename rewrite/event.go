@@ -131,6 +131,23 @@ func ClassifyEvent(raw []byte) Event {
 
 var usageKey = []byte(`usage"`)
 
+// FinishesChoice tells whether a classified Chat Completions or Completions
+// event finishes at least one of its choices: one has a finish_reason that
+// is not null. It reads the choices again, so the relay asks it only of
+// the streams whose metrics ride on the finishing event.
+func FinishesChoice(ev Event) bool {
+	if ev.Kind != EventToken && ev.Kind != EventOther || ev.Data == nil {
+		return false
+	}
+	finishes := false
+	gjson.Get(view(ev.Data), "choices").ForEach(func(_, choice gjson.Result) bool {
+		fr := choice.Get("finish_reason")
+		finishes = fr.Exists() && fr.Type != gjson.Null
+		return !finishes
+	})
+	return finishes
+}
+
 // allFinished tells whether every choice has a finish reason.
 func allFinished(choices gjson.Result) bool {
 	all := true

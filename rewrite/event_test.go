@@ -130,3 +130,22 @@ func TestClassifyOutputKinds(t *testing.T) {
 		t.Errorf("Responses usage %+v", u)
 	}
 }
+
+func TestFinishesChoice(t *testing.T) {
+	for _, tt := range []struct {
+		data string
+		want bool
+	}{
+		{`{"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}`, false},
+		{`{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`, true},
+		{`{"choices":[{"index":0,"delta":{"content":"b"},"finish_reason":"length"}]}`, true},
+		{`{"choices":[{"index":0,"text":"b","finish_reason":"length"}]}`, true},
+		{`{"choices":[{"index":0,"delta":{}},{"index":1,"delta":{},"finish_reason":"stop"}]}`, true},
+		{`{"choices":[{"index":0,"delta":{"content":"a"}}]}`, false},
+		{`{"choices":[],"usage":{"prompt_tokens":1}}`, false},
+	} {
+		if got := FinishesChoice(ClassifyEvent([]byte("data: " + tt.data + "\n\n"))); got != tt.want {
+			t.Errorf("FinishesChoice(%s) = %v, want %v", tt.data, got, tt.want)
+		}
+	}
+}

@@ -1,0 +1,237 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/timing-sidecar/timing-sidecar/e2e/emulator"
+)
+
+// A client that did not ask for usage gets the engine's events and no
+// more: the metrics ride on the event that finishes the choices, and the
+// usage event the sidecar asks for never reaches it. A "choices": [] event
+// the engine would not have sent breaks the usual client loop
+// (chunk.choices[0].delta).
+
+// shapeEvent builds a chat chunk (or, with text set, a completions chunk)
+// for choice i.
+func shapeEvent(i int, delta, text, finish string, extra string) string {
+	fr := "null"
+	if finish != "" {
+		fr = `"` + finish + `"`
+	}
+	choice := `{"index":` + itoa(i) + `,"delta":` + delta + `,"finish_reason":` + fr + `}`
+	object := "chat.completion.chunk"
+	if text != "" {
+		choice = `{"index":` + itoa(i) + `,"text":"` + text + `","finish_reason":` + fr + `}`
+		object = "text_completion"
+	}
+	return `data: {"id":"c","object":"` + object + `","created":1,"model":"m","choices":[` + choice + `]` + extra + "}\n\n"
+}
+
+const shapeUsage = `,"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}`
+
+func TestMetricsRideOnTheFinishingEvent(t *testing.T) {
+	usageEvent := `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[]` + shapeUsage + "}\n\n"
+	role := shapeEvent(0, `{"role":"assistant","content":""}`, "", "", "")
+	for _, tt := range []struct {
+		name string
+		// events the engine sends before [DONE]; the usage event is sent
+		// only to a request that asked for it, as vLLM does.
+		events []string
+		body   string
+		// counts: the metrics carry token counts.
+		counts, null bool
+	}{
+		{"vLLM: a finish event, then the usage asked for",
+			[]string{role, shapeEvent(0, `{"content":"a"}`, "", "", ""), shapeEvent(0, `{"content":"b"}`, "", "", ""), shapeEvent(0, `{}`, "", "stop", "")},
+			`{"stream":true}`, true, false},
+		{"the finish on the last token",
+			[]string{role, shapeEvent(0, `{"content":"a"}`, "", "", ""), shapeEvent(0, `{"content":"b"}`, "", "length", "")},
+			`{"stream":true}`, true, false},
+		{"llama.cpp: the usage on the finish event, always",
+			[]string{role, shapeEvent(0, `{"content":"a"}`, "", "", ""), shapeEvent(0, `{"content":"b"}`, "", "", ""), shapeEvent(0, `{}`, "", "stop", shapeUsage)},
+			`{"stream":true}`, true, false},
+		{"completions",
+			[]string{shapeEvent(0, "", "a", "", ""), shapeEvent(0, "", "b", "length", "")},
+			`{"stream":true,"prompt":"x"}`, true, false},
+		{"two choices: null, on the last to finish",
+			[]string{role, shapeEvent(0, `{"content":"a"}`, "", "", ""), shapeEvent(1, `{"content":"x"}`, "", "", ""),
+				shapeEvent(0, `{}`, "", "stop", ""), shapeEvent(1, `{"content":"y"}`, "", "", ""), shapeEvent(1, `{}`, "", "stop", "")},
+			`{"stream":true,"n":2}`, false, true},
+	} {
+		engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, body []byte) {
+			defer c.Close()
+			var req struct {
+				StreamOptions *struct {
+					IncludeUsage bool `json:"include_usage"`
+				} `json:"stream_options"`
+			}
+			json.Unmarshal(body, &req)
+			out := sseHead
+			for _, e := range tt.events {
+				out += chunk(e)
+			}
+			if req.StreamOptions != nil && req.StreamOptions.IncludeUsage {
+				out += chunk(usageEvent)
+			}
+			io.WriteString(c, out+chunk("data: [DONE]\n\n")+"0\r\n\r\n")
+		})
+		for _, mode := range []struct {
+			name string
+			mode Mode
+			body string
+		}{
+			{"always", ModeAlways, tt.body},
+			{"opt-in", ModeOptIn, strings.Replace(tt.body, `{"stream":true`, `{"stream":true,"include_metrics":true`, 1)},
+		} {
+			t.Run(tt.name+", "+mode.name, func(t *testing.T) {
+				base := startProxy(t, engine.URL(), func(c *Config) { c.Mode = mode.mode })
+				direct := post(t, engine.URL()+"/v1/chat/completions", tt.body, nil)
+				want, _ := readEvents(t, direct.Body)
+				direct.Body.Close()
+				resp := post(t, base+"/v1/chat/completions", mode.body, nil)
+				got, _ := readEvents(t, resp.Body)
+				resp.Body.Close()
+				if len(got) != len(want) {
+					t.Fatalf("%d events, the engine sends %d direct", len(got), len(want))
+				}
+				carried := 0
+				for i, e := range got {
+					if e.data == "[DONE]" {
+						continue
+					}
+					var doc struct {
+						Choices []json.RawMessage `json:"choices"`
+						Metrics json.RawMessage   `json:"metrics"`
+					}
+					if err := json.Unmarshal([]byte(e.data), &doc); err != nil || len(doc.Choices) == 0 {
+						t.Fatalf("event %d has no choices: %s", i, e.data)
+					}
+					if doc.Metrics == nil {
+						if e.data != want[i].data {
+							t.Errorf("event %d changed:\n got %s\nwant %s", i, e.data, want[i].data)
+						}
+						continue
+					}
+					carried++
+					if i != len(got)-2 || !strings.Contains(e.data, `"finish_reason":"`) {
+						t.Errorf("metrics on event %d, not the last to finish: %s", i, e.data)
+					}
+					switch {
+					case tt.null:
+						if strings.Replace(e.data, `,"metrics":null`, "", 1) != want[i].data {
+							t.Errorf("metrics %s, want null for several choices, the event otherwise as sent", doc.Metrics)
+						}
+					case tt.counts:
+						equalWithoutMetrics(t, []byte(e.data), []byte(want[i].data), "")
+						if m := metricsOf(t, e.data); m["completion_tokens"] == nil || *m["completion_tokens"] != 2 || m["time_to_first_token_ms"] == nil {
+							t.Errorf("metrics without the engine's counts: %s", e.data)
+						}
+					}
+				}
+				if carried != 1 {
+					t.Fatalf("%d events carry metrics, want one", carried)
+				}
+			})
+		}
+	}
+}
+
+func TestMetricsWithoutUsageFromTheEngine(t *testing.T) {
+	// An engine that never sends usage, asked or not: the metrics still
+	// ride on the finishing event, without counts, once [DONE] shows no
+	// usage is coming.
+	engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, _ []byte) {
+		defer c.Close()
+		io.WriteString(c, sseHead+chunk(roleEvent)+chunk(tokenEvent("a"))+chunk(shapeEvent(0, `{}`, "", "stop", ""))+chunk("data: [DONE]\n\n")+"0\r\n\r\n")
+	})
+	base := startProxy(t, engine.URL(), nil)
+	resp := post(t, base+"/v1/chat/completions", `{"stream":true,"include_metrics":true}`, nil)
+	events, _ := readEvents(t, resp.Body)
+	resp.Body.Close()
+	if len(events) != 4 {
+		t.Fatalf("%d events, want the engine's 4", len(events))
+	}
+	m := metricsOf(t, events[2].data)
+	isNull(t, m, "completion_tokens", "prompt_tokens")
+	if m["time_to_first_token_ms"] == nil {
+		t.Fatalf("no timing in %s", events[2].data)
+	}
+}
+
+// TestClientLoopsReadTheMetrics runs the official openai-go SDK's plain
+// streaming loop and its accumulator through the sidecar in front of the
+// emulated engine: every chunk has a choice, there are as many chunks as
+// direct, and the metrics are on the chunk that finishes the choice.
+func TestClientLoopsReadTheMetrics(t *testing.T) {
+	engine := startEmulator(t, emulator.Config{Strict: true})
+	sdkClient := func(base string) openai.Client {
+		return openai.NewClient(option.WithBaseURL(base+"/v1/"), option.WithAPIKey("sk-test"), option.WithMaxRetries(0))
+	}
+	params := openai.ChatCompletionNewParams{Model: "m", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}}
+	type result struct {
+		chunks  int
+		content string
+		metrics string // the raw metrics, from the chunk that finished
+	}
+	stream := func(t *testing.T, c openai.Client, opts ...option.RequestOption) result {
+		t.Helper()
+		var r result
+		var acc openai.ChatCompletionAccumulator
+		s := c.Chat.Completions.NewStreaming(context.Background(), params, opts...)
+		defer s.Close()
+		for s.Next() {
+			chunk := s.Current()
+			r.chunks++
+			if len(chunk.Choices) == 0 {
+				t.Fatalf("a chunk without choices: %s", chunk.RawJSON())
+			}
+			_ = chunk.Choices[0].Delta.Content // the usual loop
+			acc.AddChunk(chunk)
+			if f, ok := chunk.JSON.ExtraFields["metrics"]; ok {
+				if r.metrics != "" || chunk.Choices[0].FinishReason == "" {
+					t.Errorf("metrics on a chunk that does not finish the choice, or twice: %s", chunk.RawJSON())
+				}
+				r.metrics = f.Raw()
+			}
+		}
+		if err := s.Err(); err != nil {
+			t.Fatal(err)
+		}
+		if len(acc.Choices) != 1 {
+			t.Fatalf("the accumulator has %d choices", len(acc.Choices))
+		}
+		r.content = acc.Choices[0].Message.Content
+		return r
+	}
+	direct := stream(t, sdkClient(engine.URL()))
+	for _, tt := range []struct {
+		name string
+		mode Mode
+		opts []option.RequestOption
+	}{
+		{"always", ModeAlways, nil},
+		{"opt-in without stream_options", ModeOptIn, []option.RequestOption{option.WithJSONSet("include_metrics", true)}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			base := startProxy(t, engine.URL(), func(c *Config) { c.Mode = tt.mode })
+			got := stream(t, sdkClient(base), tt.opts...)
+			if got.chunks != direct.chunks || got.content != direct.content {
+				t.Fatalf("%d chunks, %q; direct %d chunks, %q", got.chunks, got.content, direct.chunks, direct.content)
+			}
+			var m map[string]*float64
+			if err := json.Unmarshal([]byte(got.metrics), &m); err != nil || m["completion_tokens"] == nil || m["time_to_first_token_ms"] == nil {
+				t.Fatalf("metrics %q", got.metrics)
+			}
+		})
+	}
+}
