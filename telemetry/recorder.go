@@ -122,7 +122,7 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 	r.outputTokens = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_generation_tokens_total",
 		Help: "Generated tokens, from the engine's usage."}, counted)
 	r.upstreamErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_upstream_errors_total",
-		Help: "Engine failures by kind: connect, timeout, closed (before headers), interrupted or idle_timeout (mid-body)."}, []string{"kind"})
+		Help: "Engine failures by kind: connect, timeout, closed (before headers), bad_response (headers too large, or a stream that cannot be reassembled), interrupted or idle_timeout (mid-body)."}, []string{"kind"})
 	r.clientDisconnects = prometheus.NewCounter(prometheus.CounterOpts{Name: "timing_sidecar_client_disconnects_total",
 		Help: "Requests whose client left before the response was complete; the engine's request was aborted."})
 	r.panics = prometheus.NewCounter(prometheus.CounterOpts{Name: "timing_sidecar_panics_total",

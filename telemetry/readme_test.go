@@ -1,0 +1,54 @@
+package telemetry
+
+import (
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// TestReadmeListsEverySeries keeps the README's Prometheus series table in
+// step with what the recorder registers: every series named there exists,
+// with that type, and every series registered is named there.
+func TestReadmeListsEverySeries(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := regexp.MustCompile("(?m)^\\| `(timing_sidecar_[a-z0-9_]+)` \\| (histogram|counter|gauge) \\|")
+	documented := map[string]string{}
+	for _, m := range row.FindAllStringSubmatch(string(readme), -1) {
+		documented[m[1]] = m[2]
+	}
+	reg := prometheus.NewRegistry()
+	r := NewRecorder(reg, Options{MaxModels: 4, MaxTenants: 4})
+	// One request of each kind, so that every vector has a series.
+	for _, req := range requests {
+		r.Begin()
+		r.Finish(&req)
+	}
+	r.Panic()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var registered []string
+	for _, mf := range families {
+		name, typ := mf.GetName(), strings.ToLower(mf.GetType().String())
+		registered = append(registered, name)
+		switch want, ok := documented[name]; {
+		case !ok:
+			t.Errorf("%s (%s) is registered but not in the README's series table", name, typ)
+		case want != typ:
+			t.Errorf("%s is a %s, the README says %s", name, typ, want)
+		}
+	}
+	for name := range documented {
+		if !slices.Contains(registered, name) {
+			t.Errorf("the README lists %s, which is not registered", name)
+		}
+	}
+}
