@@ -63,7 +63,7 @@ func (p *Proxy) relayAssembled(ctx *fasthttp.RequestCtx, f *flight, x *exchange,
 		f.rec.Status, f.rec.BytesOut = status, len(body)
 		return
 	}
-	chat := f.rec.Endpoint == telemetry.EndpointChat
+	chat := f.route.chat
 	out := p.pools.buffer()
 	defer p.pools.release(out)
 	body, ok := a.AppendBody(out.B[:0], chat)

@@ -12,7 +12,6 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/timing-sidecar/timing-sidecar/rewrite"
 	"github.com/timing-sidecar/timing-sidecar/telemetry"
 	"github.com/timing-sidecar/timing-sidecar/timing"
 )
@@ -42,8 +41,8 @@ type flight struct {
 	trailers bool
 	// streaming: a body stream finishes the flight, not the handler.
 	streaming bool
-	// api is the wire format of the endpoint.
-	api rewrite.API
+	// route is what the path makes of the request.
+	route route
 	// upgraded: a non-streaming request the engine was asked to stream;
 	// the response is reassembled (--upgrade-non-streaming).
 	upgraded bool
@@ -65,11 +64,11 @@ func (p *Proxy) begin(ctx *fasthttp.RequestCtx, arrival time.Time) *flight {
 	if f == nil {
 		f = new(flight)
 	}
-	*f = flight{clock: timing.Clock{Arrival: arrival}, upstreamBody: f.upstreamBody[:0]}
+	*f = flight{clock: timing.Clock{Arrival: arrival}, route: routeOf(ctx.Path()), upstreamBody: f.upstreamBody[:0]}
 	f.rec = telemetry.Request{
 		Method:   string(ctx.Method()),
 		Path:     string(ctx.Path()),
-		Endpoint: endpointOf(ctx),
+		Endpoint: f.route.label,
 		BytesIn:  len(ctx.PostBody()),
 	}
 	if id := ctx.Request.Header.PeekBytes(requestIDHeader); len(id) > 0 {
@@ -94,20 +93,6 @@ func newRequestID() string {
 		b[i] = byte(v >> (8 * i))
 	}
 	return hex.EncodeToString(b[:])
-}
-
-func endpointOf(ctx *fasthttp.RequestCtx) string {
-	switch string(ctx.Path()) {
-	case "/v1/chat/completions":
-		return telemetry.EndpointChat
-	case "/v1/completions":
-		return telemetry.EndpointCompletions
-	case "/v1/messages":
-		return telemetry.EndpointMessages
-	case "/v1/responses":
-		return telemetry.EndpointResponses
-	}
-	return telemetry.EndpointOther
 }
 
 // finish records the flight. It runs once, when the response is complete
@@ -188,15 +173,4 @@ func serverTiming(m *timing.Metrics) []byte {
 	add("gen", m.GenerationTime)
 	add("e2e", m.E2ELatency)
 	return b
-}
-
-// apiOf is the wire format of a measured endpoint.
-func apiOf(endpoint string) rewrite.API {
-	switch endpoint {
-	case telemetry.EndpointMessages:
-		return rewrite.APIMessages
-	case telemetry.EndpointResponses:
-		return rewrite.APIResponses
-	}
-	return rewrite.APIChat
 }

@@ -26,9 +26,15 @@ func checkRequest(h *fasthttp.RequestHeader) *apiError {
 		// that is not one is decoded differently by different servers.
 		return badRequest("the request target is malformed")
 	}
+	return checkFraming(h.RawHeaders())
+}
+
+// checkFraming reads the raw header block for what says where the body
+// ends: exactly one way of saying it, and names that parse one way only.
+func checkFraming(raw []byte) *apiError {
 	lengths, codings := 0, 0
 	chunkedLast, otherCoding := false, false
-	for raw := h.RawHeaders(); len(raw) > 0; {
+	for len(raw) > 0 {
 		line := raw
 		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
 			line, raw = raw[:i], raw[i+1:]
@@ -51,18 +57,7 @@ func checkRequest(h *fasthttp.RequestHeader) *apiError {
 			lengths++
 		case len(name) == len("Transfer-Encoding") && bytes.EqualFold(name, []byte("Transfer-Encoding")):
 			codings++
-			for coding := range bytes.SplitSeq(line[colon+1:], []byte{','}) {
-				coding = bytes.TrimSpace(coding)
-				if len(coding) == 0 {
-					continue
-				}
-				chunked := bytes.EqualFold(coding, []byte("chunked"))
-				if chunkedLast || !chunked {
-					// Something after chunked, or a coding other than it.
-					otherCoding = otherCoding || !bytes.EqualFold(coding, []byte("identity"))
-				}
-				chunkedLast = chunked
-			}
+			chunkedLast, otherCoding = readCodings(line[colon+1:], chunkedLast, otherCoding)
 		}
 	}
 	switch {
@@ -79,6 +74,25 @@ func checkRequest(h *fasthttp.RequestHeader) *apiError {
 		return badRequest("Transfer-Encoding must end with chunked")
 	}
 	return nil
+}
+
+// readCodings reads one Transfer-Encoding value on top of those before it:
+// whether chunked is now the last coding, and whether any coding other
+// than chunked (and the no-op identity) has appeared.
+func readCodings(value []byte, chunkedLast, otherCoding bool) (bool, bool) {
+	for coding := range bytes.SplitSeq(value, []byte{','}) {
+		coding = bytes.TrimSpace(coding)
+		if len(coding) == 0 {
+			continue
+		}
+		chunked := bytes.EqualFold(coding, []byte("chunked"))
+		if chunkedLast || !chunked {
+			// Something after chunked, or a coding other than it.
+			otherCoding = otherCoding || !bytes.EqualFold(coding, []byte("identity"))
+		}
+		chunkedLast = chunked
+	}
+	return chunkedLast, otherCoding
 }
 
 func badRequest(why string) *apiError {

@@ -50,7 +50,7 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx) {
 		closeAfterError(ctx)
 		return
 	}
-	if ctx.IsPost() && f.rec.Endpoint != telemetry.EndpointOther {
+	if ctx.IsPost() && f.route.measured {
 		p.serveMeasured(ctx, f)
 		return
 	}
@@ -76,66 +76,63 @@ func (p *Proxy) recoverRequest(ctx *fasthttp.RequestCtx, f *flight) {
 	}
 }
 
-// serveMeasured handles a chat or completions request: every one is timed;
-// the metrics object goes into the response when the mode and the request
-// ask for it.
+// serveMeasured handles a request to a measured endpoint: inspect, plan,
+// forward, relay. Every one is timed; the metrics object goes into the
+// response when the mode and the request ask for it.
 func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight) {
 	body := ctx.PostBody()
 	req := rewrite.InspectRequest(body)
-	f.rec.Model, f.rec.Stream, f.multiple = req.Model, req.Stream, req.MultipleChoices
-	f.api = apiOf(f.rec.Endpoint)
-	openAI := f.api == rewrite.APIChat // stream_options, n, and the stream upgrade are its own
-	if !openAI {
-		f.multiple = false
-	}
-	transparent := p.cfg.Mode == ModeOff
-	if req.InvalidIncludeMetrics && !transparent {
+	pl := planFor(&p.cfg, f.route, req)
+	f.rec.Model, f.rec.Stream = req.Model, req.Stream
+	if pl.refuse {
 		// The sidecar's own field: its client gets told, not the engine.
 		apiError{Status: fasthttp.StatusBadRequest, Type: "invalid_request_error", Code: "invalid_include_metrics",
 			Param: "include_metrics", Message: "timing-sidecar: include_metrics must be true or false"}.write(ctx)
 		setResponseID(ctx, f)
 		return
 	}
-	f.wantMetrics = !transparent && req.Understood && (p.cfg.Mode == ModeAlways || req.IncludeMetrics)
-	f.metricsOnFinish = f.wantMetrics && openAI && req.Stream && !req.IncludeUsage
-	// A stream that did not ask for usage can still be counted exactly:
-	// ask the engine for it and keep the event from the client. Not with
-	// running usage on, which would then show on every event.
-	f.hideUsage = !transparent && !f.wantMetrics && p.cfg.InjectUsage && req.Understood && openAI &&
-		req.Stream && !req.IncludeUsage && !req.ContinuousUsage
-	upBody := body
-	edit := req
-	if p.cfg.ForwardIncludeMetrics {
-		edit.HasIncludeMetrics = false // nothing to remove: the engine gets it
-	}
-	if !transparent && p.cfg.UpgradeNonStreaming && req.Upgradable && openAI {
-		if b, err := rewrite.UpgradedBody(body, edit); err == nil {
-			upBody, f.upgraded = b, true
-		} else {
-			p.log.Warn("could not upgrade the request to a stream; forwarding it as it is", "err", err, "request_id", f.rec.ID)
-		}
-	}
-	if !f.upgraded && !transparent && (edit.HasIncludeMetrics || f.wantMetrics || f.hideUsage) {
-		var err error
-		// Asking for usage is the Chat Completions way; the other APIs
-		// always report it.
-		// Not with running usage off but asked for: the engine would then
-		// put usage on every event.
-		askUsage := openAI && (f.wantMetrics || f.hideUsage) && !(req.ContinuousUsage && !req.IncludeUsage)
-		if upBody, err = rewrite.UpstreamBody(f.upstreamBody, body, edit, askUsage); err != nil {
-			p.log.Warn("could not edit request body; forwarding it unchanged", "err", err, "request_id", f.rec.ID)
-			upBody, f.wantMetrics, f.hideUsage, f.metricsOnFinish = body, false, false, false
-		}
-		if cap(upBody) > cap(f.upstreamBody) && cap(upBody) <= maxKeptUpstreamBody &&
-			unsafe.SliceData(upBody) != unsafe.SliceData(body) {
-			f.upstreamBody = upBody[:0] // grown: keep the room for next time
-		}
-	}
-	x, resp, ok := p.forward(ctx, f, upBody, f.wantMetrics || f.hideUsage || f.upgraded)
+	f.wantMetrics, f.metricsOnFinish, f.hideUsage, f.multiple = pl.wantMetrics, pl.metricsOnFinish, pl.hideUsage, pl.multiple
+	x, resp, ok := p.forward(ctx, f, p.upstreamBody(f, body, req, pl), f.wantMetrics || f.hideUsage || f.upgraded)
 	if !ok {
 		return
 	}
-	f.clock.Accepted = time.Now()
+	p.relayMeasured(ctx, f, x, resp)
+}
+
+// upstreamBody is the body to send the engine as pl says: upgraded to a
+// stream, or with include_metrics cut and usage asked for, or as it came.
+// A body the edit fails on goes as it came, without metrics.
+func (p *Proxy) upstreamBody(f *flight, body []byte, req rewrite.Request, pl plan) []byte {
+	edit := req
+	edit.HasIncludeMetrics = pl.cutIncludeMetrics
+	if pl.upgrade {
+		b, err := rewrite.UpgradedBody(body, edit)
+		if err == nil {
+			f.upgraded = true
+			return b
+		}
+		p.log.Warn("could not upgrade the request to a stream; forwarding it as it is", "err", err, "request_id", f.rec.ID)
+	}
+	if !pl.cutIncludeMetrics && !pl.askUsage {
+		return body
+	}
+	upBody, err := rewrite.UpstreamBody(f.upstreamBody, body, edit, pl.askUsage)
+	if err != nil {
+		p.log.Warn("could not edit request body; forwarding it unchanged", "err", err, "request_id", f.rec.ID)
+		f.wantMetrics, f.hideUsage, f.metricsOnFinish = false, false, false
+		return body
+	}
+	if cap(upBody) > cap(f.upstreamBody) && cap(upBody) <= maxKeptUpstreamBody &&
+		unsafe.SliceData(upBody) != unsafe.SliceData(body) {
+		f.upstreamBody = upBody[:0] // grown: keep the room for next time
+	}
+	return upBody
+}
+
+// relayMeasured relays the engine's answer to a measured request the way
+// its kind asks: reassembled, event by event, buffered for the metrics,
+// or as it comes.
+func (p *Proxy) relayMeasured(ctx *fasthttp.RequestCtx, f *flight, x *exchange, resp *fasthttp.Response) {
 	if resp.StatusCode() != fasthttp.StatusOK || isEncoded(resp) {
 		// Errors and what the sidecar cannot read pass through as they are.
 		p.relayBody(ctx, f, x, resp, nil, nil)
@@ -176,6 +173,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, f *flight, body []byte, identi
 	fasthttp.ReleaseRequest(req)
 	if err == nil {
 		x.client = cc
+		f.clock.Accepted = x.headersRead
 		return x, resp, true
 	}
 	if cc != nil {

@@ -127,7 +127,7 @@ func (p *Proxy) refuse(ctx *fasthttp.RequestCtx, e apiError) {
 	p.telemetry.Begin()
 	e.write(ctx)
 	p.record(&flight{rec: telemetry.Request{Method: string(ctx.Method()), Path: string(ctx.Path()),
-		Endpoint: endpointOf(ctx), Status: e.Status}})
+		Endpoint: routeOf(ctx.Path()).label, Status: e.Status}})
 }
 
 // Serve answers requests on ln until Shutdown.

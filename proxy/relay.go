@@ -348,7 +348,7 @@ func (r *eventRelay) Read(p []byte) (n int, err error) {
 // finishes its choices with the usage.
 func (r *eventRelay) inspect(raw []byte) {
 	f := r.f
-	ev := rewrite.ClassifyEventFor(f.api, raw)
+	ev := rewrite.ClassifyEventFor(f.route.api, raw)
 	if ev.Kind == rewrite.EventToken {
 		f.clock.MarkOutput(time.Now(), ev.Output)
 	}

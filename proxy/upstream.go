@@ -191,6 +191,9 @@ type exchange struct {
 	// deadlineSet is when the body's read deadline last moved; only the
 	// body's reader uses it.
 	deadlineSet time.Time
+	// headersRead is when the engine's response headers had been read:
+	// the request's accepted mark.
+	headersRead time.Time
 }
 
 // abort closes the exchange's connection, so a blocked write or read returns
@@ -314,6 +317,7 @@ func (x *exchange) send(c *upstreamConn, req *fasthttp.Request, resp *fasthttp.R
 		}
 		return err
 	}
+	x.headersRead = time.Now()
 	c.SetDeadline(time.Time{}) //nolint:errcheck // the body has its own idle timeout
 	return nil
 }
