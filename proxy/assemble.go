@@ -28,7 +28,8 @@ func (p *Proxy) relayAssembled(ctx *fasthttp.RequestCtx, f *flight, x *exchange,
 	r.events.Reset(x.body(resp))
 	a := rewrite.NewAssembly(p.cfg.MaxBufferedResponse)
 	engine, err := assemble(r.events, a, f)
-	f.clock.Done = time.Now()
+	done := time.Now()
+	f.markDone(done)
 
 	copyResponseHeader(ctx, resp)
 	x.finish(resp, err == nil)
@@ -79,11 +80,10 @@ func (p *Proxy) relayAssembled(ctx *fasthttp.RequestCtx, f *flight, x *exchange,
 	}
 	out.B = body
 	if f.wantMetrics {
-		m := timing.Compute(&f.clock, f.usage, true)
-		m.SetEngine(engine)
 		mb := p.pools.buffer()
 		defer p.pools.release(mb)
-		mb.B = appendMetrics(mb.B[:0], &m, f.multiple)
+		var m timing.Metrics
+		mb.B, m = f.metricsJSON(mb.B[:0], done, engine)
 		spliced := p.pools.buffer()
 		defer p.pools.release(spliced)
 		if withMetrics, ok := rewrite.AppendWithMetrics(spliced.B[:0], body, mb.B); ok {

@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"runtime/debug"
-	"strconv"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -118,10 +117,10 @@ func (p *Proxy) record(f *flight) (ok bool) {
 	}()
 	if f.measured {
 		if f.clock.Done.IsZero() {
-			f.clock.Done = time.Now()
+			f.markDone(time.Now())
 		}
 		f.rec.Measured = true
-		f.rec.Metrics = timing.Compute(&f.clock, f.usage, f.rec.Stream || f.upgraded)
+		f.rec.Metrics = f.metrics(timing.EngineTiming{})
 	}
 	p.telemetry.Finish(&f.rec)
 	return true
@@ -154,23 +153,3 @@ func upstreamErrorKind(err error, beforeHeaders bool) string {
 	}
 }
 
-// serverTiming formats the W3C Server-Timing value of the measured figures.
-func serverTiming(m *timing.Metrics) []byte {
-	var b []byte
-	add := func(name string, n timing.Number) {
-		if !n.Set {
-			return
-		}
-		if len(b) > 0 {
-			b = append(b, ", "...)
-		}
-		b = append(b, name...)
-		b = append(b, ";dur="...)
-		b = strconv.AppendFloat(b, n.Value, 'f', 3, 64)
-	}
-	add("queue", m.QueueTime)
-	add("ttft", m.TimeToFirstToken)
-	add("gen", m.GenerationTime)
-	add("e2e", m.E2ELatency)
-	return b
-}

@@ -92,7 +92,7 @@ func (b *bodyRelay) Read(p []byte) (n int, err error) {
 	switch {
 	case err == io.EOF:
 		b.eof = true
-		b.f.clock.Done = time.Now()
+		b.f.markDone(time.Now()) // the record's end: the last byte
 	case err != nil:
 		b.err = err
 	}
@@ -156,6 +156,7 @@ func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *exchang
 	buf := p.pools.buffer()
 	defer p.pools.release(buf)
 	complete, err := readUpTo(buf, x.body(resp), limit)
+	done := time.Now() // the engine's whole body
 	if err != nil {
 		x.finish(resp, false)
 		if x.isAborted() {
@@ -178,7 +179,6 @@ func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *exchang
 		p.relayBody(ctx, f, x, resp, append([]byte(nil), buf.B...), nil)
 		return
 	}
-	f.clock.Done = time.Now()
 	inspected := rewrite.InspectBody(buf.B)
 	f.usage = inspected.Usage
 	copyResponseHeader(ctx, resp)
@@ -186,11 +186,10 @@ func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *exchang
 	f.rec.Status = resp.StatusCode()
 	x.finish(resp, true)
 
-	m := timing.Compute(&f.clock, f.usage, false)
-	m.SetEngine(rewrite.EngineTiming(buf.B))
 	mb := p.pools.buffer()
 	defer p.pools.release(mb)
-	mb.B = appendMetrics(mb.B[:0], &m, f.multiple)
+	var m timing.Metrics
+	mb.B, m = f.metricsJSON(mb.B[:0], done, rewrite.EngineTiming(buf.B))
 	metrics := mb.B
 	out := p.pools.buffer()
 	defer p.pools.release(out)
@@ -204,15 +203,6 @@ func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *exchang
 	ctx.Response.SetBody(body)
 	ctx.Response.Header.SetContentLength(len(body))
 	f.rec.BytesOut = len(body)
-}
-
-// appendMetrics appends the metrics JSON, or null when one object cannot
-// describe several choices (as vLLM does).
-func appendMetrics(dst []byte, m *timing.Metrics, multiple bool) []byte {
-	if multiple {
-		return append(dst, "null"...)
-	}
-	return m.AppendJSON(dst)
 }
 
 // readUpTo reads r to its end into buf, unless that is more than limit
@@ -317,7 +307,7 @@ func (r *eventRelay) Read(p []byte) (n int, err error) {
 		switch {
 		case err == io.EOF:
 			r.eof = true
-			r.f.clock.Done = time.Now()
+			r.f.markDone(time.Now())
 			if r.held != nil {
 				r.pending = r.releaseHeld(true) // the last event with usage
 			}
@@ -375,10 +365,7 @@ func (r *eventRelay) inspect(raw []byte) {
 			// The first usage event takes the metrics; an engine that
 			// sends more gets them passed as sent, so no stream carries
 			// two metrics objects.
-			f.clock.Done = time.Now()
-			m := timing.Compute(&f.clock, f.usage, true)
-			m.SetEngine(rewrite.EngineTiming(ev.Target()))
-			r.metrics = appendMetrics(r.metrics[:0], &m, f.multiple)
+			r.metrics, _ = f.metricsJSON(r.metrics[:0], time.Now(), rewrite.EngineTiming(ev.Target()))
 			if out, ok := rewrite.AppendEventWithMetrics(r.spliced[:0], raw, ev, r.metrics); ok {
 				r.spliced, r.pending, r.metricsSent = out, out, true
 			}
@@ -435,16 +422,12 @@ func (r *eventRelay) releaseHeld(withMetrics bool) []byte {
 		r.heldOut = append(r.heldOut[:0], held...)
 		return r.heldOut
 	}
-	f := r.f
-	f.clock.Done = time.Now()
 	ev := rewrite.ClassifyEvent(held)
-	m := timing.Compute(&f.clock, f.usage, true)
 	engine := rewrite.EngineTiming(ev.Target())
 	if !engine.Reported {
 		engine = r.engine // from the usage event the client does not get
 	}
-	m.SetEngine(engine)
-	r.metrics = appendMetrics(r.metrics[:0], &m, f.multiple)
+	r.metrics, _ = r.f.metricsJSON(r.metrics[:0], time.Now(), engine)
 	if out, ok := rewrite.AppendEventWithMetrics(r.heldOut[:0], held, ev, r.metrics); ok {
 		r.heldOut, r.metricsSent = out, true
 		return out
@@ -457,7 +440,7 @@ func (r *eventRelay) fillTrailer() {
 	if r.trailer == nil {
 		return
 	}
-	m := timing.Compute(&r.f.clock, r.f.usage, true)
+	m := r.f.metrics(timing.EngineTiming{})
 	r.trailer.SetBytesV("Server-Timing", serverTiming(&m))
 }
 
