@@ -132,7 +132,7 @@ func assemble(events *rewrite.EventReader, a *rewrite.Assembly, f *flight) (timi
 		}
 		if ev.Kind == rewrite.EventUsage || ev.UsageOnChoices {
 			f.usage = f.usage.Merge(ev.Usage)
-			if e := rewrite.EngineTiming(ev.Target()); e.Reported {
+			if e := rewrite.EngineTimingOf(ev.Target()); e.Reported {
 				engine = e
 			}
 		}

@@ -18,7 +18,7 @@ import (
 // flight is one request on its way through the sidecar: its clock, what
 // the engine reported, and the record telemetry gets when it ends.
 type flight struct {
-	rec   telemetry.Request
+	rec   telemetry.Record
 	clock timing.Clock
 	usage timing.Usage
 	// measured: the clock ran (a chat or completions request the engine
@@ -64,7 +64,7 @@ func (p *Proxy) begin(ctx *fasthttp.RequestCtx, arrival time.Time) *flight {
 		f = new(flight)
 	}
 	*f = flight{clock: timing.Clock{Arrival: arrival}, route: routeOf(ctx.Path()), upstreamBody: f.upstreamBody[:0]}
-	f.rec = telemetry.Request{
+	f.rec = telemetry.Record{
 		Method:   string(ctx.Method()),
 		Path:     string(ctx.Path()),
 		Endpoint: f.route.label,
@@ -152,4 +152,3 @@ func upstreamErrorKind(err error, beforeHeaders bool) string {
 		return telemetry.ErrorClosed
 	}
 }
-

@@ -126,7 +126,7 @@ func (p *Proxy) expectContinue(ctx *fasthttp.RequestCtx) int {
 func (p *Proxy) refuse(ctx *fasthttp.RequestCtx, e apiError) {
 	p.telemetry.Begin()
 	e.write(ctx)
-	p.record(&flight{rec: telemetry.Request{Method: string(ctx.Method()), Path: string(ctx.Path()),
+	p.record(&flight{rec: telemetry.Record{Method: string(ctx.Method()), Path: string(ctx.Path()),
 		Endpoint: routeOf(ctx.Path()).label, Status: e.Status}})
 }
 

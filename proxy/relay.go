@@ -189,7 +189,7 @@ func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *exchang
 	mb := p.pools.buffer()
 	defer p.pools.release(mb)
 	var m timing.Metrics
-	mb.B, m = f.metricsJSON(mb.B[:0], done, rewrite.EngineTiming(buf.B))
+	mb.B, m = f.metricsJSON(mb.B[:0], done, rewrite.EngineTimingOf(buf.B))
 	metrics := mb.B
 	out := p.pools.buffer()
 	defer p.pools.release(out)
@@ -347,7 +347,7 @@ func (r *eventRelay) inspect(raw []byte) {
 	// with them, maybe, the engine's own timing.
 	f.usage = f.usage.Merge(ev.Usage)
 	if ev.Kind == rewrite.EventUsage && f.metricsOnFinish {
-		r.engine = rewrite.EngineTiming(ev.Target())
+		r.engine = rewrite.EngineTimingOf(ev.Target())
 	}
 	var released []byte
 	if r.held != nil {
@@ -365,7 +365,7 @@ func (r *eventRelay) inspect(raw []byte) {
 			// The first usage event takes the metrics; an engine that
 			// sends more gets them passed as sent, so no stream carries
 			// two metrics objects.
-			r.metrics, _ = f.metricsJSON(r.metrics[:0], time.Now(), rewrite.EngineTiming(ev.Target()))
+			r.metrics, _ = f.metricsJSON(r.metrics[:0], time.Now(), rewrite.EngineTimingOf(ev.Target()))
 			if out, ok := rewrite.AppendEventWithMetrics(r.spliced[:0], raw, ev, r.metrics); ok {
 				r.spliced, r.pending, r.metricsSent = out, out, true
 			}
@@ -423,7 +423,7 @@ func (r *eventRelay) releaseHeld(withMetrics bool) []byte {
 		return r.heldOut
 	}
 	ev := rewrite.ClassifyEvent(held)
-	engine := rewrite.EngineTiming(ev.Target())
+	engine := rewrite.EngineTimingOf(ev.Target())
 	if !engine.Reported {
 		engine = r.engine // from the usage event the client does not get
 	}

@@ -6,7 +6,7 @@ import (
 	"github.com/timing-sidecar/timing-sidecar/timing"
 )
 
-// EngineTiming reads an engine's own timing report from a response object
+// EngineTimingOf reads an engine's own timing report from a response object
 // (a non-streaming body, or the data of the event the metrics go into):
 //
 //   - vLLM with --enable-per-request-metrics, asked with include_metrics:
@@ -19,7 +19,7 @@ import (
 //     reports no queue time; its total is prompt + predicted.
 //
 // Reported is false when obj carries neither.
-func EngineTiming(obj []byte) timing.EngineTiming {
+func EngineTimingOf(obj []byte) timing.EngineTiming {
 	var e timing.EngineTiming
 	s := view(obj)
 	if m := gjson.Get(s, "metrics"); m.IsObject() {

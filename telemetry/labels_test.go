@@ -15,7 +15,7 @@ import (
 )
 
 // finish runs Begin and Finish, turning a panic into a test failure.
-func finish(t *testing.T, r *Recorder, req *Request) {
+func finish(t *testing.T, r *Recorder, req *Record) {
 	t.Helper()
 	defer func() {
 		if p := recover(); p != nil {
@@ -120,10 +120,10 @@ func TestJunkModelsDoNotTakeSlots(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	r := NewRecorder(reg, Options{MaxModels: 32, MaxTenants: 8})
 	for i := range 40 {
-		finish(t, r, &Request{Endpoint: EndpointChat, Model: fmt.Sprintf("junk-%d", i), Status: 404})
+		finish(t, r, &Record{Endpoint: EndpointChat, Model: fmt.Sprintf("junk-%d", i), Status: 404})
 	}
-	finish(t, r, &Request{Endpoint: EndpointChat, Model: "llama", Status: 200})
-	finish(t, r, &Request{Endpoint: EndpointChat, Model: "llama", Status: 400})
+	finish(t, r, &Record{Endpoint: EndpointChat, Model: "llama", Status: 200})
+	finish(t, r, &Record{Endpoint: EndpointChat, Model: "llama", Status: 400})
 	want := `
 # HELP timing_sidecar_requests_total Requests handled, by endpoint, streaming, status (499: the client left first) and model.
 # TYPE timing_sidecar_requests_total counter

@@ -143,7 +143,7 @@ func (r *Recorder) Begin() { r.inFlight.Inc() }
 // Finish records a finished request. It first cleans, in place, the
 // strings req holds from the client (see clean), so that neither the
 // series nor the access log ever gets them raw.
-func (r *Recorder) Finish(req *Request) {
+func (r *Recorder) Finish(req *Record) {
 	r.inFlight.Dec()
 	req.ID, req.Method, req.Path = clean(req.ID), clean(req.Method), clean(req.Path)
 	req.Model, req.Tenant = clean(req.Model), clean(req.Tenant)
@@ -174,7 +174,7 @@ func (r *Recorder) Finish(req *Request) {
 	}
 }
 
-func (r *Recorder) observe(req *Request, model, tenant string) {
+func (r *Recorder) observe(req *Record, model, tenant string) {
 	m := &req.Metrics
 	s := r.seriesFor(req.Endpoint, model)
 	observe := func(o prometheus.Observer, n timing.Number) {
@@ -206,7 +206,7 @@ func (r *Recorder) observe(req *Request, model, tenant string) {
 
 // log writes the access-log line: what was asked, what came back and the
 // timing, never the prompt, the output or credentials.
-func (r *Recorder) log(req *Request) {
+func (r *Recorder) log(req *Record) {
 	m := &req.Metrics
 	attrs := []slog.Attr{
 		slog.String("request_id", req.ID),

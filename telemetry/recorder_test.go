@@ -22,7 +22,7 @@ func cnt(v int64) timing.Count    { return timing.Count{Value: v, Set: true} }
 
 // requests is a fixed mix: two streams and a non-streaming request for two
 // models, a failed request, a client that left and an unmeasured path.
-var requests = []Request{
+var requests = []Record{
 	{ID: "r1", Endpoint: EndpointChat, Model: "llama", Stream: true, Status: 200, Measured: true, Metrics: timing.Metrics{
 		QueueTime: num(20), TimeToFirstToken: num(80), GenerationTime: num(150), MeanITL: num(15), MaxITL: num(30),
 		E2ELatency: num(260), TokensPerSecond: num(47), PromptTokens: cnt(12), CompletionTokens: cnt(11)}},
@@ -67,7 +67,7 @@ func TestLabelsAreBounded(t *testing.T) {
 	r := NewRecorder(reg, Options{MaxModels: 2, TenantLabel: true, MaxTenants: 1})
 	for _, m := range []string{"a", "b", "c", "d", "a"} {
 		r.Begin()
-		r.Finish(&Request{Endpoint: EndpointChat, Model: m, Tenant: "t-" + m, Status: 200})
+		r.Finish(&Record{Endpoint: EndpointChat, Model: m, Tenant: "t-" + m, Status: 200})
 	}
 	want := `
 # HELP timing_sidecar_requests_total Requests handled, by endpoint, streaming, status (499: the client left first) and model.

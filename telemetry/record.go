@@ -22,8 +22,8 @@ const (
 	StatusClientGone = 499            // the status recorded when the client left before the response
 )
 
-// Request is what the sidecar knows of one finished request.
-type Request struct {
+// Record is what the sidecar knows of one finished request.
+type Record struct {
 	ID       string
 	Method   string
 	Path     string
@@ -47,7 +47,7 @@ type Request struct {
 // timeToFirstToken is arrival to first token: the Prometheus definition,
 // shared with vLLM's histogram and OpenTelemetry's GenAI metric. The body
 // field counts from acceptance instead, as vLLM's body field does.
-func (r *Request) timeToFirstToken() (float64, bool) {
+func (r *Record) timeToFirstToken() (float64, bool) {
 	q, t := r.Metrics.QueueTime, r.Metrics.TimeToFirstToken
 	if !q.Set || !t.Set {
 		return 0, false
@@ -57,7 +57,7 @@ func (r *Request) timeToFirstToken() (float64, bool) {
 
 // timeToFirstContent is arrival to the first content (answer) token, past
 // any reasoning.
-func (r *Request) timeToFirstContent() (float64, bool) {
+func (r *Record) timeToFirstContent() (float64, bool) {
 	q, t := r.Metrics.QueueTime, r.Metrics.TimeToFirstContent
 	if !q.Set || !t.Set {
 		return 0, false
