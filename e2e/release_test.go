@@ -76,13 +76,17 @@ func TestDockerfile(t *testing.T) {
 	}
 }
 
-// TestGracefulShutdown: at SIGTERM the sidecar fails /readyz at once, a
-// stream in flight completes intact, new connections are refused after the
-// drain delay, and the process exits 0 once the stream is done.
+// TestGracefulShutdown: at SIGTERM the sidecar fails /readyz while it
+// still accepts connections, refuses new connections once the drain delay
+// is over and not before, a stream in flight completes intact, and the
+// process exits 0 once the stream is done.
 func TestGracefulShutdown(t *testing.T) {
-	engine := startEngine(t, emulator.Config{Timing: emulator.Timing{ITL: 25 * time.Millisecond, OutputTokens: 40}})
+	// The stream (40 events 50 ms apart) outlasts the drain delay, so it
+	// is in flight when the listener closes.
+	const drain = time.Second
+	engine := startEngine(t, emulator.Config{Timing: emulator.Timing{ITL: 50 * time.Millisecond, OutputTokens: 40}})
 	sc := startSidecar(t, []string{"--listen", "127.0.0.1:0", "--upstream", engine.URL(),
-		"--drain-delay", "200ms", "--shutdown-grace", "10s", "--readiness-interval", "20ms"})
+		"--drain-delay", drain.String(), "--shutdown-grace", "20s", "--readiness-interval", "20ms"})
 	body := `{"model":"m","stream":true,"include_metrics":true,"messages":[{"role":"user","content":"hi"}]}`
 	resp, err := http.Post(sc.base+"/v1/chat/completions", "application/json", strings.NewReader(body))
 	if err != nil {
@@ -97,8 +101,11 @@ func TestGracefulShutdown(t *testing.T) {
 	signalled := time.Now()
 	sc.cmd.Process.Signal(syscall.SIGTERM)
 
-	// The signal arrives asynchronously; readiness must fail as soon as it
-	// has, well within the drain delay.
+	// Readiness fails during the drain delay: once /readyz says 503, a
+	// new connection is still accepted. The signal arrives when the
+	// scheduler lets it; the delay is the window, and the promise (at
+	// once) is the sidecar's, not this test's.
+	addr := strings.TrimPrefix(sc.base, "http://")
 	for {
 		ready, err := http.Get(sc.admin + "/readyz")
 		if err != nil {
@@ -108,24 +115,30 @@ func TestGracefulShutdown(t *testing.T) {
 		if ready.StatusCode == 503 {
 			break
 		}
-		if time.Since(signalled) > 150*time.Millisecond {
-			t.Fatalf("/readyz = %d 150ms after SIGTERM, want 503", ready.StatusCode)
+		if time.Since(signalled) > 10*time.Second {
+			t.Fatalf("/readyz = %d 10s after SIGTERM, want 503", ready.StatusCode)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	// After the drain delay the listener is closed: new connections fail.
-	addr := strings.TrimPrefix(sc.base, "http://")
+	if conn, err := net.DialTimeout("tcp", addr, time.Second); err != nil {
+		t.Errorf("connections refused %v after SIGTERM, when /readyz had just failed: want them accepted for the %v drain delay (%v)",
+			time.Since(signalled), drain, err)
+	} else {
+		conn.Close()
+	}
+	// After the drain delay the listener is closed: new connections fail,
+	// never before the delay since the signal was sent.
 	for {
 		conn, err := net.DialTimeout("tcp", addr, time.Second)
 		if err != nil {
-			if d := time.Since(signalled); d < 200*time.Millisecond {
-				t.Errorf("new connections refused %v after SIGTERM, before the 200ms drain delay", d)
+			if d := time.Since(signalled); d < drain {
+				t.Errorf("new connections refused %v after SIGTERM, before the %v drain delay", d, drain)
 			}
 			break
 		}
 		conn.Close()
-		if time.Since(signalled) > 2*time.Second {
-			t.Fatal("still accepting connections 2s after SIGTERM")
+		if time.Since(signalled) > 10*time.Second {
+			t.Fatal("still accepting connections 10s after SIGTERM")
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

@@ -35,7 +35,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Writer:    stdout,
 		ErrWriter: stderr,
 		Flags:     serveFlags(),
-		Commands:  []*cli.Command{demoCommand(), emulateCommand(), benchCommand()},
+		Commands:  []*cli.Command{demoCommand(), emulateCommand(), benchCommand(), accuracyCommand()},
 		Action: func(c *cli.Context) error {
 			cfg, err := configFrom(c)
 			if err != nil {

@@ -74,3 +74,40 @@ func benchCommand() *cli.Command {
 		},
 	}
 }
+
+// accuracyCommand is the accuracy report.
+func accuracyCommand() *cli.Command {
+	d := bench.DefaultAccuracyOptions
+	return &cli.Command{
+		Name: "accuracy",
+		Usage: "measure on this machine each metric's error against the emulated engine's own record, " +
+			"and how soon the engine sees a client leave (engine and sidecar in-process)",
+		Flags: []cli.Flag{
+			&cli.IntFlag{Name: "requests", Aliases: []string{"n"}, EnvVars: env("accuracy-requests"), Value: d.Requests, Usage: "Streams to measure."},
+			&cli.IntFlag{Name: "concurrency", Aliases: []string{"c"}, EnvVars: env("accuracy-concurrency"), Value: d.Concurrency, Usage: "Streams in flight at a time."},
+			&cli.DurationFlag{Name: "queue", EnvVars: env("accuracy-queue"), Value: d.Timing.HeaderDelay, Usage: "How long the emulated engine holds a request before its response headers."},
+			&cli.DurationFlag{Name: "ttft", EnvVars: env("accuracy-ttft"), Value: d.Timing.TTFT, Usage: "The emulated engine's time from response headers to the first token."},
+			&cli.DurationFlag{Name: "itl", EnvVars: env("accuracy-itl"), Value: d.Timing.ITL, Usage: "The emulated engine's gap between token events."},
+			&cli.IntFlag{Name: "tokens", EnvVars: env("accuracy-tokens"), Value: d.Timing.OutputTokens, Usage: "Tokens (one per event) per stream."},
+			&cli.IntFlag{Name: "disconnects", EnvVars: env("accuracy-disconnects"), Value: d.Disconnects,
+				Usage: "Clients that leave in each phase (queued, before the first token, mid-stream); 0 skips the disconnect figures."},
+			&cli.BoolFlag{Name: "json", EnvVars: env("accuracy-json"), Usage: "Print the result as JSON."},
+		},
+		Action: func(c *cli.Context) error {
+			r, err := bench.Accuracy(c.Context, bench.AccuracyOptions{
+				Requests: c.Int("requests"), Concurrency: c.Int("concurrency"), Disconnects: c.Int("disconnects"),
+				Timing: emulator.Timing{HeaderDelay: c.Duration("queue"), TTFT: c.Duration("ttft"), ITL: c.Duration("itl"),
+					TokensPerEvent: 1, OutputTokens: c.Int("tokens")},
+				Progress: c.App.ErrWriter,
+			})
+			if err != nil {
+				return err
+			}
+			if c.Bool("json") {
+				return r.WriteJSON(c.App.Writer)
+			}
+			r.WriteTable(c.App.Writer)
+			return nil
+		},
+	}
+}

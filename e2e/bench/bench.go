@@ -2,7 +2,9 @@
 // non-streaming) chat requests against an OpenAI-compatible URL in front
 // of the emulated engine, reporting each stream event's delivery delay, from
 // the engine's send time stamped into the event to the moment the client
-// read it, and throughput.
+// read it, and throughput. Accuracy is its accuracy report: the sidecar's
+// figures against the engine's own record of each request, and how soon
+// the engine sees a client leave, measured on the machine it runs on.
 package bench
 
 import (

@@ -52,9 +52,9 @@ func (g *generation) streamTyped(ts typedStream) {
 	}
 	flusher := g.w.(http.Flusher)
 	g.w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+	g.mark(func(r *Record) { r.Status, r.HeadersSent = http.StatusOK, time.Now() })
 	g.w.WriteHeader(http.StatusOK)
 	flusher.Flush()
-	g.mark(func(r *Record) { r.Status, r.HeadersSent = http.StatusOK, time.Now() })
 	send := func(e typedEvent) bool {
 		b, _ := json.Marshal(e.data)
 		if _, err := g.w.Write(append(append(append(append([]byte("event: "), e.name...), "\ndata: "...), b...), '\n', '\n')); err != nil {
@@ -81,10 +81,11 @@ func (g *generation) streamTyped(ts typedStream) {
 			g.cut()
 			return
 		}
+		began := time.Now() // before the event's first byte: see Record
 		if !send(ts.token(steps.next())) {
 			return
 		}
-		g.markTokenEvent(i+1, nil)
+		g.markTokenEvent(began, i+1, nil)
 	}
 	for _, e := range ts.end() {
 		if !send(e) {
@@ -136,14 +137,14 @@ func (g *generation) unaryMessages() {
 	if !g.wait(g.timing.HeaderDelay + g.timing.TTFT + time.Duration(len(steps)-1)*g.timing.ITL) {
 		return
 	}
-	writeJSON(g.w, http.StatusOK, map[string]any{"id": g.e.rec.ID, "type": "message", "role": "assistant",
-		"content": []map[string]string{{"type": "text", "text": joinText(stepsContent(steps))}},
-		"model":   g.s.cfg.Model, "stop_reason": g.stopReason(), "stop_sequence": nil,
-		"usage": map[string]int{"input_tokens": g.prompt, "output_tokens": g.tokens}})
 	g.mark(func(r *Record) {
 		r.Status, r.HeadersSent = http.StatusOK, time.Now()
 		r.PromptTokens, r.CompletionTokens = g.prompt, g.tokens
 	})
+	writeJSON(g.w, http.StatusOK, map[string]any{"id": g.e.rec.ID, "type": "message", "role": "assistant",
+		"content": []map[string]string{{"type": "text", "text": joinText(stepsContent(steps))}},
+		"model":   g.s.cfg.Model, "stop_reason": g.stopReason(), "stop_sequence": nil,
+		"usage": map[string]int{"input_tokens": g.prompt, "output_tokens": g.tokens}})
 }
 
 // response is a Responses API response object at a stage of its life.
@@ -203,9 +204,9 @@ func (g *generation) unaryResponses() {
 		return
 	}
 	text := joinText(stepsContent(steps))
-	writeJSON(g.w, http.StatusOK, g.response("completed", &text))
 	g.mark(func(r *Record) {
 		r.Status, r.HeadersSent = http.StatusOK, time.Now()
 		r.PromptTokens, r.CompletionTokens = g.prompt, g.tokens
 	})
+	writeJSON(g.w, http.StatusOK, g.response("completed", &text))
 }

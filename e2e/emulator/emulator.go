@@ -86,12 +86,25 @@ type Record struct {
 	Stream bool
 	// Status is the HTTP status sent.
 	Status int
-	// Received: the request was read. HeadersSent: the response headers
-	// were flushed. FirstToken, LastToken: the first and last token events
-	// were flushed (streams). Done: the handler returned.
-	Received, HeadersSent, FirstToken, LastToken, Done time.Time
-	// FirstReasoning and FirstContent are the first reasoning and the
-	// first content (text or tool call) events of a chat stream.
+	// Received is when the engine had read the whole request: after the
+	// sidecar sent it, so an upper bound for the sidecar's arrival mark.
+	Received time.Time
+	// HeadersSent is the moment the engine began writing the response
+	// headers (for a non-streaming response, its headers and whole body).
+	// Like the token stamps below it is read before the first byte goes
+	// out, never after the flush, so it is a lower bound for any mark the
+	// sidecar takes on those bytes, whatever the scheduler does.
+	HeadersSent time.Time
+	// FirstToken and LastToken are the moments the engine began writing
+	// the first and the last token event (streams). With several choices
+	// a step sends one event per choice; the stamp is the step's, taken
+	// before its first event.
+	FirstToken, LastToken time.Time
+	// Done is when the handler returned.
+	Done time.Time
+	// FirstReasoning and FirstContent are the moments the engine began
+	// writing the first reasoning and the first content (text or tool
+	// call) events of a chat stream.
 	FirstReasoning, FirstContent time.Time
 	// ClientGone is when the engine saw its client go away, zero if the
 	// client stayed to the end.
@@ -100,7 +113,8 @@ type Record struct {
 	// CompletionTokens are the usage the engine reported.
 	TokenEvents                    int
 	PromptTokens, CompletionTokens int
-	// MaxTokenGap is the largest gap between two consecutive token events.
+	// MaxTokenGap is the largest gap between the stamps of two consecutive
+	// token events: the engine's own pacing, the truth for max_itl_ms.
 	MaxTokenGap time.Duration
 }
 
@@ -192,23 +206,39 @@ func (s *Server) Handler() http.Handler {
 
 // Wait returns the record of request id once the engine is done with it.
 func (s *Server) Wait(ctx context.Context, id string) (Record, error) {
+	e, err := s.entry(ctx, id)
+	if err != nil {
+		return Record{}, err
+	}
+	select {
+	case <-e.done:
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return e.rec, nil
+	case <-ctx.Done():
+		return Record{}, fmt.Errorf("request %s still running: %w", id, ctx.Err())
+	}
+}
+
+// Started returns once request id has reached the engine (its Received
+// stamp is set), done or not.
+func (s *Server) Started(ctx context.Context, id string) error {
+	_, err := s.entry(ctx, id)
+	return err
+}
+
+// entry waits for request id to arrive.
+func (s *Server) entry(ctx context.Context, id string) (*entry, error) {
 	for {
 		s.mu.Lock()
 		e := s.records[id]
 		s.mu.Unlock()
 		if e != nil {
-			select {
-			case <-e.done:
-				s.mu.Lock()
-				defer s.mu.Unlock()
-				return e.rec, nil
-			case <-ctx.Done():
-				return Record{}, fmt.Errorf("request %s still running: %w", id, ctx.Err())
-			}
+			return e, nil
 		}
 		select {
 		case <-ctx.Done():
-			return Record{}, fmt.Errorf("no request %s: %w", id, ctx.Err())
+			return nil, fmt.Errorf("no request %s: %w", id, ctx.Err())
 		case <-time.After(time.Millisecond):
 		}
 	}

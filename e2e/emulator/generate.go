@@ -315,8 +315,8 @@ func (g *generation) wait(d time.Duration) bool {
 }
 
 func (g *generation) fail(status int, typ, msg string) {
-	writeJSON(g.w, status, newAPIError(status, typ, msg))
 	g.mark(func(r *Record) { r.Status, r.HeadersSent = status, time.Now() })
+	writeJSON(g.w, status, newAPIError(status, typ, msg))
 }
 
 // text is the output of tokens [from, from+n) of one choice.
@@ -387,12 +387,12 @@ func (g *generation) unary() {
 	scheduled := g.e.rec.Received.Add(g.timing.HeaderDelay)
 	first := scheduled.Add(g.timing.TTFT)
 	last := first.Add(time.Duration(len(steps)-1) * g.timing.ITL)
-	writeJSON(g.w, http.StatusOK, completion{ID: id, Object: object, Created: g.s.created, Model: g.s.cfg.Model,
-		Choices: choices, Usage: g.usage(total), Metrics: g.engineMetrics(scheduled, first, last, g.tokens)})
 	g.mark(func(r *Record) {
 		r.Status, r.HeadersSent = http.StatusOK, time.Now()
 		r.PromptTokens, r.CompletionTokens = g.prompt, total
 	})
+	writeJSON(g.w, http.StatusOK, completion{ID: id, Object: object, Created: g.s.created, Model: g.s.cfg.Model,
+		Choices: choices, Usage: g.usage(total), Metrics: g.engineMetrics(scheduled, first, last, g.tokens)})
 }
 
 // message is the non-streaming chat message with the output of steps.

@@ -21,9 +21,9 @@ func (g *generation) stream() {
 	h := g.w.Header()
 	h.Set("Content-Type", "text/event-stream; charset=utf-8")
 	h.Set("Cache-Control", "no-cache")
+	g.mark(func(r *Record) { r.Status, r.HeadersSent = http.StatusOK, time.Now() })
 	g.w.WriteHeader(http.StatusOK)
 	flusher.Flush()
-	g.mark(func(r *Record) { r.Status, r.HeadersSent = http.StatusOK, time.Now() })
 
 	continuous := g.includeUsage() && g.req.StreamOptions.ContinuousUsageStats
 	object := "text_completion"
@@ -70,6 +70,7 @@ func (g *generation) stream() {
 		}
 		st := steps.next()
 		last := !steps.more()
+		began := time.Now() // before the step's first byte: see Record
 		n := len(st.tokens)
 		if last {
 			n = g.tokens - tokensSent // the step split for a surrogate pair carries none
@@ -122,7 +123,7 @@ func (g *generation) stream() {
 			textAt += len(joinText([]json.RawMessage{content}))
 		}
 		events++
-		g.markTokenEvent(events, &st)
+		g.markTokenEvent(began, events, &st)
 	}
 	if g.includeUsage() {
 		var rec Record
@@ -161,10 +162,11 @@ func (g *generation) cut() {
 	}
 }
 
-// markTokenEvent records that token event number events (from 1) went out
-// with st's output, or with content when st is nil.
-func (g *generation) markTokenEvent(events int, st *step) {
-	now := time.Now()
+// markTokenEvent records that token event number events (from 1), whose
+// writing began at now, went out with st's output, or with content when st
+// is nil. It is called once the event is written, so an event the client
+// never got is not counted; now was read before its first byte.
+func (g *generation) markTokenEvent(now time.Time, events int, st *step) {
 	g.mark(func(r *Record) {
 		if r.FirstToken.IsZero() {
 			r.FirstToken = now
