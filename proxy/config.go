@@ -50,8 +50,9 @@ const (
 	DefaultMaxResponseHeaderSize = 4 << 10
 	DefaultMaxBufferedResponse   = 16 << 20
 	DefaultMaxEventSize          = 64 << 10
-	DefaultMaxIdleUpstreamConns  = 256
 	DefaultAdminListen           = ":9101"
+	DefaultAccessLog             = true
+	DefaultInjectUsage           = true
 	DefaultMaxModelLabels        = 32
 	DefaultMaxTenantLabels       = 32
 	DefaultReadinessProbe        = ProbeHTTP
@@ -169,8 +170,8 @@ func DefaultConfig() Config {
 		MaxBufferedResponse:    DefaultMaxBufferedResponse,
 		MaxEventSize:           DefaultMaxEventSize,
 		AdminListen:            DefaultAdminListen,
-		AccessLog:              true,
-		InjectUsage:            true,
+		AccessLog:              DefaultAccessLog,
+		InjectUsage:            DefaultInjectUsage,
 		MaxModelLabels:         DefaultMaxModelLabels,
 		MaxTenantLabels:        DefaultMaxTenantLabels,
 		ReadinessProbe:         DefaultReadinessProbe,

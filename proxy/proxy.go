@@ -41,7 +41,7 @@ type Proxy struct {
 // request.
 func New(cfg Config, log *slog.Logger, accessLog io.Writer) (*Proxy, error) {
 	if err := cfg.Validate(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("invalid configuration:\n%w", err)
 	}
 	up, err := newUpstream(&cfg)
 	if err != nil {

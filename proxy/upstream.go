@@ -14,6 +14,11 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
+// maxIdleUpstreamConns bounds the pooled idle connections to the engine:
+// more than the in-flight requests an engine serves at once, so a burst's
+// connections are reused; each holds a response-header buffer.
+const maxIdleUpstreamConns = 256
+
 // upstream is a small HTTP/1.1 client for the engine with a pool of
 // keep-alive connections. It is not fasthttp.HostClient because the sidecar
 // must be able to abort any one request at any moment, also while it waits
@@ -49,7 +54,7 @@ func newUpstream(cfg *Config) (*upstream, error) {
 		headerTimeout: cfg.UpstreamHeaderTimeout,
 		idleTimeout:   cfg.UpstreamIdleTimeout,
 		keepAlive:     cfg.UpstreamKeepAlive,
-		maxIdle:       DefaultMaxIdleUpstreamConns,
+		maxIdle:       maxIdleUpstreamConns,
 		maxHeader:     cfg.MaxResponseHeaderSize,
 	}
 	u.writers.New = func() any { return bufio.NewWriterSize(nil, 4<<10) }

@@ -37,10 +37,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Flags:     serveFlags(),
 		Commands:  []*cli.Command{demoCommand(), emulateCommand(), benchCommand(), accuracyCommand()},
 		Action: func(c *cli.Context) error {
-			cfg, err := configFrom(c)
-			if err != nil {
-				return err
-			}
+			cfg := configFrom(c)
 			log, err := newLogger(stderr, c.String("log-level"))
 			if err != nil {
 				return err
@@ -50,9 +47,9 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 	}
 }
 
-// configFrom turns flags into a proxy.Config and validates it.
-func configFrom(c *cli.Context) (proxy.Config, error) {
-	cfg := proxy.Config{
+// configFrom turns flags into a proxy.Config; proxy.Run validates it.
+func configFrom(c *cli.Context) proxy.Config {
+	return proxy.Config{
 		Listen:                 c.String("listen"),
 		Upstream:               c.String("upstream"),
 		Mode:                   proxy.Mode(c.String("per-request-metrics")),
@@ -83,10 +80,6 @@ func configFrom(c *cli.Context) (proxy.Config, error) {
 		ShutdownGrace:          c.Duration("shutdown-grace"),
 		DrainDelay:             c.Duration("drain-delay"),
 	}
-	if err := cfg.Validate(); err != nil {
-		return cfg, fmt.Errorf("invalid configuration:\n%w", err)
-	}
-	return cfg, nil
 }
 
 func newLogger(w io.Writer, level string) (*slog.Logger, error) {

@@ -12,14 +12,16 @@ import (
 	"github.com/timing-sidecar/timing-sidecar/proxy"
 )
 
-// parse runs the app's flag parsing and returns the resulting config.
+// parse runs the app's flag parsing and returns the resulting config and
+// what proxy.Run would say of it.
 func parse(t *testing.T, args ...string) (proxy.Config, error) {
 	t.Helper()
 	var cfg proxy.Config
 	var cfgErr error
 	app := newApp(&bytes.Buffer{}, &bytes.Buffer{})
 	app.Action = func(c *cli.Context) error {
-		cfg, cfgErr = configFrom(c)
+		cfg = configFrom(c)
+		cfgErr = cfg.Validate()
 		return nil
 	}
 	if err := app.RunContext(context.Background(), append([]string{"timing-sidecar"}, args...)); err != nil {
