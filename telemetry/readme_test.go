@@ -14,7 +14,7 @@ import (
 // step with what the recorder registers: every series named there exists,
 // with that type, and every series registered is named there.
 func TestReadmeListsEverySeries(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
+	readme, err := os.ReadFile("README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +41,7 @@ func TestReadmeListsEverySeries(t *testing.T) {
 		registered = append(registered, name)
 		switch want, ok := documented[name]; {
 		case !ok:
-			t.Errorf("%s (%s) is registered but not in the README's series table", name, typ)
+			t.Errorf("%s (%s) is registered but not in telemetry/README.md", name, typ)
 		case want != typ:
 			t.Errorf("%s is a %s, the README says %s", name, typ, want)
 		}
