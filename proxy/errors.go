@@ -89,3 +89,25 @@ func requestError(err error) apiError {
 func safeError(err error) string {
 	return redactRequestBytes(err.Error())
 }
+
+// upstreamErrorKind names an engine failure for the errors counter.
+func upstreamErrorKind(err error, beforeHeaders bool) string {
+	var ne net.Error
+	timeout := errors.Is(err, errHeaderTimeout) || errors.Is(err, fasthttp.ErrTimeout) || (errors.As(err, &ne) && ne.Timeout())
+	var op *net.OpError
+	var small *fasthttp.ErrSmallBuffer
+	switch {
+	case errors.As(err, &small):
+		return telemetry.ErrorBadResponse
+	case !beforeHeaders && timeout:
+		return telemetry.ErrorIdleTimeout
+	case !beforeHeaders:
+		return telemetry.ErrorInterrupted
+	case timeout:
+		return telemetry.ErrorTimeout
+	case errors.As(err, &op) && op.Op == "dial":
+		return telemetry.ErrorConnect
+	default:
+		return telemetry.ErrorClosed
+	}
+}

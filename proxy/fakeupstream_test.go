@@ -16,7 +16,13 @@ import (
 
 // fakeEngine is an in-process OpenAI-compatible upstream whose timing is set
 // per request with headers, and which records the truth the sidecar's
-// numbers are checked against:
+// numbers are checked against. It stays beside the emulated engine
+// (e2e/emulator), which these tests use too, for what a product emulator
+// should not do: record every event's send time and every byte it wrote,
+// send hop-by-hop headers and verbatim bodies, and answer with shapes a
+// test names exactly (no finish event, an error status with any body).
+// The emulator is vLLM as users meet it; this is a test instrument.
+//
 //
 //	X-Fake-Header-Delay  ms before response headers
 //	X-Fake-TTFT          ms after headers before the first token (streams)

@@ -3,9 +3,7 @@ package proxy
 import (
 	"bytes"
 	"encoding/hex"
-	"errors"
 	"math/rand/v2"
-	"net"
 	"runtime/debug"
 	"time"
 
@@ -124,31 +122,4 @@ func (p *Proxy) record(f *flight) (ok bool) {
 	}
 	p.telemetry.Finish(&f.rec)
 	return true
-}
-
-// setResponseID returns the request id to the client.
-func setResponseID(ctx *fasthttp.RequestCtx, f *flight) {
-	ctx.Response.Header.SetBytesKV(requestIDHeader, []byte(f.rec.ID))
-}
-
-// upstreamErrorKind names an engine failure for the errors counter.
-func upstreamErrorKind(err error, beforeHeaders bool) string {
-	var ne net.Error
-	timeout := errors.Is(err, errHeaderTimeout) || errors.Is(err, fasthttp.ErrTimeout) || (errors.As(err, &ne) && ne.Timeout())
-	var op *net.OpError
-	var small *fasthttp.ErrSmallBuffer
-	switch {
-	case errors.As(err, &small):
-		return telemetry.ErrorBadResponse
-	case !beforeHeaders && timeout:
-		return telemetry.ErrorIdleTimeout
-	case !beforeHeaders:
-		return telemetry.ErrorInterrupted
-	case timeout:
-		return telemetry.ErrorTimeout
-	case errors.As(err, &op) && op.Op == "dial":
-		return telemetry.ErrorConnect
-	default:
-		return telemetry.ErrorClosed
-	}
 }

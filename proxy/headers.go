@@ -122,3 +122,8 @@ func isEncoded(resp *fasthttp.Response) bool {
 	ce := resp.Header.ContentEncoding()
 	return len(ce) > 0 && !bytes.EqualFold(ce, []byte("identity"))
 }
+
+// setResponseID returns the request id to the client.
+func setResponseID(ctx *fasthttp.RequestCtx, f *flight) {
+	ctx.Response.Header.SetBytesKV(requestIDHeader, []byte(f.rec.ID))
+}
