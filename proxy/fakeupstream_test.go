@@ -23,7 +23,6 @@ import (
 // test names exactly (no finish event, an error status with any body).
 // The emulator is vLLM as users meet it; this is a test instrument.
 //
-//
 //	X-Fake-Header-Delay  ms before response headers
 //	X-Fake-TTFT          ms after headers before the first token (streams)
 //	X-Fake-ITL           ms between token events
