@@ -106,11 +106,15 @@ func startSidecar(t *testing.T, args []string, env ...string) *sidecar {
 			s.accessLog <- sc.Text()
 		}
 	}()
+	// logged is closed when the sidecar's last log line has been logged:
+	// the test must not end before, or the logging races with its end.
+	logged := make(chan struct{})
 	t.Cleanup(func() {
 		cmd.Process.Signal(syscall.SIGTERM)
 		if err := s.wait(t, 10*time.Second); err != nil {
 			t.Errorf("sidecar exited with %v after SIGTERM", err)
 		}
+		<-logged // the pipe is closed once the process has exited
 	})
 	type addrs struct {
 		Msg         string `json:"msg"`
@@ -119,6 +123,7 @@ func startSidecar(t *testing.T, args []string, env ...string) *sidecar {
 	}
 	listening := make(chan addrs, 1)
 	go func() {
+		defer close(logged)
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
 			var line addrs
