@@ -188,7 +188,7 @@ func measureStreams(ctx context.Context, base string, engine *emulator.Server, o
 	for range opts.Concurrency {
 		wg.Go(func() {
 			for range next {
-				metrics, id, err := stream(ctx, client, base, body)
+				metrics, id, err := PostForMetrics(ctx, client, base, body, true)
 				var rec emulator.Record
 				if err == nil {
 					waitCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -221,44 +221,6 @@ func measureStreams(ctx context.Context, base string, engine *emulator.Server, o
 	close(next)
 	wg.Wait()
 	return errs, failed, fatal
-}
-
-// stream sends one streaming request and returns its metrics object and
-// its id.
-func stream(ctx context.Context, client *http.Client, base, body string) (string, string, error) {
-	req, err := http.NewRequestWithContext(ctx, "POST", base+"/v1/chat/completions", strings.NewReader(body))
-	if err != nil {
-		return "", "", err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := client.Do(req)
-	if err != nil {
-		return "", "", err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		io.Copy(io.Discard, resp.Body) //nolint:errcheck
-		return "", "", fmt.Errorf("status %d", resp.StatusCode)
-	}
-	var metrics, id string
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		data, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok || data == "[DONE]" {
-			continue
-		}
-		id = gjson.Get(data, "id").Str
-		if m := gjson.Get(data, "metrics"); m.IsObject() {
-			metrics = m.Raw
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return "", "", err
-	}
-	if metrics == "" || id == "" {
-		return "", "", errors.New("no metrics in the stream")
-	}
-	return metrics, id, nil
 }
 
 func errorStats(tr truth, signed []float64) ErrorStats {

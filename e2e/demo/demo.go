@@ -5,19 +5,18 @@
 package demo
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
-	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/tidwall/gjson"
 
+	"github.com/timing-sidecar/timing-sidecar/e2e/bench"
 	"github.com/timing-sidecar/timing-sidecar/e2e/emulator"
 	"github.com/timing-sidecar/timing-sidecar/proxy"
 )
@@ -59,7 +58,7 @@ func Run(ctx context.Context, timing emulator.Timing, w io.Writer) error {
 		{`non-streaming chat completion ("include_metrics": true)`,
 			`{"model":"emulated","include_metrics":true,"messages":[{"role":"user","content":"Tell me about foxes"}]}`, false},
 	} {
-		metrics, id, err := send(ctx, base, r.body, r.stream)
+		metrics, id, err := bench.PostForMetrics(ctx, http.DefaultClient, base, r.body, r.stream)
 		if err != nil {
 			return fmt.Errorf("%s: %w", r.title, err)
 		}
@@ -74,51 +73,6 @@ func Run(ctx context.Context, timing emulator.Timing, w io.Writer) error {
 		fmt.Fprintf(w, "  \"metrics\": %s\n", metrics)
 	}
 	return nil
-}
-
-// send posts body to the sidecar and returns the metrics object of the
-// response and the response's id.
-func send(ctx context.Context, base, body string, stream bool) (string, string, error) {
-	req, err := http.NewRequestWithContext(ctx, "POST", base+"/v1/chat/completions", strings.NewReader(body))
-	if err != nil {
-		return "", "", err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return "", "", err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(resp.Body)
-		return "", "", fmt.Errorf("status %d: %s", resp.StatusCode, b)
-	}
-	if !stream {
-		b, err := io.ReadAll(resp.Body)
-		if err != nil {
-			return "", "", err
-		}
-		return gjson.GetBytes(b, "metrics").Raw, gjson.GetBytes(b, "id").Str, nil
-	}
-	var metrics, id string
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		data, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok || data == "[DONE]" {
-			continue
-		}
-		id = gjson.Get(data, "id").Str
-		if m := gjson.Get(data, "metrics"); m.Exists() {
-			metrics = m.Raw
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return "", "", err
-	}
-	if metrics == "" {
-		return "", "", fmt.Errorf("no metrics in the stream")
-	}
-	return metrics, id, nil
 }
 
 // report prints the sidecar's figures beside the engine's record.
