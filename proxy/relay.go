@@ -417,22 +417,21 @@ func (r *eventRelay) heldTakesMetrics(next rewrite.Event) bool {
 func (r *eventRelay) releaseHeld(withMetrics bool) []byte {
 	held := r.held
 	r.held = nil
-	if !withMetrics || r.metricsSent {
-		// A copy: heldBuf may take the next event before this one is out.
-		r.heldOut = append(r.heldOut[:0], held...)
-		return r.heldOut
+	if withMetrics && !r.metricsSent {
+		ev := rewrite.ClassifyEvent(held)
+		engine := rewrite.EngineTimingOf(ev.Target())
+		if !engine.Reported {
+			engine = r.engine // from the usage event the client does not get
+		}
+		r.metrics, _ = r.f.metricsJSON(r.metrics[:0], time.Now(), engine)
+		if out, ok := rewrite.AppendEventWithMetrics(r.heldOut[:0], held, ev, r.metrics); ok {
+			r.heldOut, r.metricsSent = out, true
+			return out
+		}
 	}
-	ev := rewrite.ClassifyEvent(held)
-	engine := rewrite.EngineTimingOf(ev.Target())
-	if !engine.Reported {
-		engine = r.engine // from the usage event the client does not get
-	}
-	r.metrics, _ = r.f.metricsJSON(r.metrics[:0], time.Now(), engine)
-	if out, ok := rewrite.AppendEventWithMetrics(r.heldOut[:0], held, ev, r.metrics); ok {
-		r.heldOut, r.metricsSent = out, true
-		return out
-	}
-	return held
+	// A copy: heldBuf may take the next event before this one is out.
+	r.heldOut = append(r.heldOut[:0], held...)
+	return r.heldOut
 }
 
 // fillTrailer sets the Server-Timing trailer for the whole stream.
