@@ -92,7 +92,8 @@ func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight) {
 		return
 	}
 	f.wantMetrics, f.metricsOnFinish, f.hideUsage, f.multiple = pl.wantMetrics, pl.metricsOnFinish, pl.hideUsage, pl.multiple
-	x, resp, ok := p.forward(ctx, f, p.upstreamBody(f, body, req, pl), f.wantMetrics || f.hideUsage || f.upgraded)
+	upBody := p.upstreamBody(f, body, req, pl) // settles f.upgraded, and what a failed edit turns off
+	x, resp, ok := p.forward(ctx, f, upBody, f.wantMetrics || f.hideUsage || f.upgraded)
 	if !ok {
 		return
 	}

@@ -350,8 +350,11 @@ func (r *eventRelay) inspect(raw []byte) {
 		r.engine = rewrite.EngineTimingOf(ev.Target())
 	}
 	var released []byte
-	if r.held != nil {
-		// This event shows whether the held one takes the metrics.
+	if r.held != nil && !(r.heldForFinish && !rewrite.CarriesChoices(ev) && ev.Kind != rewrite.EventUsage && ev.Kind != rewrite.EventDone) {
+		// This event shows whether the held one takes the metrics. A
+		// comment or a ping between the finishing event and the usage
+		// shows nothing: it goes out ahead, and the hold goes on (no SSE
+		// client can tell a comment's place).
 		released = r.releaseHeld(r.heldTakesMetrics(ev))
 	}
 	switch {

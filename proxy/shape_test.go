@@ -235,3 +235,31 @@ func TestClientLoopsReadTheMetrics(t *testing.T) {
 		})
 	}
 }
+
+func TestAPingBetweenTheFinishAndTheUsage(t *testing.T) {
+	// Servers and gateways send comments and pings at any moment; one
+	// between the finishing event and the usage must not leave the
+	// metrics with nothing to ride on.
+	usageEvent := `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[]` + shapeUsage + "}\n\n"
+	for _, ping := range []string{": keep-alive\n\n", "event: ping\ndata: {}\n\n"} {
+		engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, body []byte) {
+			defer c.Close()
+			out := sseHead + chunk(roleEvent) + chunk(tokenEvent("a")) + chunk(shapeEvent(0, `{}`, "", "stop", "")) + chunk(ping)
+			if strings.Contains(string(body), `"include_usage":true`) {
+				out += chunk(usageEvent)
+			}
+			io.WriteString(c, out+chunk("data: [DONE]\n\n")+"0\r\n\r\n")
+		})
+		base := startProxy(t, engine.URL(), nil)
+		resp := post(t, base+"/v1/chat/completions", `{"stream":true,"include_metrics":true}`, nil)
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if n := strings.Count(string(got), `"metrics":{`); n != 1 || strings.Contains(string(got), `"choices":[]`) {
+			t.Fatalf("ping %q: %d events carry metrics, want the finishing one:\n%s", ping, n, got)
+		}
+		finish := strings.Index(string(got), `"finish_reason":"stop"`)
+		if metrics := strings.Index(string(got), `"metrics":{`); metrics < finish || !strings.Contains(string(got), strings.TrimSpace(ping)) {
+			t.Fatalf("ping %q: the metrics are not on the finishing event, or the ping is lost:\n%s", ping, got)
+		}
+	}
+}

@@ -131,6 +131,17 @@ func ClassifyEvent(raw []byte) Event {
 
 var usageKey = []byte(`usage"`)
 
+// CarriesChoices tells whether an event's data has a non-empty "choices"
+// array: a chat or completions chunk, as opposed to a comment, a ping, or
+// a usage event.
+func CarriesChoices(ev Event) bool {
+	if ev.Data == nil {
+		return false
+	}
+	choices := gjson.Get(view(ev.Data), "choices")
+	return choices.IsArray() && !isEmptyArray(choices.Raw)
+}
+
 // FinishesChoice tells whether a classified Chat Completions or Completions
 // event finishes at least one of its choices: one has a finish_reason that
 // is not null. It reads the choices again, so the relay asks it only of

@@ -149,3 +149,17 @@ func TestFinishesChoice(t *testing.T) {
 		}
 	}
 }
+
+func TestCarriesChoices(t *testing.T) {
+	for raw, want := range map[string]bool{
+		"data: {\"choices\":[{\"index\":0,\"delta\":{}}]}\n\n":       true,
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1}}\n\n": false,
+		": keep-alive\n\n":          false,
+		"event: ping\ndata: {}\n\n": false,
+		"data: [DONE]\n\n":          false,
+	} {
+		if got := CarriesChoices(ClassifyEvent([]byte(raw))); got != want {
+			t.Errorf("CarriesChoices(%q) = %v, want %v", raw, got, want)
+		}
+	}
+}
