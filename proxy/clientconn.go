@@ -190,7 +190,14 @@ var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return 
 const (
 	lingerTime    = 10 * time.Second
 	lingerTimeout = 2 * time.Second
+	// maxLingering bounds the connections lingering at once; past it a
+	// connection is closed at once, as before lingering existed, so a
+	// flood of over-limit requests cannot pile up readers.
+	maxLingering = 256
 )
+
+// lingering counts the connections lingering now.
+var lingering atomic.Int32
 
 // closeAfterError ends the connection once the error response is written,
 // with a lingering close.
@@ -206,7 +213,11 @@ func closeAfterError(ctx *fasthttp.RequestCtx) {
 // before closing.
 func (c *clientConn) Close() error {
 	tc, ok := c.Conn.(*net.TCPConn)
-	if !c.linger.CompareAndSwap(true, false) || !ok || tc.CloseWrite() != nil {
+	if !c.linger.CompareAndSwap(true, false) || !ok {
+		return c.Conn.Close()
+	}
+	if lingering.Add(1) > maxLingering || tc.CloseWrite() != nil {
+		lingering.Add(-1)
 		return c.Conn.Close()
 	}
 	go discardAndClose(tc)
@@ -214,8 +225,11 @@ func (c *clientConn) Close() error {
 }
 
 func discardAndClose(c *net.TCPConn) {
+	defer lingering.Add(-1)
 	defer c.Close()
-	buf := make([]byte, 16<<10)
+	bp := copyBuffers.Get().(*[]byte)
+	defer copyBuffers.Put(bp)
+	buf := *bp
 	end := time.Now().Add(lingerTime)
 	for {
 		deadline := time.Now().Add(lingerTimeout)
