@@ -34,14 +34,8 @@ func checkRequest(h *fasthttp.RequestHeader) *apiError {
 func checkFraming(raw []byte) *apiError {
 	lengths, codings := 0, 0
 	chunkedLast, otherCoding := false, false
-	for len(raw) > 0 {
-		line := raw
-		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
-			line, raw = raw[:i], raw[i+1:]
-		} else {
-			raw = nil
-		}
-		line = bytes.TrimSuffix(line, []byte{'\r'})
+	for line := range bytes.Lines(raw) {
+		line = bytes.TrimSuffix(bytes.TrimSuffix(line, []byte{'\n'}), []byte{'\r'})
 		if len(line) == 0 {
 			continue
 		}

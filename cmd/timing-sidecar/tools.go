@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"time"
 
@@ -66,11 +67,7 @@ func benchCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			if c.Bool("json") {
-				return r.WriteJSON(c.App.Writer)
-			}
-			r.WriteTable(c.App.Writer)
-			return nil
+			return writeReport(c, r)
 		},
 	}
 }
@@ -103,11 +100,22 @@ func accuracyCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			if c.Bool("json") {
-				return r.WriteJSON(c.App.Writer)
-			}
-			r.WriteTable(c.App.Writer)
-			return nil
+			return writeReport(c, r)
 		},
 	}
+}
+
+// report is what the bench and accuracy commands print.
+type report interface {
+	WriteJSON(io.Writer) error
+	WriteTable(io.Writer)
+}
+
+// writeReport prints r as a table, or as JSON with --json.
+func writeReport(c *cli.Context, r report) error {
+	if c.Bool("json") {
+		return r.WriteJSON(c.App.Writer)
+	}
+	r.WriteTable(c.App.Writer)
+	return nil
 }
