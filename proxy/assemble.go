@@ -123,6 +123,9 @@ func assemble(events *rewrite.EventReader, a *rewrite.Assembly, f *flight) (timi
 			return engine, errEventTooLarge
 		}
 		ev := rewrite.ClassifyEvent(raw)
+		if f.rec.Trace.On() {
+			f.rec.Trace.Answer.ObserveEvent(rewrite.APIChat, ev)
+		}
 		switch {
 		case ev.Kind == rewrite.EventDone:
 			done = true

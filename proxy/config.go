@@ -10,6 +10,8 @@ import (
 	"net"
 	"net/url"
 	"time"
+
+	"github.com/timing-sidecar/timing-sidecar/telemetry"
 )
 
 // Mode says which requests get a metrics object.
@@ -150,6 +152,10 @@ type Config struct {
 	// DrainDelay is how long after SIGTERM new connections are still
 	// accepted (with /readyz failing), while load balancers catch up.
 	DrainDelay time.Duration
+
+	// Tracing says whether and where measured requests' spans go; off
+	// unless an OTLP endpoint is set (see telemetry.TraceConfig).
+	Tracing telemetry.TraceConfig
 }
 
 // DefaultConfig returns a Config with every default applied.
@@ -190,6 +196,9 @@ func (c *Config) Validate() error {
 	}
 	if _, _, err := net.SplitHostPort(c.AdminListen); err != nil {
 		errs = append(errs, fmt.Errorf("admin listen address %q: %w", c.AdminListen, err))
+	}
+	if err := c.Tracing.Check(); err != nil {
+		errs = append(errs, err)
 	}
 	switch c.ReadinessProbe {
 	case ProbeHTTP, ProbeTCP:

@@ -120,6 +120,9 @@ func (p *Proxy) record(f *flight) (ok bool) {
 		f.rec.Measured = true
 		f.rec.Metrics = f.metrics(timing.EngineTiming{})
 	}
+	if f.rec.Trace.On() {
+		f.rec.Trace.Clock = f.clock
+	}
 	p.telemetry.Finish(&f.rec)
 	return true
 }

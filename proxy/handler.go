@@ -84,6 +84,9 @@ func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight) {
 	req := rewrite.InspectRequest(body)
 	pl := planFor(&p.cfg, f.route, req)
 	f.rec.Model, f.rec.Stream = req.Model, req.Stream
+	if p.tracer != nil {
+		p.beginTrace(ctx, f, body)
+	}
 	if pl.refuse {
 		// The sidecar's own field: its client gets told, not the engine.
 		apiError{Status: fasthttp.StatusBadRequest, Type: "invalid_request_error", Code: "invalid_include_metrics",
@@ -161,6 +164,12 @@ func (p *Proxy) relayMeasured(ctx *fasthttp.RequestCtx, f *flight, x *exchange, 
 func (p *Proxy) forward(ctx *fasthttp.RequestCtx, f *flight, body []byte, identity bool) (*exchange, *fasthttp.Response, bool) {
 	req := fasthttp.AcquireRequest()
 	upstreamRequest(req, ctx, body, identity, p.up.addr.host)
+	if f.rec.Trace.On() {
+		// The engine's span is the child of the sidecar's CLIENT span,
+		// not of the client's: the client's trace context is replaced.
+		req.Header.Del("Tracestate")
+		p.tracer.Send(&f.rec.Trace, requestCarrier{&req.Header}, time.Now(), f.rec.Method, f.rec.Path)
+	}
 	resp := fasthttp.AcquireResponse()
 	resp.SkipBody = ctx.IsHead()
 	// A response without Content-Type must not read as text/plain.
@@ -175,6 +184,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, f *flight, body []byte, identi
 	if err == nil {
 		x.client = cc
 		f.clock.Accepted = x.headersRead
+		f.rec.Trace.EngineStatus = resp.StatusCode()
 		return x, resp, true
 	}
 	if cc != nil {

@@ -28,12 +28,17 @@ type Proxy struct {
 	pools     *pools
 	registry  *prometheus.Registry
 	telemetry *telemetry.Recorder
-	admin     *http.Server
-	prober    *http.Client
-	ready     readiness
-	probeOnce sync.Once
-	stop      chan struct{}
-	stopOnce  sync.Once
+	// tracer is nil when tracing is off.
+	tracer *telemetry.Tracer
+	// engineAddress and enginePort are the engine's, for spans.
+	engineAddress string
+	enginePort    int
+	admin         *http.Server
+	prober        *http.Client
+	ready         readiness
+	probeOnce     sync.Once
+	stop          chan struct{}
+	stopOnce      sync.Once
 }
 
 // New checks cfg and builds a Proxy. log gets operational messages;
@@ -52,6 +57,11 @@ func New(cfg Config, log *slog.Logger, accessLog io.Writer) (*Proxy, error) {
 	if cfg.AccessLog && accessLog != nil {
 		opts.AccessLog = slog.New(slog.NewJSONHandler(accessLog, nil))
 	}
+	if p.tracer, err = telemetry.NewTracer(cfg.Tracing, p.registry, log); err != nil {
+		return nil, fmt.Errorf("tracing: %w", err)
+	}
+	opts.Tracer = p.tracer
+	p.engineAddress, p.enginePort = splitHostPort(up.addr.host, 0)
 	p.telemetry = telemetry.NewRecorder(p.registry, opts)
 	p.admin = &http.Server{Handler: p.AdminHandler(), ReadHeaderTimeout: 10 * time.Second,
 		// Scrapers and probes keep connections alive between visits;
@@ -145,6 +155,9 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 	// "shutting down", /healthz keeps the pod alive, /metrics counts the
 	// last requests.
 	err := p.server.ShutdownWithContext(ctx)
+	// Every request has ended, so every span has: what is queued goes to
+	// the collector in what is left of the grace.
+	err = errors.Join(err, p.tracer.Shutdown(ctx))
 	return errors.Join(err, p.admin.Shutdown(ctx))
 }
 

@@ -181,6 +181,9 @@ func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *exchang
 	}
 	inspected := rewrite.InspectBody(buf.B)
 	f.usage = inspected.Usage
+	if f.rec.Trace.On() {
+		f.rec.Trace.Answer.ObserveBody(f.route.api, buf.B)
+	}
 	copyResponseHeader(ctx, resp)
 	setResponseID(ctx, f)
 	f.rec.Status = resp.StatusCode()
@@ -341,6 +344,9 @@ func (r *eventRelay) inspect(raw []byte) {
 	ev := rewrite.ClassifyEventFor(f.route.api, raw)
 	if ev.Kind == rewrite.EventToken {
 		f.clock.MarkOutput(time.Now(), ev.Output)
+	}
+	if f.rec.Trace.On() {
+		f.rec.Trace.Answer.ObserveEvent(f.route.api, ev)
 	}
 	// Anthropic's message_start carries the input tokens ahead of the
 	// rest; a usage event, the counts a held event's metrics need, and

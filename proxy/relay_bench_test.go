@@ -3,13 +3,19 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"io"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/timing-sidecar/timing-sidecar/telemetry"
 	"github.com/timing-sidecar/timing-sidecar/timing"
 )
 
@@ -82,8 +88,26 @@ func BenchmarkRelayStream100(b *testing.B) {
 }
 
 func TestRelayAllocatesNothingPerEvent(t *testing.T) {
+	t.Run("untraced", func(t *testing.T) { relayAllocations(t, nil) })
+	t.Run("traced", func(t *testing.T) {
+		tracer, err := telemetry.NewTracer(telemetry.TraceConfig{Exporter: tracetest.NewNoopExporter()}, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tracer.Shutdown(context.Background()) //nolint:errcheck
+		relayAllocations(t, tracer)
+	})
+}
+
+// relayAllocations checks that a stream's events cost no allocation in
+// steady state, with tracing on when tracer is not nil.
+func relayAllocations(t *testing.T, tracer *telemetry.Tracer) {
 	stream := strings.Repeat(event300, 10) + usageEvent
 	r := newBenchRelay(stream)
+	tracer.Begin(&r.f.rec.Trace, propagation.MapCarrier{}, time.Now(), telemetry.EndpointChat, "m")
+	if (tracer != nil) != r.f.rec.Trace.On() {
+		t.Fatal("the trace did not begin")
+	}
 	buf := make([]byte, 4096)
 	for i := 0; i < 11; i++ { // warm up: buffers reach their steady size
 		readEvent(t, r, buf)

@@ -42,6 +42,8 @@ type Record struct {
 	UpstreamError string
 	// ClientGone says the client left before the response was complete.
 	ClientGone bool
+	// Trace is the request's spans, when it is traced.
+	Trace Trace
 }
 
 // timeToFirstToken is arrival to first token: the Prometheus definition,

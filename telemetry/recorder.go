@@ -34,6 +34,8 @@ type Options struct {
 	MaxTenants  int
 	// AccessLog, when set, gets one line per request.
 	AccessLog *slog.Logger
+	// Tracer, when set, ends each traced record's spans.
+	Tracer *Tracer
 }
 
 // Recorder records finished requests.
@@ -41,6 +43,7 @@ type Recorder struct {
 	models, tenants *boundedLabel
 	tenantLabel     bool
 	accessLog       *slog.Logger
+	tracer          *Tracer
 
 	queue, ttft, ttfc, itl, maxITL, e2e *prometheus.HistogramVec
 	requests                            *prometheus.CounterVec
@@ -85,6 +88,7 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 		tenants:     newBoundedLabel(opts.MaxTenants),
 		tenantLabel: opts.TenantLabel,
 		accessLog:   opts.AccessLog,
+		tracer:      opts.Tracer,
 	}
 	perModel := []string{"endpoint", "model"}
 	counted := []string{"endpoint", "model"}
@@ -172,6 +176,7 @@ func (r *Recorder) Finish(req *Record) {
 	if r.accessLog != nil {
 		r.log(req)
 	}
+	r.tracer.End(req, time.Now())
 }
 
 func (r *Recorder) observe(req *Record, model, tenant string) {

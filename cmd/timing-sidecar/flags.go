@@ -68,6 +68,10 @@ func serveFlags() []cli.Flag {
 			Usage: "Longest time from SIGTERM to exit: requests in flight, streams included, get until then to finish. Keep it below the pod's terminationGracePeriodSeconds."},
 		&cli.DurationFlag{Name: "drain-delay", EnvVars: env("drain-delay"), Value: proxy.DefaultDrainDelay,
 			Usage: "How long after SIGTERM new connections are still accepted, with /readyz failing, while load balancers stop sending; part of the shutdown grace."},
+		&cli.StringFlag{Name: "otlp-traces-endpoint", EnvVars: env("otlp-traces-endpoint"),
+			Usage: "OTLP endpoint for traces, as OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (vLLM's flag name): each measured request becomes a span sent there. Empty leaves it to the OTEL_EXPORTER_OTLP_* variables; tracing is off when none is set."},
+		&cli.StringFlag{Name: "otlp-traces-protocol", EnvVars: env("otlp-traces-protocol"),
+			Usage: "OTLP protocol for traces: grpc or http/protobuf. Empty reads OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, then OTEL_EXPORTER_OTLP_PROTOCOL, then takes grpc, as vLLM does."},
 		&cli.StringFlag{Name: "log-level", EnvVars: env("log-level"), Value: "info",
 			Usage: "Log level: debug, info, warn or error. Logs are JSON on standard error."},
 	}

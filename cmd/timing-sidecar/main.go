@@ -16,6 +16,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/timing-sidecar/timing-sidecar/proxy"
+	"github.com/timing-sidecar/timing-sidecar/telemetry"
 )
 
 func main() {
@@ -38,6 +39,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Commands:  []*cli.Command{demoCommand(), emulateCommand(), benchCommand(), accuracyCommand()},
 		Action: func(c *cli.Context) error {
 			cfg := configFrom(c)
+			cfg.Tracing.ServiceVersion = version
 			log, err := newLogger(stderr, c.String("log-level"))
 			if err != nil {
 				return err
@@ -79,6 +81,10 @@ func configFrom(c *cli.Context) proxy.Config {
 		ReadinessInterval:      c.Duration("readiness-interval"),
 		ShutdownGrace:          c.Duration("shutdown-grace"),
 		DrainDelay:             c.Duration("drain-delay"),
+		Tracing: telemetry.TraceConfig{
+			Endpoint: c.String("otlp-traces-endpoint"),
+			Protocol: c.String("otlp-traces-protocol"),
+		},
 	}
 }
 

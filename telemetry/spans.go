@@ -1,0 +1,276 @@
+package telemetry
+
+import (
+	"math"
+	"strconv"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
+
+	"github.com/timing-sidecar/timing-sidecar/timing"
+)
+
+// What the spans say: pure functions from a finished record to names,
+// attributes and events. They read only what the record holds (marks,
+// counts, names the client or engine gave), never a prompt, an output or
+// a header value.
+
+// operation is gen_ai.operation.name for an endpoint: Completions is
+// text_completion; Chat Completions, Messages and Responses are chat.
+func operation(endpoint string) attribute.KeyValue {
+	if endpoint == EndpointCompletions {
+		return semconv.GenAIOperationNameTextCompletion
+	}
+	return semconv.GenAIOperationNameChat
+}
+
+// provider is gen_ai.provider.name: the API the request speaks, as the
+// conventions allow for a server reached through a provider's API (the
+// model and server.address say which engine answered).
+func provider(endpoint string) attribute.KeyValue {
+	if endpoint == EndpointMessages {
+		return semconv.GenAIProviderNameKey.String("anthropic")
+	}
+	return semconv.GenAIProviderNameOpenAI
+}
+
+// clientSpanName is the CLIENT span's name, the HTTP client convention's
+// "{method} {target}".
+func clientSpanName(method, path string) string {
+	return clean(method) + " " + clean(path)
+}
+
+// Attribute names of the sidecar's own figures, and vLLM's names where its
+// tracing has the same quantity (seconds, from arrival), so that one query
+// finds both the sidecar's and the engine's spans.
+const (
+	attrPrefix       = "timing_sidecar."
+	vllmQueue        = attribute.Key("gen_ai.latency.time_in_queue")
+	vllmFirstToken   = attribute.Key("gen_ai.latency.time_to_first_token")
+	vllmE2E          = attribute.Key("gen_ai.latency.e2e")
+	vllmRequestID    = attribute.Key("gen_ai.request.id")
+	attrTenant       = attribute.Key(attrPrefix + "tenant")
+	attrStream       = attribute.Key(attrPrefix + "stream")
+	attrClientGone   = attribute.Key(attrPrefix + "client_gone")
+	attrUpstreamErr  = attribute.Key(attrPrefix + "upstream_error")
+	eventAccepted    = attrPrefix + "engine_accepted"
+	eventFirstToken  = attrPrefix + "first_token"
+	eventFirstAnswer = attrPrefix + "first_content_token"
+	eventLastToken   = attrPrefix + "last_token"
+)
+
+// common is what both spans say of the request.
+func common(r *Record) []attribute.KeyValue {
+	a := make([]attribute.KeyValue, 0, 48)
+	a = append(a, operation(r.Endpoint), provider(r.Endpoint), semconv.HTTPRequestMethodKey.String(r.Method))
+	if r.Model != "" {
+		a = append(a, semconv.GenAIRequestModel(r.Model))
+	}
+	s := &r.Trace.Sampling
+	if s.HasMaxTokens {
+		a = append(a, semconv.GenAIRequestMaxTokens(int(s.MaxTokens)))
+	}
+	if s.HasTemperature {
+		a = append(a, semconv.GenAIRequestTemperature(s.Temperature))
+	}
+	if s.HasTopP {
+		a = append(a, semconv.GenAIRequestTopP(s.TopP))
+	}
+	ans := &r.Trace.Answer
+	if ans.ID != "" {
+		a = append(a, semconv.GenAIResponseID(clean(ans.ID)))
+	}
+	if ans.Model != "" {
+		a = append(a, semconv.GenAIResponseModel(clean(ans.Model)))
+	}
+	if len(ans.FinishReasons) > 0 {
+		reasons := make([]string, len(ans.FinishReasons))
+		for i, fr := range ans.FinishReasons {
+			reasons[i] = clean(fr)
+		}
+		a = append(a, semconv.GenAIResponseFinishReasons(reasons...))
+	}
+	m := &r.Metrics
+	if r.Measured && m.PromptTokens.Set {
+		a = append(a, semconv.GenAIUsageInputTokens(int(m.PromptTokens.Value)))
+	}
+	if r.Measured && m.CompletionTokens.Set {
+		a = append(a, semconv.GenAIUsageOutputTokens(int(m.CompletionTokens.Value)))
+	}
+	return a
+}
+
+// serverAttributes is the SERVER span's: the request as the client made
+// it and as it ended, and every figure of its metrics object.
+func serverAttributes(r *Record) []attribute.KeyValue {
+	a := common(r)
+	a = append(a, semconv.URLPath(r.Path), vllmRequestID.String(r.ID), attrStream.Bool(r.Stream))
+	if tr := &r.Trace; tr.Address != "" {
+		a = append(a, semconv.ServerAddress(tr.Address))
+		if tr.Port > 0 {
+			a = append(a, semconv.ServerPort(tr.Port))
+		}
+	}
+	if r.Status > 0 && r.Status != StatusClientGone {
+		a = append(a, semconv.HTTPResponseStatusCode(r.Status))
+	}
+	if r.Tenant != "" {
+		a = append(a, attrTenant.String(r.Tenant))
+	}
+	if r.ClientGone {
+		a = append(a, attrClientGone.Bool(true))
+	}
+	if r.UpstreamError != "" {
+		a = append(a, attrUpstreamErr.String(r.UpstreamError))
+	}
+	if kind := errorType(r); kind != "" {
+		a = append(a, semconv.ErrorTypeKey.String(kind))
+	}
+	if !r.Measured {
+		return a
+	}
+	m := &r.Metrics
+	seconds := func(k attribute.Key, ms float64, ok bool) {
+		if ok {
+			a = append(a, k.Float64(ms/1000))
+		}
+	}
+	seconds(vllmQueue, m.QueueTime.Value, m.QueueTime.Set)
+	ttft, ok := r.timeToFirstToken()
+	seconds(vllmFirstToken, ttft, ok)
+	seconds(vllmE2E, m.E2ELatency.Value, m.E2ELatency.Set)
+	return appendMetrics(a, m)
+}
+
+// appendMetrics adds every figure the metrics object would carry, under
+// timing_sidecar.<field> with the object's names and units; a figure that
+// is null there is absent here.
+func appendMetrics(a []attribute.KeyValue, m *timing.Metrics) []attribute.KeyValue {
+	num := func(name string, n timing.Number) {
+		if n.Set {
+			// Three decimals, as the object has them: one figure, the
+			// same in the body, the log and the trace.
+			a = append(a, attribute.Float64(name, math.Round(n.Value*1000)/1000))
+		}
+	}
+	count := func(name string, c timing.Count) {
+		if c.Set {
+			a = append(a, attribute.Int64(name, c.Value))
+		}
+	}
+	num(attrPrefix+"time_to_first_token_ms", m.TimeToFirstToken)
+	num(attrPrefix+"generation_time_ms", m.GenerationTime)
+	num(attrPrefix+"queue_time_ms", m.QueueTime)
+	num(attrPrefix+"mean_itl_ms", m.MeanITL)
+	num(attrPrefix+"tokens_per_second", m.TokensPerSecond)
+	num(attrPrefix+"e2e_latency_ms", m.E2ELatency)
+	num(attrPrefix+"max_itl_ms", m.MaxITL)
+	count(attrPrefix+"prompt_tokens", m.PromptTokens)
+	count(attrPrefix+"completion_tokens", m.CompletionTokens)
+	if m.Split.Present {
+		for _, part := range []struct {
+			name string
+			p    *timing.SplitPart
+		}{{"reasoning", &m.Split.Reasoning}, {"content", &m.Split.Content}} {
+			prefix := attrPrefix + "output_token_metrics." + part.name + "."
+			count(prefix+"token_count", part.p.TokenCount)
+			num(prefix+"time_to_first_token_ms", part.p.TimeToFirstToken)
+			num(prefix+"generation_time_ms", part.p.GenerationTime)
+			num(prefix+"mean_itl_ms", part.p.MeanITL)
+			num(prefix+"tokens_per_second", part.p.TokensPerSecond)
+		}
+	}
+	if e := &m.Engine; e.Reported {
+		num(attrPrefix+"overhead_ms", m.Overhead)
+		a = append(a, attribute.String(attrPrefix+"engine.source", e.Source))
+		num(attrPrefix+"engine.time_to_first_token_ms", e.TimeToFirstToken)
+		num(attrPrefix+"engine.generation_time_ms", e.GenerationTime)
+		num(attrPrefix+"engine.queue_time_ms", e.QueueTime)
+		num(attrPrefix+"engine.mean_itl_ms", e.MeanITL)
+		num(attrPrefix+"engine.tokens_per_second", e.TokensPerSecond)
+		num(attrPrefix+"engine.total_ms", e.Total)
+	}
+	return a
+}
+
+// clientAttributes is the CLIENT span's: the exchange with the engine.
+func clientAttributes(r *Record) []attribute.KeyValue {
+	a := common(r)
+	tr := &r.Trace
+	if tr.EngineAddress != "" {
+		a = append(a, semconv.ServerAddress(tr.EngineAddress))
+		if tr.EnginePort > 0 {
+			a = append(a, semconv.ServerPort(tr.EnginePort))
+		}
+	}
+	if tr.EngineStatus > 0 {
+		a = append(a, semconv.HTTPResponseStatusCode(tr.EngineStatus))
+	}
+	if kind := clientError(r); kind != "" {
+		a = append(a, semconv.ErrorTypeKey.String(kind))
+	}
+	return a
+}
+
+// errorType is error.type of a request that failed: the kind of engine
+// failure, the client leaving, or the status.
+func errorType(r *Record) string {
+	switch {
+	case r.UpstreamError != "":
+		return r.UpstreamError
+	case r.ClientGone:
+		return "client_disconnected"
+	case r.Status >= 400:
+		return strconv.Itoa(r.Status)
+	}
+	return ""
+}
+
+// serverError is the SERVER span's error status: as HTTP servers count, a
+// 4xx is the client's doing and not the span's error; a 5xx, an engine
+// failure or a client gone is.
+func serverError(r *Record) string {
+	if r.UpstreamError != "" || r.ClientGone || r.Status >= 500 {
+		return errorType(r)
+	}
+	return ""
+}
+
+// clientError is the CLIENT span's error: the engine failed, or answered
+// 4xx or 5xx (an HTTP client counts both).
+func clientError(r *Record) string {
+	switch tr := &r.Trace; {
+	case r.UpstreamError != "":
+		return r.UpstreamError
+	case tr.EngineStatus >= 400:
+		return strconv.Itoa(tr.EngineStatus)
+	case tr.EngineStatus == 0 && r.ClientGone:
+		return "client_disconnected" // aborted before the engine answered
+	}
+	return ""
+}
+
+type spanEvent struct {
+	name string
+	at   time.Time
+}
+
+// spanEvents are the marks that put a request's phases on the timeline:
+// the engine's answer (end of the queue), the first token, the first
+// content token past any reasoning, and the last token.
+func spanEvents(c *timing.Clock) []spanEvent {
+	var evs []spanEvent
+	add := func(name string, at time.Time) {
+		if !at.IsZero() {
+			evs = append(evs, spanEvent{name, at})
+		}
+	}
+	add(eventAccepted, c.Accepted)
+	add(eventFirstToken, c.FirstToken)
+	// The same moment as the first token unless reasoning came first:
+	// there too, so one query finds the answer's start in every trace.
+	add(eventFirstAnswer, c.Content.First)
+	add(eventLastToken, c.LastToken)
+	return evs
+}

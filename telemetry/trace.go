@@ -1,0 +1,294 @@
+package telemetry
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/timing-sidecar/timing-sidecar/rewrite"
+	"github.com/timing-sidecar/timing-sidecar/timing"
+)
+
+// OTLP protocols.
+const (
+	ProtocolGRPC = "grpc"
+	ProtocolHTTP = "http/protobuf"
+	// DefaultTraceProtocol is vLLM's: the one endpoint setting in a pod
+	// then serves the engine and the sidecar alike. (The OpenTelemetry
+	// specification's SDK default is http/protobuf; set the protocol to
+	// use it.)
+	DefaultTraceProtocol = ProtocolGRPC
+	// DefaultServiceName is service.name unless OTEL_SERVICE_NAME or
+	// OTEL_RESOURCE_ATTRIBUTES say otherwise.
+	DefaultServiceName = "timing-sidecar"
+)
+
+// TraceConfig says whether and where the sidecar sends spans.
+type TraceConfig struct {
+	// Endpoint is the OTLP traces URL (--otlp-traces-endpoint), with the
+	// meaning of OTEL_EXPORTER_OTLP_TRACES_ENDPOINT. Empty leaves the
+	// endpoint to the OTEL_EXPORTER_OTLP_* variables; with none of them
+	// set, tracing is off.
+	Endpoint string
+	// Protocol is ProtocolGRPC or ProtocolHTTP; empty reads
+	// OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, then OTEL_EXPORTER_OTLP_PROTOCOL,
+	// then takes DefaultTraceProtocol.
+	Protocol string
+	// ServiceVersion is service.version.
+	ServiceVersion string
+	// Exporter, when set, takes the spans instead of an OTLP exporter
+	// (tests, and programs that embed the proxy).
+	Exporter sdktrace.SpanExporter
+}
+
+// On tells whether the configuration switches tracing on: an endpoint, by
+// flag or by variable, or an exporter; OTEL_SDK_DISABLED=true or
+// OTEL_TRACES_EXPORTER=none turn it off. Unlike an SDK, the sidecar does
+// not send to localhost:4317 when nothing is set: tracing is opt-in.
+func (c TraceConfig) On() bool {
+	if strings.EqualFold(os.Getenv("OTEL_SDK_DISABLED"), "true") {
+		return false
+	}
+	if c.Exporter != nil || c.Endpoint != "" {
+		return true
+	}
+	if strings.EqualFold(os.Getenv("OTEL_TRACES_EXPORTER"), "none") {
+		return false
+	}
+	return os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != "" || os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != ""
+}
+
+// protocol is the OTLP protocol the configuration asks for.
+func (c TraceConfig) protocol() (string, error) {
+	p := c.Protocol
+	for _, name := range []string{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"} {
+		if p == "" {
+			p = os.Getenv(name)
+		}
+	}
+	switch p {
+	case "":
+		return DefaultTraceProtocol, nil
+	case ProtocolGRPC, ProtocolHTTP:
+		return p, nil
+	}
+	return "", fmt.Errorf("OTLP traces protocol %q: want %q or %q (the Go exporters have no http/json)", p, ProtocolGRPC, ProtocolHTTP)
+}
+
+// Check reports a configuration the tracer could not start with.
+func (c TraceConfig) Check() error {
+	if !c.On() || c.Exporter != nil {
+		return nil
+	}
+	_, err := c.protocol()
+	return err
+}
+
+// Tracer makes a span pair for each measured request and sends them to
+// an OTLP backend. A nil *Tracer is tracing off: every method is a no-op
+// and costs a nil check.
+type Tracer struct {
+	provider *sdktrace.TracerProvider
+	tracer   trace.Tracer
+	queue    *spanQueue
+	prop     propagation.TraceContext
+}
+
+// NewTracer starts a tracer as cfg says, or returns nil when tracing is
+// off. The sampler is the SDK's: OTEL_TRACES_SAMPLER and _ARG, parent-based
+// always-on by default, so a sampled client trace is always continued.
+// OTEL_EXPORTER_OTLP_HEADERS, _TIMEOUT, _COMPRESSION, _CERTIFICATE and
+// their _TRACES_ variants are the exporter's own.
+func NewTracer(cfg TraceConfig, reg prometheus.Registerer, log *slog.Logger) (*Tracer, error) {
+	if !cfg.On() {
+		return nil, nil
+	}
+	exporter := cfg.Exporter
+	if exporter == nil {
+		var err error
+		if exporter, err = otlpExporter(cfg); err != nil {
+			return nil, err
+		}
+	}
+	res, err := resource.New(context.Background(),
+		resource.WithAttributes(semconv.ServiceName(DefaultServiceName), semconv.ServiceVersion(cfg.ServiceVersion)),
+		resource.WithFromEnv(), // OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES: the user's word wins
+		resource.WithTelemetrySDK())
+	if err != nil {
+		// A malformed OTEL_RESOURCE_ATTRIBUTES entry: the rest still holds.
+		log.Warn("some trace resource attributes were not read", "err", err)
+	}
+	otel.SetErrorHandler(&rareErrors{log: log})
+	q := newSpanQueue(exporter, reg, log)
+	provider := sdktrace.NewTracerProvider(sdktrace.WithResource(res), sdktrace.WithSpanProcessor(q))
+	return &Tracer{
+		provider: provider,
+		tracer:   provider.Tracer("github.com/timing-sidecar/timing-sidecar", trace.WithSchemaURL(semconv.SchemaURL)),
+		queue:    q,
+	}, nil
+}
+
+// otlpExporter makes the OTLP exporter for cfg's protocol. It connects
+// lazily: a collector that is down at start costs nothing until spans
+// are exported.
+func otlpExporter(cfg TraceConfig) (sdktrace.SpanExporter, error) {
+	protocol, err := cfg.protocol()
+	if err != nil {
+		return nil, err
+	}
+	if protocol == ProtocolHTTP {
+		var opts []otlptracehttp.Option
+		if cfg.Endpoint != "" {
+			opts = append(opts, otlptracehttp.WithEndpointURL(cfg.Endpoint))
+		}
+		return otlptracehttp.New(context.Background(), opts...)
+	}
+	var opts []otlptracegrpc.Option
+	if cfg.Endpoint != "" {
+		opts = append(opts, otlptracegrpc.WithEndpointURL(cfg.Endpoint))
+	}
+	return otlptracegrpc.New(context.Background(), opts...)
+}
+
+// Shutdown exports the spans still queued, within ctx.
+func (t *Tracer) Shutdown(ctx context.Context) error {
+	if t == nil {
+		return nil
+	}
+	return t.provider.Shutdown(ctx)
+}
+
+// ForceFlush exports the spans queued so far.
+func (t *Tracer) ForceFlush(ctx context.Context) error {
+	if t == nil {
+		return nil
+	}
+	return t.provider.ForceFlush(ctx)
+}
+
+// rareErrors logs the SDK's own errors (a gRPC connection refused, an
+// attribute over a limit) at most once a minute.
+type rareErrors struct {
+	log  *slog.Logger
+	mu   sync.Mutex
+	last time.Time
+	lost int
+}
+
+func (h *rareErrors) Handle(err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if time.Since(h.last) < exportReportInterval {
+		h.lost++
+		return
+	}
+	h.log.Warn("OpenTelemetry error", "err", err, "not_logged_since_last", h.lost)
+	h.last, h.lost = time.Now(), 0
+}
+
+// Trace is one measured request's spans and what they will say. The zero
+// Trace is off. The proxy fills it as the request goes; the Recorder ends
+// it with the record.
+type Trace struct {
+	server, client trace.Span
+	ctx            context.Context
+	// Sent is when the request went to the engine; EngineStatus is the
+	// status the engine answered with (0 if it did not).
+	Sent         time.Time
+	EngineStatus int
+	// EngineAddress and EnginePort are the engine's (server.* of the
+	// CLIENT span); Address and Port are what the client called (the
+	// SERVER span's).
+	EngineAddress, Address string
+	EnginePort, Port       int
+	Sampling               rewrite.Sampling
+	Answer                 rewrite.Answer
+	// Clock is the request's marks, for the span times and events.
+	Clock timing.Clock
+}
+
+// On tells whether the request is traced.
+func (tr *Trace) On() bool { return tr.server != nil }
+
+// Begin starts a measured request's SERVER span at its arrival, as a
+// child of the trace context incoming carries (traceparent, tracestate)
+// when there is one.
+func (t *Tracer) Begin(tr *Trace, incoming propagation.TextMapCarrier, arrival time.Time, endpoint, model string) {
+	if t == nil {
+		return
+	}
+	op := operation(endpoint)
+	name := op.Value.AsString()
+	if model != "" {
+		name += " " + clean(model)
+	}
+	ctx := t.prop.Extract(context.Background(), incoming)
+	tr.ctx, tr.server = t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(arrival),
+		trace.WithAttributes(op, provider(endpoint)))
+}
+
+// Send starts the CLIENT span of the exchange with the engine at sent, and
+// writes its context into outgoing, the request to the engine: the
+// engine's own span (vLLM's llm_request) then nests beneath it.
+func (t *Tracer) Send(tr *Trace, outgoing propagation.TextMapCarrier, sent time.Time, method, path string) {
+	if t == nil || tr.server == nil {
+		return
+	}
+	var ctx context.Context
+	ctx, tr.client = t.tracer.Start(tr.ctx, clientSpanName(method, path), trace.WithSpanKind(trace.SpanKindClient), trace.WithTimestamp(sent))
+	tr.Sent = sent
+	t.prop.Inject(ctx, outgoing)
+}
+
+// End ends a record's spans: the CLIENT span when the engine's body ended
+// (the clock's done mark, or now if it never was), the SERVER span now,
+// as the response is handed to the client's connection.
+func (t *Tracer) End(r *Record, now time.Time) {
+	tr := &r.Trace
+	if t == nil || tr.server == nil {
+		return
+	}
+	defer func() { *tr = Trace{} }()
+	if !tr.server.IsRecording() {
+		// Sampled out: nothing is recorded, nothing to build.
+		if tr.client != nil {
+			tr.client.End()
+		}
+		tr.server.End()
+		return
+	}
+	if tr.client != nil {
+		end := tr.Clock.Done
+		if end.IsZero() || end.Before(tr.Sent) {
+			end = now
+		}
+		tr.client.SetAttributes(clientAttributes(r)...)
+		if kind := clientError(r); kind != "" {
+			tr.client.SetStatus(codes.Error, kind)
+		}
+		tr.client.End(trace.WithTimestamp(end))
+	}
+	for _, e := range spanEvents(&tr.Clock) {
+		tr.server.AddEvent(e.name, trace.WithTimestamp(e.at))
+	}
+	tr.server.SetAttributes(serverAttributes(r)...)
+	if kind := serverError(r); kind != "" {
+		tr.server.SetStatus(codes.Error, kind)
+	}
+	tr.server.End(trace.WithTimestamp(now))
+}
