@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"strconv"
@@ -41,6 +42,11 @@ type spanQueue struct {
 	failedSince int
 	lastErr     error
 
+	// base is the context of every export but the last; Shutdown cancels
+	// it when its own context ends, so an export stuck on a collector
+	// that does not answer cannot hold the exit past the grace.
+	base     context.Context
+	cancel   context.CancelFunc
 	flushes  chan chan struct{}
 	stop     chan context.Context
 	done     chan struct{}
@@ -85,6 +91,7 @@ func newSpanQueue(exporter sdktrace.SpanExporter, reg prometheus.Registerer, log
 		stop:      make(chan context.Context),
 		done:      make(chan struct{}),
 	}
+	q.base, q.cancel = context.WithCancel(context.Background())
 	go q.run()
 	return q
 }
@@ -134,13 +141,13 @@ func (q *spanQueue) run() {
 		case s := <-q.spans:
 			batch = append(batch, s)
 			if len(batch) == q.batch {
-				export(context.Background())
+				export(q.base)
 			}
 		case <-tick.C:
-			export(context.Background())
+			export(q.base)
 		case flushed := <-q.flushes:
-			q.drain(context.Background(), &batch)
-			export(context.Background())
+			q.drain(q.base, &batch)
+			export(q.base)
 			close(flushed)
 		case ctx := <-q.stop:
 			q.drain(ctx, &batch)
@@ -225,19 +232,14 @@ func (q *spanQueue) Shutdown(ctx context.Context) error {
 	var err error
 	q.stopOnce.Do(func() {
 		q.stopped.Store(true)
-		select {
-		case q.stop <- ctx:
-			select {
-			case <-q.done:
-			case <-ctx.Done():
-				err = ctx.Err()
-			}
-		case <-ctx.Done():
-			err = ctx.Err()
-		}
-		if e := q.exporter.Shutdown(ctx); err == nil {
-			err = e
-		}
+		// When ctx ends, so does the export in flight, and the loop
+		// takes the stop; exports after that fail at once.
+		stop := context.AfterFunc(ctx, q.cancel)
+		defer stop()
+		q.stop <- ctx
+		<-q.done
+		q.cancel()
+		err = errors.Join(ctx.Err(), q.exporter.Shutdown(ctx))
 	})
 	return err
 }
