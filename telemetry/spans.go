@@ -60,9 +60,8 @@ const (
 	eventLastToken   = attrPrefix + "last_token"
 )
 
-// common is what both spans say of the request.
-func common(r *Record) []attribute.KeyValue {
-	a := make([]attribute.KeyValue, 0, 48)
+// common appends to a what the SERVER span says of the GenAI request.
+func common(a []attribute.KeyValue, r *Record) []attribute.KeyValue {
 	a = append(a, operation(r.Endpoint), provider(r.Endpoint), semconv.HTTPRequestMethodKey.String(r.Method))
 	if r.Model != "" {
 		a = append(a, semconv.GenAIRequestModel(r.Model))
@@ -103,8 +102,8 @@ func common(r *Record) []attribute.KeyValue {
 
 // serverAttributes is the SERVER span's: the request as the client made
 // it and as it ended, and every figure of its metrics object.
-func serverAttributes(r *Record) []attribute.KeyValue {
-	a := common(r)
+func serverAttributes(a []attribute.KeyValue, r *Record) []attribute.KeyValue {
+	a = common(a, r)
 	a = append(a, semconv.URLPath(r.Path), vllmRequestID.String(r.ID), attrStream.Bool(r.Stream))
 	if tr := &r.Trace; tr.Address != "" {
 		a = append(a, semconv.ServerAddress(tr.Address))
@@ -194,9 +193,15 @@ func appendMetrics(a []attribute.KeyValue, m *timing.Metrics) []attribute.KeyVal
 	return a
 }
 
-// clientAttributes is the CLIENT span's: the exchange with the engine.
-func clientAttributes(r *Record) []attribute.KeyValue {
-	a := common(r)
+// clientAttributes is the CLIENT span's: the HTTP exchange with the
+// engine, findable by model. The rest of what the request asked and got
+// is on its parent alone: every attribute is paid for twice, once to
+// record and once to export.
+func clientAttributes(a []attribute.KeyValue, r *Record) []attribute.KeyValue {
+	a = append(a, operation(r.Endpoint), semconv.HTTPRequestMethodKey.String(r.Method))
+	if r.Model != "" {
+		a = append(a, semconv.GenAIRequestModel(r.Model))
+	}
 	tr := &r.Trace
 	if tr.EngineAddress != "" {
 		a = append(a, semconv.ServerAddress(tr.EngineAddress))

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
@@ -201,6 +202,12 @@ func (h *rareErrors) Handle(err error) {
 	h.last, h.lost = time.Now(), 0
 }
 
+// attrSlices holds attribute slices for reuse: the span copies what it is given.
+var attrSlices = sync.Pool{New: func() any {
+	a := make([]attribute.KeyValue, 0, 64)
+	return &a
+}}
+
 // Trace is one measured request's spans and what they will say. The zero
 // Trace is off. The proxy fills it as the request goes; the Recorder ends
 // it with the record.
@@ -277,7 +284,11 @@ func (t *Tracer) End(r *Record, now time.Time) {
 		if end.IsZero() || end.Before(tr.Sent) {
 			end = now
 		}
-		tr.client.SetAttributes(clientAttributes(r)...)
+		buf := attrSlices.Get().(*[]attribute.KeyValue)
+		*buf = clientAttributes((*buf)[:0], r)
+		tr.client.SetAttributes(*buf...)
+		clear(*buf)
+		attrSlices.Put(buf)
 		if kind := clientError(r); kind != "" {
 			tr.client.SetStatus(codes.Error, kind)
 		}
@@ -286,7 +297,11 @@ func (t *Tracer) End(r *Record, now time.Time) {
 	for _, e := range spanEvents(&tr.Clock) {
 		tr.server.AddEvent(e.name, trace.WithTimestamp(e.at))
 	}
-	tr.server.SetAttributes(serverAttributes(r)...)
+	buf := attrSlices.Get().(*[]attribute.KeyValue)
+	*buf = serverAttributes((*buf)[:0], r)
+	tr.server.SetAttributes(*buf...) // copied: the slice is reused
+	clear(*buf)
+	attrSlices.Put(buf)
 	if kind := serverError(r); kind != "" {
 		tr.server.SetStatus(codes.Error, kind)
 	}

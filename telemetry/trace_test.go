@@ -477,3 +477,28 @@ func TestClientStringsAreCleanedInSpans(t *testing.T) {
 		t.Errorf("attributes over 300 bytes: %v", long)
 	}
 }
+
+// BenchmarkTraceRequest is what tracing adds to one request on its own
+// goroutines: both spans begun, the trace context written for the
+// engine, the attributes and events built and the spans ended and
+// queued (the export runs on the queue's goroutine; the exporter here
+// discards, so OTLP encoding is not counted: e2e/bench/tracecost.sh
+// measures the whole process).
+func BenchmarkTraceRequest(b *testing.B) {
+	exp := tracetest.NewNoopExporter()
+	tr, err := NewTracer(TraceConfig{Exporter: exp}, prometheus.NewRegistry(), quiet)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer tr.Shutdown(context.Background()) //nolint:errcheck
+	template := reasoningRecord()
+	in := propagation.MapCarrier{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+	out := propagation.MapCarrier{}
+	b.ReportAllocs()
+	for b.Loop() {
+		rec := template
+		tr.Begin(&rec.Trace, in, t0, rec.Endpoint, rec.Model)
+		tr.Send(&rec.Trace, out, after(1), "POST", rec.Path)
+		tr.End(&rec, after(411))
+	}
+}

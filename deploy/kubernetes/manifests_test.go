@@ -150,6 +150,11 @@ func checkSidecar(t *testing.T, spec *corev1.PodSpec) *corev1.Container {
 	known := knownEnv(t)
 	env := map[string]string{}
 	for _, e := range sc.Env {
+		// The standard OpenTelemetry variables, and the pod's own names
+		// that they may refer to, are read by the SDK.
+		if strings.HasPrefix(e.Name, "OTEL_") || strings.HasPrefix(e.Name, "POD_") {
+			continue
+		}
 		if !known[e.Name] {
 			t.Errorf("env %s is not a setting the binary accepts", e.Name)
 		}
@@ -246,6 +251,29 @@ func TestExample(t *testing.T) {
 	}
 	if !bytes.Contains(all, []byte("TIMING_SIDECAR_")) {
 		t.Error("settings are not given as env vars")
+	}
+}
+
+// TestTracingVariant builds the example with traces on: the sidecar and
+// vLLM send to the same collector.
+func TestTracingVariant(t *testing.T) {
+	built := build(t, "tracing")
+	if len(built.deployments) != 1 {
+		t.Fatalf("built %d deployments", len(built.deployments))
+	}
+	spec := &built.deployments[0].Spec.Template.Spec
+	sc := checkSidecar(t, spec)
+	env := map[string]string{}
+	for _, e := range sc.Env {
+		env[e.Name] = e.Value
+	}
+	endpoint := env["TIMING_SIDECAR_OTLP_TRACES_ENDPOINT"]
+	args := strings.Join(spec.Containers[0].Args, " ")
+	if endpoint == "" || !strings.Contains(args, "--otlp-traces-endpoint "+endpoint) {
+		t.Errorf("sidecar endpoint %q, vLLM args %q: want both on one collector", endpoint, args)
+	}
+	if !strings.Contains(env["OTEL_RESOURCE_ATTRIBUTES"], "k8s.pod.name=$(POD_NAME)") {
+		t.Errorf("resource attributes %q", env["OTEL_RESOURCE_ATTRIBUTES"])
 	}
 }
 
