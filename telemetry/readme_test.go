@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 )
 
 // TestReadmeListsEverySeries keeps the README's Prometheus series table in
@@ -31,6 +32,12 @@ func TestReadmeListsEverySeries(t *testing.T) {
 		r.Finish(&req)
 	}
 	r.Panic()
+	// The tracer's series exist when tracing is on.
+	tracer, err := NewTracer(TraceConfig{Exporter: tracetest.NewNoopExporter()}, reg, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tracer.Shutdown(t.Context()) //nolint:errcheck
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
