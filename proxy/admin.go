@@ -82,7 +82,9 @@ func (p *Proxy) probeLoop() {
 	t := time.NewTicker(p.cfg.ReadinessInterval)
 	defer t.Stop()
 	for {
-		p.ready.set(p.probe())
+		err := p.probe()
+		p.ready.set(err)
+		p.telemetry.EngineReady(err == nil)
 		select {
 		case <-t.C:
 		case <-p.stop:

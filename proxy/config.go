@@ -153,6 +153,12 @@ type Config struct {
 	// accepted (with /readyz failing), while load balancers catch up.
 	DrainDelay time.Duration
 
+	// SLOTTFT, SLOITL and SLOE2E are the latency objectives each request
+	// is judged against (time to first token from arrival, mean
+	// inter-token latency, end to end); zero leaves one unset. See
+	// telemetry.Objectives.
+	SLOTTFT, SLOITL, SLOE2E time.Duration
+
 	// Tracing says whether and where measured requests' spans go; off
 	// unless an OTLP endpoint is set (see telemetry.TraceConfig).
 	Tracing telemetry.TraceConfig
@@ -196,6 +202,9 @@ func (c *Config) Validate() error {
 	}
 	if _, _, err := net.SplitHostPort(c.AdminListen); err != nil {
 		errs = append(errs, fmt.Errorf("admin listen address %q: %w", c.AdminListen, err))
+	}
+	if c.SLOTTFT < 0 || c.SLOITL < 0 || c.SLOE2E < 0 {
+		errs = append(errs, fmt.Errorf("latency objectives %v, %v, %v: want positive, or 0 for none", c.SLOTTFT, c.SLOITL, c.SLOE2E))
 	}
 	if err := c.Tracing.Check(); err != nil {
 		errs = append(errs, err)

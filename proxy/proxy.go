@@ -53,7 +53,8 @@ func New(cfg Config, log *slog.Logger, accessLog io.Writer) (*Proxy, error) {
 		return nil, err
 	}
 	p := &Proxy{cfg: cfg, log: log, up: up, pools: newPools(cfg.MaxEventSize), registry: newRegistry(), stop: make(chan struct{})}
-	opts := telemetry.Options{MaxModels: cfg.MaxModelLabels, TenantLabel: cfg.TenantLabel, MaxTenants: cfg.MaxTenantLabels}
+	opts := telemetry.Options{MaxModels: cfg.MaxModelLabels, TenantLabel: cfg.TenantLabel, MaxTenants: cfg.MaxTenantLabels,
+		Objectives: telemetry.Objectives{TTFT: cfg.SLOTTFT, ITL: cfg.SLOITL, E2E: cfg.SLOE2E}}
 	if cfg.AccessLog && accessLog != nil {
 		opts.AccessLog = slog.New(slog.NewJSONHandler(accessLog, nil))
 	}

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -25,7 +26,7 @@ func TestReadmeListsEverySeries(t *testing.T) {
 		documented[m[1]] = m[2]
 	}
 	reg := prometheus.NewRegistry()
-	r := NewRecorder(reg, Options{MaxModels: 4, MaxTenants: 4})
+	r := NewRecorder(reg, Options{MaxModels: 4, MaxTenants: 4, Objectives: Objectives{E2E: time.Second}})
 	// One request of each kind, so that every vector has a series.
 	for _, req := range requests {
 		r.Begin()

@@ -36,6 +36,9 @@ type Options struct {
 	AccessLog *slog.Logger
 	// Tracer, when set, ends each traced record's spans.
 	Tracer *Tracer
+	// Objectives, when set, judge each request: met or missed, counted
+	// per model (and tenant) and said in the access log.
+	Objectives Objectives
 }
 
 // Recorder records finished requests.
@@ -44,6 +47,7 @@ type Recorder struct {
 	tenantLabel     bool
 	accessLog       *slog.Logger
 	tracer          *Tracer
+	objectives      Objectives
 
 	queue, ttft, ttfc, itl, maxITL, e2e *prometheus.HistogramVec
 	requests                            *prometheus.CounterVec
@@ -52,6 +56,8 @@ type Recorder struct {
 	clientDisconnects                   prometheus.Counter
 	panics                              prometheus.Counter
 	inFlight                            prometheus.Gauge
+	slo                                 *prometheus.CounterVec
+	engineReady                         prometheus.Gauge
 
 	// series caches each (endpoint, model)'s histograms, so a request
 	// does not hash its labels once per series.
@@ -89,6 +95,7 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 		tenantLabel: opts.TenantLabel,
 		accessLog:   opts.AccessLog,
 		tracer:      opts.Tracer,
+		objectives:  opts.Objectives,
 	}
 	perModel := []string{"endpoint", "model"}
 	counted := []string{"endpoint", "model"}
@@ -133,9 +140,23 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 		Help: "Panics caught while serving a request; each answered that request with a 500 or cut its response, and was logged with its stack."})
 	r.inFlight = prometheus.NewGauge(prometheus.GaugeOpts{Name: "timing_sidecar_in_flight_requests",
 		Help: "Requests being handled now."})
+	r.slo = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_slo_requests_total",
+		Help: "Requests judged against the latency objectives (--slo-ttft, --slo-itl, --slo-e2e): result met or missed. met / (met + missed) is goodput."},
+		append([]string{"endpoint", "model", "result"}, counted[2:]...))
+	r.engineReady = prometheus.NewGauge(prometheus.GaugeOpts{Name: "timing_sidecar_engine_ready",
+		Help: "1 when the last readiness probe of the engine succeeded, 0 otherwise (as /readyz answers)."})
 	reg.MustRegister(r.queue, r.ttft, r.ttfc, r.itl, r.maxITL, r.e2e, r.requests, r.promptTokens, r.outputTokens,
-		r.upstreamErrors, r.clientDisconnects, r.panics, r.inFlight)
+		r.upstreamErrors, r.clientDisconnects, r.panics, r.inFlight, r.slo, r.engineReady)
 	return r
+}
+
+// EngineReady records the last readiness probe's result.
+func (r *Recorder) EngineReady(ready bool) {
+	if ready {
+		r.engineReady.Set(1)
+	} else {
+		r.engineReady.Set(0)
+	}
 }
 
 // Panic counts a panic caught at a request's boundary.
@@ -173,8 +194,16 @@ func (r *Recorder) Finish(req *Record) {
 	if req.Measured {
 		r.observe(req, model, tenant)
 	}
+	verdict, missed := r.objectives.Judge(req)
+	if verdict != Undecided {
+		if r.tenantLabel {
+			r.slo.WithLabelValues(req.Endpoint, model, verdict.String(), tenant).Inc()
+		} else {
+			r.slo.WithLabelValues(req.Endpoint, model, verdict.String()).Inc()
+		}
+	}
 	if r.accessLog != nil {
-		r.log(req)
+		r.log(req, verdict, missed)
 	}
 	r.tracer.End(req, time.Now())
 }
@@ -211,7 +240,7 @@ func (r *Recorder) observe(req *Record, model, tenant string) {
 
 // log writes the access-log line: what was asked, what came back and the
 // timing, never the prompt, the output or credentials.
-func (r *Recorder) log(req *Record) {
+func (r *Recorder) log(req *Record, verdict Verdict, missed string) {
 	m := &req.Metrics
 	attrs := []slog.Attr{
 		slog.String("request_id", req.ID),
@@ -234,6 +263,9 @@ func (r *Recorder) log(req *Record) {
 		slog.String("upstream_error", req.UpstreamError),
 		slog.Bool("client_gone", req.ClientGone),
 		slog.String("tenant", req.Tenant),
+	}
+	if r.objectives.Set() {
+		attrs = append(attrs, slog.String("slo", verdict.String()), slog.String("slo_missed", missed))
 	}
 	r.accessLog.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs...)
 }

@@ -81,6 +81,9 @@ func configFrom(c *cli.Context) proxy.Config {
 		ReadinessInterval:      c.Duration("readiness-interval"),
 		ShutdownGrace:          c.Duration("shutdown-grace"),
 		DrainDelay:             c.Duration("drain-delay"),
+		SLOTTFT:                c.Duration("slo-ttft"),
+		SLOITL:                 c.Duration("slo-itl"),
+		SLOE2E:                 c.Duration("slo-e2e"),
 		Tracing: telemetry.TraceConfig{
 			Endpoint: c.String("otlp-traces-endpoint"),
 			Protocol: c.String("otlp-traces-protocol"),

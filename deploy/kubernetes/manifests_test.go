@@ -8,6 +8,7 @@ package kubernetes
 
 import (
 	"bytes"
+	"flag"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -55,6 +56,34 @@ type objects struct {
 	deployments []appsv1.Deployment
 	services    []corev1.Service
 	monitors    []serviceMonitor
+	rules       []prometheusRule
+}
+
+// ruleGroups is a Prometheus rules file's content, and a PrometheusRule's
+// spec.
+type ruleGroups struct {
+	Groups []struct {
+		Name  string `json:"name"`
+		Rules []struct {
+			Record      string            `json:"record,omitempty"`
+			Alert       string            `json:"alert,omitempty"`
+			Expr        string            `json:"expr"`
+			For         string            `json:"for,omitempty"`
+			Labels      map[string]string `json:"labels,omitempty"`
+			Annotations map[string]string `json:"annotations,omitempty"`
+		} `json:"rules"`
+	} `json:"groups"`
+}
+
+// prometheusRule is the Prometheus Operator's PrometheusRule.
+type prometheusRule struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Metadata   struct {
+		Name   string            `json:"name"`
+		Labels map[string]string `json:"labels,omitempty"`
+	} `json:"metadata"`
+	Spec ruleGroups `json:"spec"`
 }
 
 // decode splits YAML documents and decodes each strictly by kind.
@@ -79,6 +108,10 @@ func decode(t *testing.T, name string, data []byte) objects {
 			var s corev1.Service
 			err = yaml.UnmarshalStrict([]byte(doc), &s)
 			o.services = append(o.services, s)
+		case "PrometheusRule":
+			var r prometheusRule
+			err = yaml.UnmarshalStrict([]byte(doc), &r)
+			o.rules = append(o.rules, r)
 		case "ServiceMonitor":
 			var m serviceMonitor
 			err = yaml.UnmarshalStrict([]byte(doc), &m)
@@ -117,7 +150,7 @@ func knownEnv(t *testing.T) map[string]bool {
 		t.Fatal(err)
 	}
 	env := map[string]bool{}
-	for _, m := range regexp.MustCompile("`(TIMING_SIDECAR_[A-Z_]+)`").FindAllSubmatch(readme, -1) {
+	for _, m := range regexp.MustCompile("`(TIMING_SIDECAR_[A-Z0-9_]+)`").FindAllSubmatch(readme, -1) {
 		env[string(m[1])] = true
 	}
 	if len(env) < 20 {
@@ -251,6 +284,54 @@ func TestExample(t *testing.T) {
 	}
 	if !bytes.Contains(all, []byte("TIMING_SIDECAR_")) {
 		t.Error("settings are not given as env vars")
+	}
+}
+
+var update = flag.Bool("update", false, "write the example's PrometheusRule from deploy/prometheus")
+
+const (
+	rulesFile          = "../prometheus/timing-sidecar-rules.yaml"
+	prometheusRuleFile = "example/prometheusrule.yaml"
+)
+
+// TestPrometheusRuleIsTheRulesFile keeps the example's PrometheusRule the
+// same groups as deploy/prometheus/timing-sidecar-rules.yaml, which
+// promtool and a real Prometheus check in the e2e tests.
+func TestPrometheusRuleIsTheRulesFile(t *testing.T) {
+	raw, err := os.ReadFile(rulesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want ruleGroups
+	if err := yaml.UnmarshalStrict(raw, &want); err != nil {
+		t.Fatal(err)
+	}
+	if *update {
+		r := prometheusRule{APIVersion: "monitoring.coreos.com/v1", Kind: "PrometheusRule", Spec: want}
+		r.Metadata.Name = "timing-sidecar"
+		r.Metadata.Labels = map[string]string{"app.kubernetes.io/name": "vllm"}
+		out, err := yaml.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		header := "# Generated from deploy/prometheus/timing-sidecar-rules.yaml by\n# `go test ./deploy/kubernetes -update`: edit that file, not this one.\n# For the Prometheus Operator; drop it from the kustomization without it.\n"
+		if err := os.WriteFile(prometheusRuleFile, append([]byte(header), out...), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	built := build(t, "example")
+	if len(built.rules) != 1 {
+		t.Fatalf("the example has %d PrometheusRules", len(built.rules))
+	}
+	if !reflect.DeepEqual(built.rules[0].Spec, want) {
+		t.Errorf("%s differs from %s: run go test ./deploy/kubernetes -update", prometheusRuleFile, rulesFile)
+	}
+	for _, g := range want.Groups {
+		for _, r := range g.Rules {
+			if r.Alert != "" && (r.Annotations["summary"] == "" || r.Annotations["description"] == "" || r.Annotations["runbook_url"] == "") {
+				t.Errorf("alert %s lacks a summary, a description or a runbook", r.Alert)
+			}
+		}
 	}
 }
 

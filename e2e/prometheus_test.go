@@ -1,0 +1,332 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/timing-sidecar/timing-sidecar/deploy/grafana"
+	"github.com/timing-sidecar/timing-sidecar/e2e/emulator"
+)
+
+// The dashboard and the rules are checked against a real Prometheus:
+// Debian's package (it brings promtool), installed with apt-get when the
+// machine lacks it, scraping the release binary every second.
+
+const (
+	rulesFile     = "../deploy/prometheus/timing-sidecar-rules.yaml"
+	dashboardFile = "../deploy/grafana/timing-sidecar.json"
+)
+
+// needPrometheus installs Debian's prometheus package unless prometheus
+// and promtool are on the PATH.
+func needPrometheus(t *testing.T) {
+	t.Helper()
+	_, errP := exec.LookPath("prometheus")
+	_, errT := exec.LookPath("promtool")
+	if errP == nil && errT == nil {
+		return
+	}
+	sudo := []string{}
+	if os.Getuid() != 0 {
+		sudo = []string{"sudo", "-n"}
+	}
+	for _, args := range [][]string{{"apt-get", "update", "-qq"}, {"apt-get", "install", "-y", "-qq", "prometheus"}} {
+		cmd := exec.Command(append(sudo, args...)[0], append(sudo, args...)[1:]...)
+		cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("installing Prometheus: %v: %v\n%s", args, err, out)
+		}
+	}
+}
+
+// promServer is a running Prometheus.
+type promServer struct{ base string }
+
+// startPrometheus runs Prometheus scraping target every second and
+// evaluating rules every second.
+func startPrometheus(t *testing.T, target string) *promServer {
+	t.Helper()
+	dir := t.TempDir()
+	rules, err := filepath.Abs(rulesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	config := fmt.Sprintf(`global: {scrape_interval: 1s, evaluation_interval: 1s}
+rule_files: [%q]
+scrape_configs:
+  - job_name: timing-sidecar
+    static_configs: [{targets: [%q]}]
+`, rules, strings.TrimPrefix(target, "http://"))
+	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	listen := freePorts(t, 1)[0]
+	cmd := exec.Command("prometheus", "--config.file="+filepath.Join(dir, "prometheus.yml"), "--storage.tsdb.path="+filepath.Join(dir, "data"),
+		"--web.listen-address="+listen)
+	var log strings.Builder
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }() //nolint:errcheck
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-exited
+		if t.Failed() {
+			t.Logf("prometheus's log:\n%s", log.String())
+		}
+	})
+	p := &promServer{base: "http://" + listen}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if resp, err := http.Get(p.base + "/-/ready"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return p
+			}
+		}
+		select {
+		case <-exited:
+			t.Fatalf("prometheus exited:\n%s", log.String())
+		case <-time.After(50 * time.Millisecond): // polling a port, which has no event to await
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("prometheus not ready within 30s:\n%s", log.String())
+		}
+	}
+}
+
+// sample is one element of an instant query's result.
+type sample struct {
+	Metric map[string]string `json:"metric"`
+	Value  [2]any            `json:"value"`
+}
+
+func (s sample) value() float64 {
+	str, _ := s.Value[1].(string)
+	v, _ := strconv.ParseFloat(str, 64)
+	return v
+}
+
+// query runs an instant query; a query Prometheus refuses fails the test.
+func (p *promServer) query(t *testing.T, expr string) []sample {
+	t.Helper()
+	resp, err := http.Get(p.base + "/api/v1/query?" + url.Values{"query": {expr}}.Encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Status string `json:"status"`
+		Error  string `json:"error"`
+		Data   struct {
+			ResultType string   `json:"resultType"`
+			Result     []sample `json:"result"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		t.Fatal(err)
+	}
+	if out.Status != "success" {
+		t.Errorf("Prometheus refused %s: %s", expr, out.Error)
+	}
+	return out.Data.Result
+}
+
+// await polls expr until its first sample satisfies ok.
+func (p *promServer) await(t *testing.T, expr string, ok func(float64) bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if r := p.query(t, expr); len(r) > 0 && ok(r[0].value()) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %s did not hold within 30s", what, expr)
+		}
+		time.Sleep(200 * time.Millisecond) // polling Prometheus, which has no event to await
+	}
+}
+
+// fillVariables puts what Grafana would into a dashboard expression: every
+// value of a variable, and a rate window of a few scrapes.
+func fillVariables(expr string) string {
+	return strings.NewReplacer(`"$namespace"`, `".*"`, `"$pod"`, `".*"`, `"$model"`, `".*"`, "$__rate_interval", "1m").Replace(expr)
+}
+
+func TestDashboardAndRulesInPrometheus(t *testing.T) {
+	needPrometheus(t)
+	if out, err := exec.Command("promtool", "check", "rules", rulesFile).CombinedOutput(); err != nil {
+		t.Fatalf("promtool check rules: %v\n%s", err, out)
+	}
+	const ttft, slo = 150 * time.Millisecond, 400 * time.Millisecond
+	engine := startEngine(t, emulator.Config{Model: "m", Timing: emulator.Timing{TTFT: ttft, ITL: 5 * time.Millisecond, TokensPerEvent: 1, OutputTokens: 16}})
+	s := startSidecar(t, []string{"--upstream", engine.URL(), "--slo-ttft", slo.String(), "--slo-itl", "50ms",
+		"--tenant-header", "X-Tenant", "--tenant-label", "--readiness-interval", "200ms"})
+	prom := startPrometheus(t, s.admin)
+
+	// Known timings: every stream's first token 150 ms after the engine
+	// takes it, well inside the 400 ms objective.
+	const streams = 24
+	var mu sync.Mutex
+	var bodyTTFT []float64 // queue + ttft of each body: the histogram's definition
+	var wg sync.WaitGroup
+	for i := range streams {
+		wg.Go(func() {
+			r := send(t, s.base, true, 8, map[string]string{"X-Request-Id": fmt.Sprintf("known-%d", i), "X-Tenant": "acme"})
+			if r.status != 200 || r.metrics == nil || r.metrics["queue_time_ms"] == nil || r.metrics["time_to_first_token_ms"] == nil {
+				t.Errorf("stream %d: %+v", i, r)
+				return
+			}
+			mu.Lock()
+			bodyTTFT = append(bodyTTFT, *r.metrics["queue_time_ms"]+*r.metrics["time_to_first_token_ms"])
+			mu.Unlock()
+		})
+		if i%4 == 3 {
+			wg.Wait() // four at a time: no queueing in front of the emulator
+		}
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	// Every other panel's source: a non-streaming request, a stream the
+	// engine cuts (an upstream error), a client that leaves.
+	if r := send(t, s.base, false, 8, map[string]string{"X-Tenant": "beta"}); r.status != 200 {
+		t.Fatalf("unary: %d", r.status)
+	}
+	cut, err := http.NewRequest("POST", s.base+"/v1/chat/completions", strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut.Header.Set(emulator.HeaderCutAfter, "2")
+	if resp, err := http.DefaultClient.Do(cut); err == nil {
+		io.Copy(io.Discard, resp.Body) //nolint:errcheck // the engine cuts it: the error is the point
+		resp.Body.Close()
+	}
+	if n := rawStream(t, s.base, "leaves", 2000, 2, false); n != 2 {
+		t.Fatalf("the leaving client read %d events", n)
+	}
+	prom.await(t, `sum(timing_sidecar_upstream_errors_total)`, func(v float64) bool { return v >= 1 }, "the cut stream scraped")
+	prom.await(t, `sum(timing_sidecar_time_to_first_token_seconds_count)`, func(v float64) bool { return v >= streams }, "the streams scraped")
+
+	// Every dashboard expression, variables filled in, returns data (a
+	// counter's rate needs two scrapes after its first value: each is
+	// awaited), and every recording rule has been recorded.
+	raw, err := os.ReadFile(dashboardFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exprs, err := grafana.Expressions(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rraw, err := os.ReadFile(rulesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rules struct {
+		Groups []struct {
+			Rules []struct{ Record, Alert, Expr string } `json:"rules"`
+		} `json:"groups"`
+	}
+	if err := yaml.Unmarshal(rraw, &rules); err != nil {
+		t.Fatal(err)
+	}
+	var mustReturn []string
+	for _, e := range exprs {
+		mustReturn = append(mustReturn, fillVariables(e))
+	}
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			if r.Record != "" {
+				mustReturn = append(mustReturn, r.Expr, r.Record)
+			} else {
+				prom.query(t, r.Expr) // an alert's expression runs; it returns data only when it fires
+			}
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var empty []string
+		for _, e := range mustReturn {
+			if len(prom.query(t, e)) == 0 {
+				empty = append(empty, e)
+			}
+		}
+		if len(empty) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d dashboard and rule expressions return nothing after 30s:\n%s", len(empty), len(mustReturn), strings.Join(empty, "\n"))
+		}
+		time.Sleep(250 * time.Millisecond) // polling Prometheus, which has no event to await
+	}
+	t.Logf("%d dashboard and rule expressions return data", len(mustReturn))
+
+	// The histogram's median agrees with the bodies' within its bucket.
+	slices.Sort(bodyTTFT)
+	median := (bodyTTFT[len(bodyTTFT)/2-1] + bodyTTFT[len(bodyTTFT)/2]) / 2 / 1000
+	r := prom.query(t, `histogram_quantile(0.5, sum by (le) (timing_sidecar_time_to_first_token_seconds_bucket))`)
+	if len(r) != 1 {
+		t.Fatalf("median query: %v", r)
+	}
+	var bounds []float64
+	for _, b := range prom.query(t, `sum by (le) (timing_sidecar_time_to_first_token_seconds_bucket)`) {
+		if v, err := strconv.ParseFloat(b.Metric["le"], 64); err == nil && !math.IsInf(v, 1) {
+			bounds = append(bounds, v)
+		}
+	}
+	slices.Sort(bounds)
+	i, _ := slices.BinarySearch(bounds, median)
+	if i == 0 || i == len(bounds) {
+		t.Fatalf("median %v s outside the buckets %v", median, bounds)
+	}
+	width := bounds[i] - bounds[i-1]
+	if q := r[0].value(); math.Abs(q-median) > width {
+		t.Errorf("histogram_quantile(0.5) = %.4f s, the bodies' median %.4f s: more than the bucket's width %.3f s apart", q, median, width)
+	} else {
+		t.Logf("median time to first token: histogram %.4f s, bodies %.4f s (bucket %g–%g s)", q, median, bounds[i-1], bounds[i])
+	}
+	if met := prom.query(t, `sum(timing_sidecar_slo_requests_total{result="met", tenant="acme"})`); len(met) == 0 || met[0].value() < streams {
+		t.Errorf("goodput counter: %v met for tenant acme, want %d", met, streams)
+	}
+
+	// The engine slows past the objective: the counter and the alert
+	// follow.
+	for i := range 12 {
+		wg.Go(func() {
+			r := send(t, s.base, true, 4, map[string]string{"X-Request-Id": fmt.Sprintf("slow-%d", i), emulator.HeaderTTFT: "600ms"})
+			if r.status != 200 {
+				t.Errorf("slow stream %d: %d", i, r.status)
+			}
+		})
+	}
+	wg.Wait()
+	prom.await(t, `sum(timing_sidecar_slo_requests_total{result="missed"})`, func(v float64) bool { return v >= 12 }, "missed requests counted")
+	prom.await(t, `count(ALERTS{alertname="TimingSidecarGoodputLow", alertstate=~"pending|firing"})`, func(v float64) bool { return v >= 1 }, "the goodput alert")
+	missedLine := false
+	for len(s.accessLog) > 0 {
+		line := <-s.accessLog
+		missedLine = missedLine || strings.Contains(line, `"slo":"missed","slo_missed":"ttft"`) && strings.Contains(line, `"request_id":"slow-`)
+	}
+	if !missedLine {
+		t.Error("no access-log line says a slow request missed its ttft objective")
+	}
+}

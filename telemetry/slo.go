@@ -1,0 +1,110 @@
+package telemetry
+
+import (
+	"strings"
+	"time"
+)
+
+// Objectives are the latency objectives a request should meet
+// (--slo-ttft, --slo-itl, --slo-e2e); zero leaves one unset. A request
+// meets its objectives when every set one holds; the share that does is
+// goodput, as `vllm bench serve --goodput` reports it for a benchmark,
+// here from live traffic per model and tenant.
+type Objectives struct {
+	// TTFT bounds the time to first token from arrival, as the Prometheus
+	// histogram and vLLM count it (queue time included).
+	TTFT time.Duration
+	// ITL bounds the mean inter-token latency (mean_itl_ms): generation
+	// time over completion tokens − 1, vllm bench's TPOT. A single stall
+	// (max_itl_ms) does not fail it; the max-ITL histogram shows stalls.
+	ITL time.Duration
+	// E2E bounds the end-to-end latency, arrival to the end of the
+	// response: the one objective a non-streaming response can be held
+	// to without --upgrade-non-streaming.
+	E2E time.Duration
+}
+
+// Set tells whether any objective is set.
+func (o Objectives) Set() bool { return o.TTFT > 0 || o.ITL > 0 || o.E2E > 0 }
+
+// Verdict is one request's outcome against the objectives.
+type Verdict uint8
+
+const (
+	// Undecided: no objectives, or a request they cannot judge (refused
+	// as the client's error, left by its client before anything missed,
+	// or lacking a figure an objective needs). Not counted.
+	Undecided Verdict = iota
+	Met
+	Missed
+)
+
+// Objective names, as the access log's slo_missed lists them.
+const (
+	missedTTFT  = "ttft"
+	missedITL   = "itl"
+	missedE2E   = "e2e"
+	missedError = "error"
+)
+
+// Judge gives a finished request's verdict, and the objectives it missed
+// ("ttft,itl"; "error" for a request the engine or the sidecar failed).
+//
+//   - A 5xx or an engine failure misses: an error is not good service.
+//   - Otherwise a 4xx is the client's (undecided), and a request whose
+//     client left is undecided unless a figure measured before it left
+//     had already missed.
+//   - A served request is decided when every set objective could be
+//     measured for it: streams (and upgraded non-streaming requests) for
+//     TTFT and ITL, every measured response for E2E. One measured miss
+//     decides it as missed whatever else is unknown. A stream of one
+//     token has no inter-token latency and cannot miss the ITL objective.
+func (o Objectives) Judge(r *Record) (Verdict, string) {
+	if !o.Set() {
+		return Undecided, ""
+	}
+	if r.UpstreamError != "" || r.Status >= 500 && r.Status != StatusClientGone {
+		return Missed, missedError
+	}
+	if r.Status >= 400 && r.Status < 500 || !r.Measured {
+		return Undecided, ""
+	}
+	var missed []string
+	unknown := false
+	check := func(name string, limit time.Duration, ms float64, ok bool) {
+		switch {
+		case limit <= 0:
+		case !ok:
+			unknown = true
+		case ms > float64(limit)/float64(time.Millisecond):
+			missed = append(missed, name)
+		}
+	}
+	ttft, ok := r.timeToFirstToken()
+	check(missedTTFT, o.TTFT, ttft, ok)
+	m := &r.Metrics
+	if o.ITL > 0 && !m.MeanITL.Set && m.TimeToFirstToken.Set && m.CompletionTokens.Set && m.CompletionTokens.Value <= 1 {
+		// One token or none: no gap to judge, nothing missed.
+	} else {
+		check(missedITL, o.ITL, m.MeanITL.Value, m.MeanITL.Set)
+	}
+	check(missedE2E, o.E2E, m.E2ELatency.Value, m.E2ELatency.Set)
+	switch {
+	case len(missed) > 0:
+		return Missed, strings.Join(missed, ",")
+	case unknown || r.ClientGone:
+		return Undecided, ""
+	}
+	return Met, ""
+}
+
+// String is the verdict as the access log and the "result" label say it.
+func (v Verdict) String() string {
+	switch v {
+	case Met:
+		return "met"
+	case Missed:
+		return "missed"
+	}
+	return ""
+}
