@@ -186,6 +186,7 @@ func TestMixedLoadIsCountedAndLogged(t *testing.T) {
 		t.Errorf("in flight = %v after all requests ended", m.GetGauge().GetValue())
 	}
 
+	p.telemetry.Flush() // the access log is written in batches
 	lines := log.lines()
 	if len(lines) != len(calls)+1 {
 		t.Fatalf("%d access-log lines for %d requests:\n%s", len(lines), len(calls)+1, strings.Join(lines, "\n"))
@@ -289,6 +290,7 @@ func TestTenantLabel(t *testing.T) {
 			t.Errorf("tenant %s: %v requests, want %v", labels, got, want)
 		}
 	}
+	p.telemetry.Flush()
 	if !strings.Contains(log.lines()[1], `"tenant":"globex"`) {
 		t.Errorf("access log lacks the tenant: %s", log.lines()[1])
 	}

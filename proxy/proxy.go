@@ -56,7 +56,7 @@ func New(cfg Config, log *slog.Logger, accessLog io.Writer) (*Proxy, error) {
 	opts := telemetry.Options{MaxModels: cfg.MaxModelLabels, TenantLabel: cfg.TenantLabel, MaxTenants: cfg.MaxTenantLabels,
 		Objectives: telemetry.Objectives{TTFT: cfg.SLOTTFT, ITL: cfg.SLOITL, E2E: cfg.SLOE2E}}
 	if cfg.AccessLog && accessLog != nil {
-		opts.AccessLog = slog.New(slog.NewJSONHandler(accessLog, nil))
+		opts.AccessLog, opts.Log = accessLog, log
 	}
 	if p.tracer, err = telemetry.NewTracer(cfg.Tracing, p.registry, log); err != nil {
 		return nil, fmt.Errorf("tracing: %w", err)
@@ -156,6 +156,7 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 	// "shutting down", /healthz keeps the pod alive, /metrics counts the
 	// last requests.
 	err := p.server.ShutdownWithContext(ctx)
+	p.telemetry.Close() // the access log's last lines
 	// Every request has ended, so every span has: what is queued goes to
 	// the collector in what is left of the grace.
 	err = errors.Join(err, p.tracer.Shutdown(ctx))

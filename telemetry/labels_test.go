@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -45,10 +44,9 @@ func labelValues(t *testing.T, reg *prometheus.Registry) []string {
 }
 
 func TestInvalidUTF8LabelsAreReplaced(t *testing.T) {
-	var buf bytes.Buffer
+	var buf lockedBuffer
 	reg := prometheus.NewRegistry()
-	r := NewRecorder(reg, Options{MaxModels: 8, TenantLabel: true, MaxTenants: 8,
-		AccessLog: slog.New(slog.NewJSONHandler(&buf, nil))})
+	r := NewRecorder(reg, Options{MaxModels: 8, TenantLabel: true, MaxTenants: 8, AccessLog: &buf})
 	req := requests[0]
 	req.ID, req.Model, req.Tenant = "id\xfd", "m\xff", "t\xfe"
 	finish(t, r, &req)
@@ -65,11 +63,12 @@ timing_sidecar_requests_total{endpoint="chat_completions",model="m` + "\uFFFD" +
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "timing_sidecar_requests_total"); err != nil {
 		t.Error(err)
 	}
-	if !json.Valid(buf.Bytes()) {
+	r.Close()
+	if !json.Valid([]byte(buf.String())) {
 		t.Fatalf("access log line is not valid JSON: %q", buf.String())
 	}
 	var line map[string]any
-	json.Unmarshal(buf.Bytes(), &line)
+	json.Unmarshal([]byte(buf.String()), &line)
 	for k, v := range map[string]string{"request_id": "id\uFFFD", "model": "m\uFFFD", "tenant": "t\uFFFD"} {
 		if line[k] != v {
 			t.Errorf("access log %s = %q, want %q", k, line[k], v)
@@ -78,9 +77,9 @@ timing_sidecar_requests_total{endpoint="chat_completions",model="m` + "\uFFFD" +
 }
 
 func TestLongModelNameIsCut(t *testing.T) {
-	var buf bytes.Buffer
+	var buf lockedBuffer
 	reg := prometheus.NewRegistry()
-	r := NewRecorder(reg, Options{MaxModels: 32, MaxTenants: 8, AccessLog: slog.New(slog.NewJSONHandler(&buf, nil))})
+	r := NewRecorder(reg, Options{MaxModels: 32, MaxTenants: 8, AccessLog: &buf})
 	// A 3-byte rune, so 256 bytes falls inside one: the cut must not split it.
 	long := strings.Repeat("€", 1<<20/3+1)
 	req := requests[0]
@@ -111,8 +110,9 @@ func TestLongModelNameIsCut(t *testing.T) {
 	if text.Len() > 64<<10 {
 		t.Errorf("exposition of one request is %d bytes", text.Len())
 	}
-	if buf.Len() > 2<<10 {
-		t.Errorf("access log line is %d bytes", buf.Len())
+	r.Close()
+	if n := len(buf.String()); n > 2<<10 {
+		t.Errorf("access log line is %d bytes", n)
 	}
 }
 

@@ -1,6 +1,7 @@
 package telemetry
 
 import (
+	"io"
 	"os"
 	"regexp"
 	"slices"
@@ -26,7 +27,8 @@ func TestReadmeListsEverySeries(t *testing.T) {
 		documented[m[1]] = m[2]
 	}
 	reg := prometheus.NewRegistry()
-	r := NewRecorder(reg, Options{MaxModels: 4, MaxTenants: 4, Objectives: Objectives{E2E: time.Second}})
+	r := NewRecorder(reg, Options{MaxModels: 4, MaxTenants: 4, Objectives: Objectives{E2E: time.Second}, AccessLog: io.Discard})
+	defer r.Close()
 	// One request of each kind, so that every vector has a series.
 	for _, req := range requests {
 		r.Begin()

@@ -1,7 +1,7 @@
 package telemetry
 
 import (
-	"context"
+	"io"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -32,8 +32,10 @@ type Options struct {
 	// MaxTenants bounds its values, admitted the same way.
 	TenantLabel bool
 	MaxTenants  int
-	// AccessLog, when set, gets one line per request.
-	AccessLog *slog.Logger
+	// AccessLog, when set, gets one JSON line per request, buffered (see
+	// accessLog); Log gets the report of lines dropped.
+	AccessLog io.Writer
+	Log       *slog.Logger
 	// Tracer, when set, ends each traced record's spans.
 	Tracer *Tracer
 	// Objectives, when set, judge each request: met or missed, counted
@@ -45,7 +47,7 @@ type Options struct {
 type Recorder struct {
 	models, tenants *boundedLabel
 	tenantLabel     bool
-	accessLog       *slog.Logger
+	access          *accessLog
 	tracer          *Tracer
 	objectives      Objectives
 
@@ -93,7 +95,6 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 		models:      newBoundedLabel(opts.MaxModels),
 		tenants:     newBoundedLabel(opts.MaxTenants),
 		tenantLabel: opts.TenantLabel,
-		accessLog:   opts.AccessLog,
 		tracer:      opts.Tracer,
 		objectives:  opts.Objectives,
 	}
@@ -145,9 +146,27 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 		append([]string{"endpoint", "model", "result"}, counted[2:]...))
 	r.engineReady = prometheus.NewGauge(prometheus.GaugeOpts{Name: "timing_sidecar_engine_ready",
 		Help: "1 when the last readiness probe of the engine succeeded, 0 otherwise (as /readyz answers)."})
+	if opts.AccessLog != nil {
+		r.access = newAccessLog(opts.AccessLog, opts.Log, reg, r.Panic)
+	}
 	reg.MustRegister(r.queue, r.ttft, r.ttfc, r.itl, r.maxITL, r.e2e, r.requests, r.promptTokens, r.outputTokens,
 		r.upstreamErrors, r.clientDisconnects, r.panics, r.inFlight, r.slo, r.engineReady)
 	return r
+}
+
+// Flush writes the access-log lines pending now.
+func (r *Recorder) Flush() {
+	if r.access != nil {
+		r.access.Flush()
+	}
+}
+
+// Close writes the access-log lines pending and stops its writer: at
+// shutdown, after the last request.
+func (r *Recorder) Close() {
+	if r.access != nil {
+		r.access.Close()
+	}
 }
 
 // EngineReady records the last readiness probe's result.
@@ -202,8 +221,8 @@ func (r *Recorder) Finish(req *Record) {
 			r.slo.WithLabelValues(req.Endpoint, model, verdict.String()).Inc()
 		}
 	}
-	if r.accessLog != nil {
-		r.log(req, verdict, missed)
+	if r.access != nil {
+		r.access.add(time.Now(), req, verdict, missed, r.objectives.Set())
 	}
 	r.tracer.End(req, time.Now())
 }
@@ -240,46 +259,3 @@ func (r *Recorder) observe(req *Record, model, tenant string) {
 
 // log writes the access-log line: what was asked, what came back and the
 // timing, never the prompt, the output or credentials.
-func (r *Recorder) log(req *Record, verdict Verdict, missed string) {
-	m := &req.Metrics
-	attrs := []slog.Attr{
-		slog.String("request_id", req.ID),
-		slog.String("method", req.Method),
-		slog.String("path", req.Path),
-		slog.String("model", req.Model),
-		slog.Bool("stream", req.Stream),
-		slog.Int("status", req.Status),
-		number("time_to_first_token_ms", m.TimeToFirstToken),
-		number("generation_time_ms", m.GenerationTime),
-		number("queue_time_ms", m.QueueTime),
-		number("mean_itl_ms", m.MeanITL),
-		number("tokens_per_second", m.TokensPerSecond),
-		number("e2e_latency_ms", m.E2ELatency),
-		number("max_itl_ms", m.MaxITL),
-		count("prompt_tokens", m.PromptTokens),
-		count("completion_tokens", m.CompletionTokens),
-		slog.Int("bytes_in", req.BytesIn),
-		slog.Int("bytes_out", req.BytesOut),
-		slog.String("upstream_error", req.UpstreamError),
-		slog.Bool("client_gone", req.ClientGone),
-		slog.String("tenant", req.Tenant),
-	}
-	if r.objectives.Set() {
-		attrs = append(attrs, slog.String("slo", verdict.String()), slog.String("slo_missed", missed))
-	}
-	r.accessLog.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs...)
-}
-
-func number(key string, n timing.Number) slog.Attr {
-	if !n.Set {
-		return slog.Any(key, nil)
-	}
-	return slog.Float64(key, float64(int64(n.Value*1000+0.5))/1000)
-}
-
-func count(key string, c timing.Count) slog.Attr {
-	if !c.Set {
-		return slog.Any(key, nil)
-	}
-	return slog.Int64(key, c.Value)
-}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"flag"
-	"log/slog"
 	"os"
 	"strings"
 	"testing"
@@ -82,14 +81,15 @@ timing_sidecar_requests_total{endpoint="chat_completions",model="other",status="
 }
 
 func TestAccessLogLine(t *testing.T) {
-	var buf bytes.Buffer
-	r := NewRecorder(prometheus.NewRegistry(), Options{MaxModels: 8, MaxTenants: 8, AccessLog: slog.New(slog.NewJSONHandler(&buf, nil))})
+	var buf lockedBuffer
+	r := NewRecorder(prometheus.NewRegistry(), Options{MaxModels: 8, MaxTenants: 8, AccessLog: &buf})
 	req := requests[0]
 	req.Method, req.Path, req.Tenant, req.BytesIn, req.BytesOut = "POST", "/v1/chat/completions", "acme", 120, 3400
 	r.Begin()
 	r.Finish(&req)
+	r.Flush()
 	var line map[string]any
-	if err := json.Unmarshal(buf.Bytes(), &line); err != nil {
+	if err := json.Unmarshal([]byte(buf.String()), &line); err != nil {
 		t.Fatalf("not one JSON line: %q", buf.String())
 	}
 	want := map[string]any{
@@ -107,7 +107,8 @@ func TestAccessLogLine(t *testing.T) {
 	buf.Reset()
 	r.Begin()
 	r.Finish(&requests[4])
-	json.Unmarshal(buf.Bytes(), &line)
+	r.Close()
+	json.Unmarshal([]byte(buf.String()), &line)
 	if line["time_to_first_token_ms"] != nil || line["status"] != 499.0 || line["client_gone"] != true {
 		t.Errorf("unmeasured request logged as %v", line)
 	}

@@ -3,7 +3,6 @@ package telemetry
 import (
 	"bytes"
 	"encoding/json"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -61,8 +60,8 @@ func TestJudge(t *testing.T) {
 
 func TestGoodputIsCountedAndLogged(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	var log bytes.Buffer
-	r := NewRecorder(reg, Options{MaxModels: 4, MaxTenants: 4, TenantLabel: true, AccessLog: slog.New(slog.NewJSONHandler(&log, nil)),
+	var log lockedBuffer
+	r := NewRecorder(reg, Options{MaxModels: 4, MaxTenants: 4, TenantLabel: true, AccessLog: &log,
 		Objectives: Objectives{TTFT: 100 * time.Millisecond}})
 	for _, q := range []float64{10, 20, 200} {
 		rec := Record{Endpoint: EndpointChat, Model: "m", Tenant: "acme", Stream: true, Status: 200, Measured: true,
@@ -75,7 +74,8 @@ func TestGoodputIsCountedAndLogged(t *testing.T) {
 		t.Errorf("met %v, missed %v; want 2, 1", met, missed)
 	}
 	var lines []struct{ SLO, SLOMissed string }
-	for _, l := range bytes.Split(bytes.TrimSpace(log.Bytes()), []byte("\n")) {
+	r.Close()
+	for _, l := range bytes.Split(bytes.TrimSpace([]byte(log.String())), []byte("\n")) {
 		var v struct {
 			SLO       string `json:"slo"`
 			SLOMissed string `json:"slo_missed"`

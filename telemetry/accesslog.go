@@ -1,0 +1,303 @@
+package telemetry
+
+import (
+	"io"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/timing-sidecar/timing-sidecar/timing"
+)
+
+// The access log is one JSON line per request, on every request's path,
+// so it is built for that: each line is appended into a pooled buffer by
+// hand (no reflection, no allocation), and lines reach the output through
+// a buffer that one goroutine writes out every flushInterval, or sooner
+// when flushSize is pending, and at Close. A request never waits on a
+// write to standard output. A reader that stops reading stalls only that
+// goroutine: past maxPending bytes, lines are dropped, counted in
+// timing_sidecar_access_log_dropped_total, and reported at most once a
+// minute on the operational log.
+const (
+	flushInterval = 100 * time.Millisecond
+	flushSize     = 64 << 10
+	maxPending    = 4 << 20
+	// maxKeptBuffer: a buffer grown past this by a burst is not kept.
+	maxKeptBuffer = 1 << 20
+)
+
+// accessLog is the buffered line writer.
+type accessLog struct {
+	w        io.Writer
+	ops      *slog.Logger // where drops are reported
+	dropped  prometheus.Counter
+	panicked func() // counts a panic of the output
+
+	// flushing is held for a whole flush, so two flushes (the loop's and
+	// Flush's) write their lines in order.
+	flushing     sync.Mutex
+	mu           sync.Mutex
+	pending      []byte // lines not yet written
+	spare        []byte // the other buffer, while pending is written
+	droppedSince int
+	lastReport   time.Time
+
+	wake    chan struct{}
+	stop    chan struct{}
+	stopped chan struct{}
+	once    sync.Once
+	lines   sync.Pool // *[]byte: one line being encoded
+}
+
+func newAccessLog(w io.Writer, ops *slog.Logger, reg prometheus.Registerer, panicked func()) *accessLog {
+	l := &accessLog{
+		w:        w,
+		ops:      ops,
+		panicked: panicked,
+		dropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "timing_sidecar_access_log_dropped_total",
+			Help: "Access-log lines dropped because standard output was not being read fast enough (more than 4 MiB pending), or failed."}),
+		wake:    make(chan struct{}, 1),
+		stop:    make(chan struct{}),
+		stopped: make(chan struct{}),
+	}
+	l.lines.New = func() any { b := make([]byte, 0, 1024); return &b }
+	reg.MustRegister(l.dropped)
+	go l.run()
+	return l
+}
+
+// add queues one request's line.
+func (l *accessLog) add(now time.Time, r *Record, verdict Verdict, missed string, slo bool) {
+	bp := l.lines.Get().(*[]byte)
+	line := appendLine((*bp)[:0], now, r, verdict, missed, slo)
+	l.mu.Lock()
+	full := len(l.pending)+len(line) > maxPending
+	if full {
+		l.droppedSince++
+	} else {
+		l.pending = append(l.pending, line...)
+	}
+	wake := len(l.pending) >= flushSize
+	l.mu.Unlock()
+	if cap(line) <= 64<<10 {
+		*bp = line
+		l.lines.Put(bp)
+	}
+	if full {
+		l.dropped.Inc()
+	}
+	if wake {
+		select {
+		case l.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (l *accessLog) run() {
+	defer close(l.stopped)
+	t := time.NewTicker(flushInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-l.wake:
+		case <-l.stop:
+			l.flush()
+			return
+		}
+		l.flush()
+	}
+}
+
+// flush writes what is pending, outside the lock: requests go on
+// appending to the other buffer meanwhile.
+func (l *accessLog) flush() {
+	l.flushing.Lock()
+	defer l.flushing.Unlock()
+	l.mu.Lock()
+	out := l.pending
+	l.pending, l.spare = l.spare[:0], nil
+	l.mu.Unlock()
+	if len(out) > 0 && !l.write(out) {
+		n := lineCount(out)
+		l.dropped.Add(float64(n))
+		l.mu.Lock()
+		l.droppedSince += n
+		l.mu.Unlock()
+	}
+	if cap(out) > maxKeptBuffer {
+		out = nil
+	}
+	l.mu.Lock()
+	l.spare = out[:0]
+	dropped := l.droppedSince
+	report := dropped > 0 && time.Since(l.lastReport) >= time.Minute
+	if report {
+		l.droppedSince, l.lastReport = 0, time.Now()
+	}
+	l.mu.Unlock()
+	if report && l.ops != nil {
+		l.ops.Warn("access-log lines were dropped: standard output is not read fast enough, or failed", "lines", dropped)
+	}
+}
+
+// write writes out to the output. It is the panic boundary of the log's
+// goroutine: an output that panics costs its lines, counted, not the
+// process.
+func (l *accessLog) write(out []byte) (ok bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			ok = false
+			if l.panicked != nil {
+				l.panicked()
+			}
+		}
+	}()
+	_, err := l.w.Write(out)
+	return err == nil
+}
+
+func lineCount(b []byte) int {
+	n := 0
+	for _, c := range b {
+		if c == '\n' {
+			n++
+		}
+	}
+	return n
+}
+
+// Flush writes what is pending now.
+func (l *accessLog) Flush() {
+	l.flush()
+}
+
+// Close writes what is pending and stops the writer. Lines added after
+// it are not written.
+func (l *accessLog) Close() {
+	l.once.Do(func() { close(l.stop) })
+	<-l.stopped
+}
+
+// appendLine appends one request's access-log line, with the fields and
+// names slog's JSON handler gave it before (TestAccessLogLine holds the
+// two equal).
+func appendLine(b []byte, now time.Time, r *Record, verdict Verdict, missed string, slo bool) []byte {
+	m := &r.Metrics
+	b = append(b, `{"time":"`...)
+	b = now.AppendFormat(b, "2006-01-02T15:04:05.000Z07:00") // slog's: RFC 3339, milliseconds
+	b = append(b, `","level":"INFO","msg":"request","request_id":`...)
+	b = appendString(b, r.ID)
+	b = append(b, `,"method":`...)
+	b = appendString(b, r.Method)
+	b = append(b, `,"path":`...)
+	b = appendString(b, r.Path)
+	b = append(b, `,"model":`...)
+	b = appendString(b, r.Model)
+	b = append(b, `,"stream":`...)
+	b = strconv.AppendBool(b, r.Stream)
+	b = append(b, `,"status":`...)
+	b = strconv.AppendInt(b, int64(r.Status), 10)
+	b = appendNumber(b, `,"time_to_first_token_ms":`, m.TimeToFirstToken)
+	b = appendNumber(b, `,"generation_time_ms":`, m.GenerationTime)
+	b = appendNumber(b, `,"queue_time_ms":`, m.QueueTime)
+	b = appendNumber(b, `,"mean_itl_ms":`, m.MeanITL)
+	b = appendNumber(b, `,"tokens_per_second":`, m.TokensPerSecond)
+	b = appendNumber(b, `,"e2e_latency_ms":`, m.E2ELatency)
+	b = appendNumber(b, `,"max_itl_ms":`, m.MaxITL)
+	b = appendCount(b, `,"prompt_tokens":`, m.PromptTokens)
+	b = appendCount(b, `,"completion_tokens":`, m.CompletionTokens)
+	b = append(b, `,"bytes_in":`...)
+	b = strconv.AppendInt(b, int64(r.BytesIn), 10)
+	b = append(b, `,"bytes_out":`...)
+	b = strconv.AppendInt(b, int64(r.BytesOut), 10)
+	b = append(b, `,"upstream_error":`...)
+	b = appendString(b, r.UpstreamError)
+	b = append(b, `,"client_gone":`...)
+	b = strconv.AppendBool(b, r.ClientGone)
+	b = append(b, `,"tenant":`...)
+	b = appendString(b, r.Tenant)
+	if slo {
+		b = append(b, `,"slo":`...)
+		b = appendString(b, verdict.String())
+		b = append(b, `,"slo_missed":`...)
+		b = appendString(b, missed)
+	}
+	return append(b, "}\n"...)
+}
+
+// appendNumber appends key and a figure to three decimals, or null.
+func appendNumber(b []byte, key string, n timing.Number) []byte {
+	b = append(b, key...)
+	if !n.Set {
+		return append(b, "null"...)
+	}
+	return strconv.AppendFloat(b, float64(int64(n.Value*1000+0.5))/1000, 'f', -1, 64)
+}
+
+func appendCount(b []byte, key string, c timing.Count) []byte {
+	b = append(b, key...)
+	if !c.Set {
+		return append(b, "null"...)
+	}
+	return strconv.AppendInt(b, c.Value, 10)
+}
+
+const hex = "0123456789abcdef"
+
+// appendString appends s as a JSON string. Control characters, quotes and
+// backslashes are escaped, and U+2028/U+2029 (JavaScript's line
+// terminators); invalid UTF-8 becomes U+FFFD, though clean has already made
+// client strings valid.
+func appendString(b []byte, s string) []byte {
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' {
+				i++
+				continue
+			}
+			b = append(b, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				b = append(b, '\\', c)
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 || r == '\u2028' || r == '\u2029' {
+			b = append(b, s[start:i]...)
+			switch r {
+			case '\u2028':
+				b = append(b, `\u2028`...)
+			case '\u2029':
+				b = append(b, `\u2029`...)
+			default:
+				b = append(b, `\ufffd`...)
+			}
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
+}

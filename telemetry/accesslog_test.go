@@ -1,0 +1,186 @@
+package telemetry
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/timing-sidecar/timing-sidecar/timing"
+)
+
+// lockedBuffer is an output the access log's writer and a test can share.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func (l *lockedBuffer) Reset() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.b.Reset()
+}
+
+// slogLine is the line slog's JSON handler wrote for a request before the
+// access log was written by hand: the reference for its fields.
+func slogLine(r *Record) []byte {
+	var buf bytes.Buffer
+	m := &r.Metrics
+	num := func(key string, n timing.Number) slog.Attr {
+		if !n.Set {
+			return slog.Any(key, nil)
+		}
+		return slog.Float64(key, float64(int64(n.Value*1000+0.5))/1000)
+	}
+	cnt := func(key string, c timing.Count) slog.Attr {
+		if !c.Set {
+			return slog.Any(key, nil)
+		}
+		return slog.Int64(key, c.Value)
+	}
+	slog.New(slog.NewJSONHandler(&buf, nil)).LogAttrs(context.Background(), slog.LevelInfo, "request",
+		slog.String("request_id", r.ID), slog.String("method", r.Method), slog.String("path", r.Path),
+		slog.String("model", r.Model), slog.Bool("stream", r.Stream), slog.Int("status", r.Status),
+		num("time_to_first_token_ms", m.TimeToFirstToken), num("generation_time_ms", m.GenerationTime),
+		num("queue_time_ms", m.QueueTime), num("mean_itl_ms", m.MeanITL), num("tokens_per_second", m.TokensPerSecond),
+		num("e2e_latency_ms", m.E2ELatency), num("max_itl_ms", m.MaxITL), cnt("prompt_tokens", m.PromptTokens),
+		cnt("completion_tokens", m.CompletionTokens), slog.Int("bytes_in", r.BytesIn), slog.Int("bytes_out", r.BytesOut),
+		slog.String("upstream_error", r.UpstreamError), slog.Bool("client_gone", r.ClientGone), slog.String("tenant", r.Tenant))
+	return buf.Bytes()
+}
+
+func TestAccessLogLineIsSlogs(t *testing.T) {
+	hostile := "q\"b\\s\n\r\t\x00\x1f<>&\u2028\u2029é€😀"
+	for i, r := range append(slicesClone(requests), Record{ID: hostile, Method: "POST", Path: "/" + hostile, Model: hostile,
+		Tenant: hostile, Status: 200, Measured: true, Metrics: timing.Metrics{E2ELatency: num(1234567.8915), TokensPerSecond: num(0.0004)}}) {
+		now := time.Date(2026, 12, 3, 14, 2, 0, 123456789, time.UTC)
+		got := appendLine(nil, now, &r, Undecided, "", false)
+		if !bytes.HasSuffix(got, []byte("\n")) || bytes.Count(got, []byte("\n")) != 1 {
+			t.Fatalf("%d: not one line: %q", i, got)
+		}
+		var mine, ref map[string]any
+		if err := json.Unmarshal(got, &mine); err != nil {
+			t.Fatalf("%d: %v: %q", i, err, got)
+		}
+		if err := json.Unmarshal(slogLine(&r), &ref); err != nil {
+			t.Fatal(err)
+		}
+		if mine["time"] != "2026-12-03T14:02:00.123Z" {
+			t.Errorf("time %v, want slog's RFC 3339 in milliseconds", mine["time"])
+		}
+		delete(mine, "time")
+		delete(ref, "time")
+		if len(mine) != len(ref) {
+			t.Errorf("%d: %d fields, slog had %d", i, len(mine), len(ref))
+		}
+		for k, v := range ref {
+			if mine[k] != v {
+				t.Errorf("%d: %s = %#v, slog's %#v", i, k, mine[k], v)
+			}
+		}
+	}
+}
+
+func slicesClone(rs []Record) []Record { return append([]Record(nil), rs...) }
+
+func TestAccessLogLineAllocatesNothing(t *testing.T) {
+	r := requests[0]
+	buf := make([]byte, 0, 1024)
+	now := time.Now()
+	if n := testing.AllocsPerRun(100, func() { buf = appendLine(buf[:0], now, &r, Met, "", true) }); n != 0 {
+		t.Errorf("%v allocations per line", n)
+	}
+}
+
+// stalledWriter blocks every write until released.
+type stalledWriter struct {
+	release chan struct{}
+	lockedBuffer
+}
+
+func (s *stalledWriter) Write(p []byte) (int, error) {
+	<-s.release
+	return s.lockedBuffer.Write(p)
+}
+
+func TestAStalledReaderNeverStallsRequests(t *testing.T) {
+	out := &stalledWriter{release: make(chan struct{})}
+	var ops lockedBuffer
+	r := NewRecorder(prometheus.NewRegistry(), Options{MaxModels: 4, MaxTenants: 4, AccessLog: out, Log: slog.New(slog.NewJSONHandler(&ops, nil))})
+	req := requests[0]
+	req.Path = strings.Repeat("p", 200) // ~1 KB lines: 4 MiB holds about 4,000
+	done := make(chan struct{})
+	go func() {
+		for range 20000 {
+			rec := req
+			r.Begin()
+			r.Finish(&rec)
+		}
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("requests stalled behind a log reader that does not read")
+	}
+	dropped := testutil.ToFloat64(r.access.dropped)
+	if dropped < 10000 {
+		t.Errorf("%v lines dropped of 20,000 with 4 MiB pending at most", dropped)
+	}
+	close(out.release)
+	r.Close()
+	written := strings.Count(out.String(), "\n")
+	if float64(written)+dropped != 20000 {
+		t.Errorf("written %d + dropped %v, want 20,000", written, dropped)
+	}
+	if !strings.Contains(ops.String(), "access-log lines were dropped") {
+		t.Errorf("the drop was not reported: %q", ops.String())
+	}
+}
+
+func TestCloseWritesEveryLineInOrder(t *testing.T) {
+	var out lockedBuffer
+	r := NewRecorder(prometheus.NewRegistry(), Options{MaxModels: 4, MaxTenants: 4, AccessLog: &out})
+	for i := range 3000 {
+		rec := requests[0]
+		rec.ID = "r" + strings.Repeat("x", i%7) + string(rune('a'+i%26))
+		rec.BytesIn = i
+		r.Begin()
+		r.Finish(&rec)
+		if i == 1500 {
+			r.Flush() // a flush of its own between the loop's
+		}
+	}
+	r.Close()
+	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	if len(lines) != 3000 {
+		t.Fatalf("%d lines, want 3000", len(lines))
+	}
+	for i, l := range lines {
+		var v struct {
+			BytesIn int `json:"bytes_in"`
+		}
+		if err := json.Unmarshal([]byte(l), &v); err != nil || v.BytesIn != i {
+			t.Fatalf("line %d: %v, bytes_in %d", i, err, v.BytesIn)
+		}
+	}
+}
