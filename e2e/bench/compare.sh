@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
-# Compares timing-sidecar (metrics on) with nginx (proxy_buffering off, which
-# does no timing and no JSON work) and a direct connection, all in front of
-# the same emulated engine on this machine, and prints the ratios the
-# performance targets are stated in. A fourth target, go-relay
-# (e2e/bench/tcprelay: a Go TCP relay that parses nothing), shows what any
-# Go proxy pays here, so the sidecar's own cost can be told from the
-# runtime's.
+# Compares timing-sidecar with the proxies people would otherwise put in
+# front of an engine, all in front of the same emulated engine on this
+# machine, and prints each one's ratio to nginx in the terms the
+# performance targets are stated in. Targets:
+#   direct         the engine itself (the delay floor)
+#   sidecar        timing-sidecar with its defaults (metrics on, access log
+#                  on, written to a file as a container runtime would)
+#   sidecar-nolog  the same with --access-log=false
+#   nginx          proxy_buffering off, upstream keepalive, access log off
+#   haproxy        option http-no-delay, http-reuse always
+#   caddy          reverse_proxy with flush_interval -1
+#   go-rp          Go's net/http/httputil.ReverseProxy (e2e/bench/reverseproxy)
+#   go-relay       a Go TCP relay that parses nothing (e2e/bench/tcprelay):
+#                  the floor for any proxy written in Go
 #
-#   e2e/bench/compare.sh            (installs nginx and wrk with apt-get if missing)
+#   e2e/bench/compare.sh     (installs nginx, haproxy, caddy and wrk with
+#                             apt-get if missing)
 #
 # Settings (environment): STREAMS=200 ITL=20ms TOKENS=100 DURATION=10s ROUNDS=2
 # UNARY_CLIENTS=32 UNARY_TOKENS=64 HOLD=5000 (open streams for the memory test).
-# Loads alternate direct, sidecar, nginx, go-relay, direct, ... to cancel
+# Loads alternate between the targets, round after round, to cancel
 # machine drift.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,11 +27,11 @@ cd "$(dirname "$0")/../.."
 STREAMS=${STREAMS:-200} ITL=${ITL:-20ms} TOKENS=${TOKENS:-100} DURATION=${DURATION:-10s}
 ROUNDS=${ROUNDS:-2} UNARY_CLIENTS=${UNARY_CLIENTS:-32} UNARY_TOKENS=${UNARY_TOKENS:-64} HOLD=${HOLD:-5000}
 
-if ! command -v nginx >/dev/null || ! command -v wrk >/dev/null; then
-  echo "installing nginx and wrk..." >&2
+if ! command -v nginx >/dev/null || ! command -v wrk >/dev/null || ! command -v haproxy >/dev/null || ! command -v caddy >/dev/null; then
+  echo "installing nginx, haproxy, caddy and wrk..." >&2
   sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
   $sudo apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq nginx-light wrk >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq nginx-light haproxy caddy wrk >/dev/null
 fi
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 
@@ -35,11 +43,47 @@ trap cleanup EXIT
 bin=$work/timing-sidecar
 .ci/build "$bin"
 CGO_ENABLED=0 go build -o "$work/tcprelay" ./e2e/bench/tcprelay
+CGO_ENABLED=0 go build -o "$work/reverseproxy" ./e2e/bench/reverseproxy
 ENGINE=127.0.0.1:18000 SIDECAR=127.0.0.1:18001 ADMIN=127.0.0.1:18002 NGINX=127.0.0.1:18003 RELAY=127.0.0.1:18004
+NOLOG=127.0.0.1:18008 NOLOG_ADMIN=127.0.0.1:18009 HAPROXY=127.0.0.1:18005 CADDY=127.0.0.1:18006 GORP=127.0.0.1:18007
 
 "$bin" emulate --listen "$ENGINE" 2>"$work/engine.log" & pids+=($!); engine_pid=$!
-"$bin" --listen "$SIDECAR" --admin-listen "$ADMIN" --upstream "http://$ENGINE" --access-log=false \
-  --readiness-interval 1h 2>"$work/sidecar.log" & pids+=($!); sidecar_pid=$!
+# The defaults: the access log goes to a file, as a container runtime's
+# log capture would take it.
+"$bin" --listen "$SIDECAR" --admin-listen "$ADMIN" --upstream "http://$ENGINE" \
+  --readiness-interval 1h >"$work/access.log" 2>"$work/sidecar.log" & pids+=($!); sidecar_pid=$!
+"$bin" --listen "$NOLOG" --admin-listen "$NOLOG_ADMIN" --upstream "http://$ENGINE" --access-log=false \
+  --readiness-interval 1h 2>"$work/sidecar-nolog.log" & pids+=($!); nolog_pid=$!
+cat >"$work/haproxy.cfg" <<HAPROXY
+global
+  maxconn 9000
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 1h
+  timeout server 1h
+  option http-no-delay
+  http-reuse always
+frontend clients
+  bind $HAPROXY
+  default_backend engine
+backend engine
+  server engine $ENGINE
+HAPROXY
+haproxy -db -f "$work/haproxy.cfg" 2>"$work/haproxy.log" & pids+=($!); haproxy_pid=$!
+cat >"$work/Caddyfile" <<CADDY
+{
+  admin off
+  auto_https off
+}
+http://$CADDY {
+  reverse_proxy $ENGINE {
+    flush_interval -1
+  }
+}
+CADDY
+HOME=$work XDG_DATA_HOME=$work XDG_CONFIG_HOME=$work caddy run --config "$work/Caddyfile" --adapter caddyfile 2>"$work/caddy.log" & pids+=($!); caddy_pid=$!
+"$work/reverseproxy" --listen "$GORP" --upstream "http://$ENGINE" 2>"$work/go-rp.log" & pids+=($!); gorp_pid=$!
 cat >"$work/nginx.conf" <<NGINX
 $( [ "$(id -u)" = 0 ] && echo "user root;" )
 worker_processes auto;
@@ -77,11 +121,13 @@ cpu() { local t=0 v; for p in $(procs "$1"); do v=$(awk '{print $14+$15}' "/proc
 rss() { local k=0 v; for p in $(procs "$1"); do v=$(awk '/VmRSS/{print $2}' "/proc/$p/status" 2>/dev/null) && [ -n "$v" ] && k=$((k + v)); done; awk -v k="$k" 'BEGIN{printf "%.1f", k/1024}'; }
 field() { grep -o "\"$2\":[-0-9.e+]*" <<<"$1" | cut -d: -f2; }
 
-targets="direct sidecar nginx go-relay"
-declare -A url=([direct]="http://$ENGINE" [sidecar]="http://$SIDECAR" [nginx]="http://$NGINX" [go-relay]="http://$RELAY")
-declare -A pid=([direct]=$engine_pid [sidecar]=$sidecar_pid [nginx]=$nginx_pid [go-relay]=$relay_pid)
-declare -A p50 p99 events cpus rps maxrss
-for t in $targets; do p50[$t]=0 p99[$t]=0 events[$t]=0 cpus[$t]=0 rps[$t]=0 maxrss[$t]=0; done
+targets="direct sidecar sidecar-nolog nginx haproxy caddy go-rp go-relay"
+declare -A url=([direct]="http://$ENGINE" [sidecar]="http://$SIDECAR" [sidecar-nolog]="http://$NOLOG" [nginx]="http://$NGINX"
+  [haproxy]="http://$HAPROXY" [caddy]="http://$CADDY" [go-rp]="http://$GORP" [go-relay]="http://$RELAY")
+declare -A pid=([direct]=$engine_pid [sidecar]=$sidecar_pid [sidecar-nolog]=$nolog_pid [nginx]=$nginx_pid
+  [haproxy]=$haproxy_pid [caddy]=$caddy_pid [go-rp]=$gorp_pid [go-relay]=$relay_pid)
+declare -A p50 p99 events cpus rps ureq ucpu
+for t in $targets; do p50[$t]=0 p99[$t]=0 events[$t]=0 cpus[$t]=0 rps[$t]=0 ureq[$t]=0 ucpu[$t]=0; done
 
 echo "streaming: $STREAMS streams, $TOKENS tokens at $ITL, $DURATION per run, $ROUNDS rounds" >&2
 for r in $(seq "$ROUNDS"); do
@@ -108,9 +154,13 @@ LUA
 echo "unary: $UNARY_CLIENTS clients, $UNARY_TOKENS-token responses, $DURATION per run" >&2
 for r in $(seq "$ROUNDS"); do
   for t in $targets; do
+    before=$(cpu "${pid[$t]}")
     out=$(wrk -t2 -c"$UNARY_CLIENTS" -d"$DURATION" -s "$work/unary.lua" "${url[$t]}/v1/chat/completions")
+    after=$(cpu "${pid[$t]}")
     v=$(awk '/Requests\/sec/{print $2}' <<<"$out")
     rps[$t]=$(awk -v a="${rps[$t]}" -v b="$v" -v n="$ROUNDS" 'BEGIN{print a+b/n}')
+    ureq[$t]=$((${ureq[$t]} + $(awk '/requests in/{print $1}' <<<"$out")))
+    ucpu[$t]=$(awk -v a="${ucpu[$t]}" -v b="$before" -v c="$after" 'BEGIN{print a+c-b}')
     echo "  round $r $t: $v requests/s" >&2
   done
 done
@@ -121,24 +171,33 @@ hold=$("$bin" bench --json -c "$HOLD" -d 5s --tokens 20 --itl 500ms "${url[sidec
 kill "$sampler"
 hold_rss=$(sort -n "$work/rss" | tail -1)
 
-awk -v dp50="${p50[direct]}" -v sp50="${p50[sidecar]}" -v np50="${p50[nginx]}" \
-    -v dp99="${p99[direct]}" -v sp99="${p99[sidecar]}" -v np99="${p99[nginx]}" \
-    -v gp50="${p50[go-relay]}" -v gp99="${p99[go-relay]}" -v gev="${events[go-relay]}" -v gcpu="${cpus[go-relay]}" -v grps="${rps[go-relay]}" \
-    -v sev="${events[sidecar]}" -v nev="${events[nginx]}" -v scpu="${cpus[sidecar]}" -v ncpu="${cpus[nginx]}" \
-    -v drps="${rps[direct]}" -v srps="${rps[sidecar]}" -v nrps="${rps[nginx]}" \
-    -v hold="$HOLD" -v herr="$(field "$hold" errors)" -v hrss="$hold_rss" -v streams="$STREAMS" -v itl="$ITL" '
-BEGIN {
-  printf "\n%-8s %14s %14s %14s %16s\n", "", "event p50 ms", "event p99 ms", "requests/s", "CPU s/1k events"
-  printf "%-8s %14.3f %14.3f %14.0f %16s\n", "direct", dp50, dp99, drps, "-"
-  printf "%-8s %14.3f %14.3f %14.0f %16.4f\n", "sidecar", sp50, sp99, srps, scpu/(sev/1000)
-  printf "%-8s %14.3f %14.3f %14.0f %16.4f\n", "nginx", np50, np99, nrps, ncpu/(nev/1000)
-  printf "%-8s %14.3f %14.3f %14.0f %16.4f\n", "go-relay", gp50, gp99, grps, gcpu/(gev/1000)
-  printf "\nratios, sidecar / nginx (%d streams at %s, metrics on):\n", streams, itl
-  printf "  added event delay p50   %.2f  (target <= 1.0)\n", (sp50-dp50)/(np50-dp50)
-  printf "  added event delay p99   %.2f  (target <= 1.5)\n", (sp99-dp99)/(np99-dp99)
-  printf "  CPU per 1,000 events    %.2f  (target <= 1.0)\n", (scpu/sev)/(ncpu/nev)
-  printf "  unary requests/s        %.2f  (target >= 0.9)\n", srps/nrps
-  printf "reference, go-relay / nginx: added p50 %.2f, p99 %.2f, CPU %.2f, unary %.2f\n", \
-    (gp50-dp50)/(np50-dp50), (gp99-dp99)/(np99-dp99), (gcpu/gev)/(ncpu/nev), grps/nrps
-  printf "  %d open streams: sidecar RSS peak %.0f MB (target <= 256), %s errors\n", hold, hrss, herr
+{
+  for t in $targets; do
+    echo "$t ${p50[$t]} ${p99[$t]} ${events[$t]} ${cpus[$t]} ${rps[$t]} ${ureq[$t]} ${ucpu[$t]}"
+  done
+} | awk -v hold="$HOLD" -v herr="$(field "$hold" errors)" -v hrss="$hold_rss" -v streams="$STREAMS" -v itl="$ITL" '
+{ name[NR]=$1; p50[$1]=$2; p99[$1]=$3; ev[$1]=$4; cpu[$1]=$5; rps[$1]=$6; ureq[$1]=$7; ucpu[$1]=$8; n=NR }
+END {
+  printf "\n%-14s %12s %12s %12s %16s %18s\n", "", "event p50 ms", "event p99 ms", "requests/s", "CPU ms/1k events", "CPU us/unary req"
+  for (i = 1; i <= n; i++) { t = name[i]
+    printf "%-14s %12.3f %12.3f %12.0f %16s %18s\n", t, p50[t], p99[t], rps[t], \
+      (t == "direct" ? "-" : sprintf("%.1f", cpu[t]/ev[t]*1e6)), (t == "direct" ? "-" : sprintf("%.1f", ucpu[t]/ureq[t]*1e6)) }
+  d = "direct"; ng = "nginx"
+  printf "\nratios to nginx (%d streams at %s, metrics on; lower is better but unary, where higher is):\n", streams, itl
+  printf "%-14s %14s %14s %14s %14s\n", "", "added p50", "added p99", "CPU/event", "unary req/s"
+  best50 = ""; best99 = ""; bestcpu = ""; bestrps = ""
+  for (i = 1; i <= n; i++) { t = name[i]; if (t == d) continue
+    a50 = (p50[t]-p50[d])/(p50[ng]-p50[d]); a99 = (p99[t]-p99[d])/(p99[ng]-p99[d])
+    c = (cpu[t]/ev[t])/(cpu[ng]/ev[ng]); u = rps[t]/rps[ng]
+    printf "%-14s %14.2f %14.2f %14.2f %14.2f\n", t, a50, a99, c, u
+    if (t ~ /^sidecar/ || t == "go-relay") continue # peers: nginx, haproxy, caddy, go-rp
+    if (best50 == "" || a50 < b50) { best50 = t; b50 = a50 }
+    if (best99 == "" || a99 < b99) { best99 = t; b99 = a99 }
+    if (bestcpu == "" || c < bc) { bestcpu = t; bc = c }
+    if (bestrps == "" || u > bu) { bestrps = t; bu = u }
+  }
+  printf "best peer per column: added p50 %s, added p99 %s, CPU %s, unary %s\n", best50, best99, bestcpu, bestrps
+  printf "access log cost (sidecar / sidecar-nolog): unary requests/s %.2f (target >= 0.95), CPU per event %.2f (target <= 1.05)\n", \
+    rps["sidecar"]/rps["sidecar-nolog"], (cpu["sidecar"]/ev["sidecar"])/(cpu["sidecar-nolog"]/ev["sidecar-nolog"])
+  printf "%d open streams: sidecar RSS peak %.0f MB (target <= 256), %s errors\n", hold, hrss, herr
 }'
