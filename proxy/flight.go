@@ -111,11 +111,14 @@ func (p *Proxy) record(f *flight) (ok bool) {
 			p.telemetry.Panic()
 			p.log.Error("panic while recording a request", "panic", r, "path", f.rec.Path,
 				"request_id", f.rec.ID, "stack", string(debug.Stack()))
+			p.endTraceAfterPanic(f)
 		}
 	}()
+	now := time.Now()
+	f.rec.Elapsed = now.Sub(f.clock.Arrival)
 	if f.measured {
 		if f.clock.Done.IsZero() {
-			f.markDone(time.Now())
+			f.markDone(now)
 		}
 		f.rec.Measured = true
 		f.rec.Metrics = f.metrics(timing.EngineTiming{})

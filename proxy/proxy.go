@@ -156,9 +156,10 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 	// "shutting down", /healthz keeps the pod alive, /metrics counts the
 	// last requests.
 	err := p.server.ShutdownWithContext(ctx)
-	p.telemetry.Close() // the access log's last lines
-	// Every request has ended, so every span has: what is queued goes to
-	// the collector in what is left of the grace.
+	// Requests have ended (or the grace has: then the ones still open
+	// lose their log lines, counted, and their spans): the access log's
+	// last lines, and the queued spans, go out in what is left of it.
+	p.telemetry.Close(ctx)
 	err = errors.Join(err, p.tracer.Shutdown(ctx))
 	return errors.Join(err, p.admin.Shutdown(ctx))
 }

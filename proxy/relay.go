@@ -107,6 +107,9 @@ func (b *bodyRelay) CloseWithError(writeErr error) error {
 	if b.capture != nil {
 		if b.eof {
 			f.usage = rewrite.BodyUsage(b.capture.B)
+			if f.rec.Trace.On() {
+				f.rec.Trace.Answer.ObserveBody(f.route.api, b.capture.B)
+			}
 		}
 		b.p.pools.release(b.capture)
 	}

@@ -3,6 +3,7 @@ package proxy
 import (
 	"net"
 	"strconv"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -24,6 +25,16 @@ func (p *Proxy) beginTrace(ctx *fasthttp.RequestCtx, f *flight, body []byte) {
 	tr.Sampling = rewrite.SamplingOf(body)
 	tr.Address, tr.Port = splitHostPort(string(ctx.Host()), 0)
 	tr.EngineAddress, tr.EnginePort = p.engineAddress, p.enginePort
+}
+
+// endTraceAfterPanic ends the spans of a request whose recording panicked
+// before the recorder could (it ends them itself if it got that far).
+// Its own panic is swallowed: the request's is already logged.
+func (p *Proxy) endTraceAfterPanic(f *flight) {
+	defer func() { recover() }() //nolint:errcheck
+	if f.rec.Trace.On() {
+		p.tracer.End(&f.rec, time.Now())
+	}
 }
 
 // splitHostPort splits host[:port]; a missing port is def.

@@ -230,4 +230,13 @@ func TestTracedEngineErrorAndNonStreamingRequest(t *testing.T) {
 		attrOf(server, "timing_sidecar.e2e_latency_ms").Type() != attribute.FLOAT64 || attrOf(server, "error.type").AsString() != "" {
 		t.Errorf("non-streaming span attributes %v", server.Attributes)
 	}
+
+	// Passed through without metrics: the body is still read for the span.
+	resp = post(t, base+"/v1/chat/completions", `{"model":"m","messages":[]}`, map[string]string{"X-Request-Id": "plain"})
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	server, _ = spansOf(t, p, exp, "plain")
+	if attrOf(server, "gen_ai.response.id").AsString() != "cmpl-1" || len(attrOf(server, "gen_ai.response.finish_reasons").AsStringSlice()) != 1 {
+		t.Errorf("pass-through span attributes %v", server.Attributes)
+	}
 }

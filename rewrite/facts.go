@@ -124,7 +124,8 @@ func (a *Answer) finishReasons(choices gjson.Result, key string) {
 }
 
 func (a *Answer) addReason(r gjson.Result) {
-	if r.Type == gjson.String && len(a.FinishReasons) < maxFinishReasons {
+	// An empty reason is none: some engines send "" until the end.
+	if r.Type == gjson.String && r.Str != "" && len(a.FinishReasons) < maxFinishReasons {
 		a.FinishReasons = append(a.FinishReasons, strings.Clone(r.Str))
 	}
 }

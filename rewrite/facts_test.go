@@ -46,6 +46,10 @@ func TestAnswerOfStreams(t *testing.T) {
 			`{"id":"chatcmpl-1","model":"llama","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}`,
 			`[DONE]`,
 		}, Answer{ID: "chatcmpl-1", Model: "llama", FinishReasons: []string{"length"}}},
+		{"empty reasons are none", APIChat, []string{
+			`{"id":"c","model":"m","choices":[{"index":0,"delta":{"content":"a"},"finish_reason":""}]}`,
+			`{"id":"c","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`,
+		}, Answer{ID: "c", Model: "m", FinishReasons: []string{"stop"}}},
 		{"two choices", APIChat, []string{
 			`{"id":"c","model":"m","choices":[{"index":0,"delta":{"content":"a"},"finish_reason":"stop"}]}`,
 			`{"id":"c","model":"m","choices":[{"index":1,"delta":{"content":"b"},"finish_reason":"tool_calls"}]}`,

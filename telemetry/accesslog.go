@@ -1,10 +1,12 @@
 package telemetry
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -46,6 +48,7 @@ type accessLog struct {
 	droppedSince int
 	lastReport   time.Time
 
+	closed  atomic.Bool
 	wake    chan struct{}
 	stop    chan struct{}
 	stopped chan struct{}
@@ -72,6 +75,11 @@ func newAccessLog(w io.Writer, ops *slog.Logger, reg prometheus.Registerer, pani
 
 // add queues one request's line.
 func (l *accessLog) add(now time.Time, r *Record, verdict Verdict, missed string, slo bool) {
+	if l.closed.Load() {
+		// A stream still open when the shutdown grace ran out.
+		l.dropped.Inc()
+		return
+	}
 	bp := l.lines.Get().(*[]byte)
 	line := appendLine((*bp)[:0], now, r, verdict, missed, slo)
 	l.mu.Lock()
@@ -158,7 +166,11 @@ func (l *accessLog) write(out []byte) (ok bool) {
 			}
 		}
 	}()
-	_, err := l.w.Write(out)
+	n, err := l.w.Write(out)
+	if err != nil && n > 0 && n < len(out) && out[n-1] != '\n' {
+		// A line cut short is ended, so the next batch starts a line.
+		l.w.Write([]byte{'\n'}) //nolint:errcheck
+	}
 	return err == nil
 }
 
@@ -172,16 +184,24 @@ func lineCount(b []byte) int {
 	return n
 }
 
-// Flush writes what is pending now.
+// Flush writes what is pending now. It waits for the output: for tests
+// and tools, not the request path.
 func (l *accessLog) Flush() {
 	l.flush()
 }
 
-// Close writes what is pending and stops the writer. Lines added after
-// it are not written.
-func (l *accessLog) Close() {
-	l.once.Do(func() { close(l.stop) })
-	<-l.stopped
+// Close writes what is pending and stops the writer, waiting for it no
+// longer than ctx allows (an output nobody reads would hold it forever).
+// Lines added after it are dropped and counted.
+func (l *accessLog) Close(ctx context.Context) {
+	l.once.Do(func() {
+		l.closed.Store(true)
+		close(l.stop)
+	})
+	select {
+	case <-l.stopped:
+	case <-ctx.Done():
+	}
 }
 
 // appendLine appends one request's access-log line, with the fields and

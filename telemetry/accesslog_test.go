@@ -147,7 +147,7 @@ func TestAStalledReaderNeverStallsRequests(t *testing.T) {
 		t.Errorf("%v lines dropped of 20,000 with 4 MiB pending at most", dropped)
 	}
 	close(out.release)
-	r.Close()
+	r.Close(context.Background())
 	written := strings.Count(out.String(), "\n")
 	if float64(written)+dropped != 20000 {
 		t.Errorf("written %d + dropped %v, want 20,000", written, dropped)
@@ -170,7 +170,7 @@ func TestCloseWritesEveryLineInOrder(t *testing.T) {
 			r.Flush() // a flush of its own between the loop's
 		}
 	}
-	r.Close()
+	r.Close(context.Background())
 	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
 	if len(lines) != 3000 {
 		t.Fatalf("%d lines, want 3000", len(lines))
@@ -182,5 +182,29 @@ func TestCloseWritesEveryLineInOrder(t *testing.T) {
 		if err := json.Unmarshal([]byte(l), &v); err != nil || v.BytesIn != i {
 			t.Fatalf("line %d: %v, bytes_in %d", i, err, v.BytesIn)
 		}
+	}
+}
+
+func TestCloseIsBoundedByItsContext(t *testing.T) {
+	out := &stalledWriter{release: make(chan struct{})}
+	defer close(out.release)
+	r := NewRecorder(prometheus.NewRegistry(), Options{MaxModels: 4, MaxTenants: 4, AccessLog: out})
+	rec := requests[0]
+	r.Begin()
+	r.Finish(&rec)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	closed := make(chan struct{})
+	go func() { r.Close(ctx); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close waited 10 s on an output nobody reads")
+	}
+	late := requests[0]
+	r.Begin()
+	r.Finish(&late) // a stream that outlived the grace
+	if got := testutil.ToFloat64(r.access.dropped); got != 1 {
+		t.Errorf("a line after Close: dropped = %v, want 1", got)
 	}
 }

@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -63,7 +64,7 @@ timing_sidecar_requests_total{endpoint="chat_completions",model="m` + "\uFFFD" +
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "timing_sidecar_requests_total"); err != nil {
 		t.Error(err)
 	}
-	r.Close()
+	r.Close(context.Background())
 	if !json.Valid([]byte(buf.String())) {
 		t.Fatalf("access log line is not valid JSON: %q", buf.String())
 	}
@@ -110,7 +111,7 @@ func TestLongModelNameIsCut(t *testing.T) {
 	if text.Len() > 64<<10 {
 		t.Errorf("exposition of one request is %d bytes", text.Len())
 	}
-	r.Close()
+	r.Close(context.Background())
 	if n := len(buf.String()); n > 2<<10 {
 		t.Errorf("access log line is %d bytes", n)
 	}

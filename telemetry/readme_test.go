@@ -1,6 +1,7 @@
 package telemetry
 
 import (
+	"context"
 	"io"
 	"os"
 	"regexp"
@@ -28,7 +29,7 @@ func TestReadmeListsEverySeries(t *testing.T) {
 	}
 	reg := prometheus.NewRegistry()
 	r := NewRecorder(reg, Options{MaxModels: 4, MaxTenants: 4, Objectives: Objectives{E2E: time.Second}, AccessLog: io.Discard})
-	defer r.Close()
+	defer r.Close(context.Background())
 	// One request of each kind, so that every vector has a series.
 	for _, req := range requests {
 		r.Begin()

@@ -1,6 +1,10 @@
 package telemetry
 
-import "github.com/timing-sidecar/timing-sidecar/timing"
+import (
+	"time"
+
+	"github.com/timing-sidecar/timing-sidecar/timing"
+)
 
 // Endpoints, as the "endpoint" label names them.
 const (
@@ -42,6 +46,9 @@ type Record struct {
 	UpstreamError string
 	// ClientGone says the client left before the response was complete.
 	ClientGone bool
+	// Elapsed is arrival to the end of the request, measured or not: how
+	// long a client that left had waited.
+	Elapsed time.Duration
 	// Trace is the request's spans, when it is traced.
 	Trace Trace
 }

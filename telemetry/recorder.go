@@ -1,6 +1,7 @@
 package telemetry
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"strconv"
@@ -161,11 +162,11 @@ func (r *Recorder) Flush() {
 	}
 }
 
-// Close writes the access-log lines pending and stops its writer: at
-// shutdown, after the last request.
-func (r *Recorder) Close() {
+// Close writes the access-log lines pending and stops its writer, within
+// ctx: at shutdown, after the last request.
+func (r *Recorder) Close(ctx context.Context) {
 	if r.access != nil {
-		r.access.Close()
+		r.access.Close(ctx)
 	}
 }
 
@@ -188,6 +189,8 @@ func (r *Recorder) Begin() { r.inFlight.Inc() }
 // strings req holds from the client (see clean), so that neither the
 // series nor the access log ever gets them raw.
 func (r *Recorder) Finish(req *Record) {
+	// Deferred: a panic below still ends (and exports) the spans.
+	defer r.tracer.End(req, time.Now())
 	r.inFlight.Dec()
 	req.ID, req.Method, req.Path = clean(req.ID), clean(req.Method), clean(req.Path)
 	req.Model, req.Tenant = clean(req.Model), clean(req.Tenant)
@@ -224,7 +227,6 @@ func (r *Recorder) Finish(req *Record) {
 	if r.access != nil {
 		r.access.add(time.Now(), req, verdict, missed, r.objectives.Set())
 	}
-	r.tracer.End(req, time.Now())
 }
 
 func (r *Recorder) observe(req *Record, model, tenant string) {

@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"flag"
 	"os"
@@ -107,7 +108,7 @@ func TestAccessLogLine(t *testing.T) {
 	buf.Reset()
 	r.Begin()
 	r.Finish(&requests[4])
-	r.Close()
+	r.Close(context.Background())
 	json.Unmarshal([]byte(buf.String()), &line)
 	if line["time_to_first_token_ms"] != nil || line["status"] != 499.0 || line["client_gone"] != true {
 		t.Errorf("unmeasured request logged as %v", line)

@@ -51,6 +51,8 @@ const (
 // ("ttft,itl"; "error" for a request the engine or the sidecar failed).
 //
 //   - A 5xx or an engine failure misses: an error is not good service.
+//   - A client that left without a first token, after waiting longer
+//     than the TTFT objective, missed it.
 //   - Otherwise a 4xx is the client's (undecided), and a request whose
 //     client left is undecided unless a figure measured before it left
 //     had already missed.
@@ -65,6 +67,11 @@ func (o Objectives) Judge(r *Record) (Verdict, string) {
 	}
 	if r.UpstreamError != "" || r.Status >= 500 && r.Status != StatusClientGone {
 		return Missed, missedError
+	}
+	if _, known := r.timeToFirstToken(); r.ClientGone && !known && o.TTFT > 0 && r.Elapsed > o.TTFT {
+		// A client that gave up after waiting longer than the objective
+		// for a first token that never came: the worst service of all.
+		return Missed, missedTTFT
 	}
 	if r.Status >= 400 && r.Status < 500 || !r.Measured {
 		return Undecided, ""

@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"testing"
 	"time"
@@ -50,6 +51,9 @@ func TestJudge(t *testing.T) {
 		{"client left while queued", Objectives{TTFT: 100 * ms}, Record{Status: StatusClientGone, ClientGone: true}, Undecided, ""},
 		{"client left after a miss", Objectives{TTFT: 100 * ms}, goneEarly, Missed, "ttft"},
 		{"client left with nothing missed", Objectives{TTFT: 100 * ms}, goneFine, Undecided, ""},
+		{"client gave up waiting past the TTFT objective", Objectives{TTFT: 100 * ms}, Record{Status: StatusClientGone, ClientGone: true, Elapsed: 300 * ms}, Missed, "ttft"},
+		{"client left before the TTFT objective was due", Objectives{TTFT: 100 * ms}, Record{Status: StatusClientGone, ClientGone: true, Elapsed: 50 * ms}, Undecided, ""},
+		{"client gave up after headers, before a token", Objectives{TTFT: 100 * ms}, Record{Status: 200, ClientGone: true, Measured: true, Elapsed: 300 * ms}, Missed, "ttft"},
 	} {
 		verdict, missed := tc.o.Judge(&tc.r)
 		if verdict != tc.verdict || missed != tc.missed {
@@ -74,7 +78,7 @@ func TestGoodputIsCountedAndLogged(t *testing.T) {
 		t.Errorf("met %v, missed %v; want 2, 1", met, missed)
 	}
 	var lines []struct{ SLO, SLOMissed string }
-	r.Close()
+	r.Close(context.Background())
 	for _, l := range bytes.Split(bytes.TrimSpace([]byte(log.String())), []byte("\n")) {
 		var v struct {
 			SLO       string `json:"slo"`

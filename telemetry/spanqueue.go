@@ -236,8 +236,15 @@ func (q *spanQueue) Shutdown(ctx context.Context) error {
 		// takes the stop; exports after that fail at once.
 		stop := context.AfterFunc(ctx, q.cancel)
 		defer stop()
-		q.stop <- ctx
-		<-q.done
+		// Bounded by ctx even against an exporter that ignores its own.
+		select {
+		case q.stop <- ctx:
+			select {
+			case <-q.done:
+			case <-ctx.Done():
+			}
+		case <-ctx.Done():
+		}
 		q.cancel()
 		err = errors.Join(ctx.Err(), q.exporter.Shutdown(ctx))
 	})

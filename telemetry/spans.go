@@ -106,7 +106,7 @@ func serverAttributes(a []attribute.KeyValue, r *Record) []attribute.KeyValue {
 	a = common(a, r)
 	a = append(a, semconv.URLPath(r.Path), vllmRequestID.String(r.ID), attrStream.Bool(r.Stream))
 	if tr := &r.Trace; tr.Address != "" {
-		a = append(a, semconv.ServerAddress(tr.Address))
+		a = append(a, semconv.ServerAddress(clean(tr.Address))) // the client's Host header
 		if tr.Port > 0 {
 			a = append(a, semconv.ServerPort(tr.Port))
 		}

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -454,7 +455,7 @@ func TestClientStringsAreCleanedInSpans(t *testing.T) {
 	r := NewRecorder(prometheus.NewRegistry(), Options{MaxModels: 4, MaxTenants: 4, Tracer: tr})
 	rec := Record{Endpoint: EndpointChat, Model: strings.Repeat("m", 1000) + "\xff", Tenant: strings.Repeat("t", 1000),
 		ID: strings.Repeat("i", 1000), Method: "POST", Path: "/v1/chat/completions", Status: 200,
-		Trace: Trace{Answer: rewrite.Answer{ID: strings.Repeat("a", 1000), FinishReasons: []string{strings.Repeat("f", 1000)}}}}
+		Trace: Trace{Address: "host\xfe\xff" + strings.Repeat("h", 1000), Answer: rewrite.Answer{ID: strings.Repeat("a", 1000), FinishReasons: []string{strings.Repeat("f", 1000)}}}}
 	r.Begin()
 	tr.Begin(&rec.Trace, propagation.MapCarrier{}, time.Now(), rec.Endpoint, rec.Model)
 	r.Finish(&rec)                      // the recorder ends the spans, with the record's strings cleaned
@@ -468,13 +469,13 @@ func TestClientStringsAreCleanedInSpans(t *testing.T) {
 	}
 	var long []string
 	for _, kv := range spans[0].Attributes {
-		if s := kv.Value.String(); len(s) > 300 {
+		if s := kv.Value.String(); len(s) > 300 || !utf8.ValidString(s) {
 			long = append(long, string(kv.Key))
 		}
 	}
 	sort.Strings(long)
 	if len(long) > 0 {
-		t.Errorf("attributes over 300 bytes: %v", long)
+		t.Errorf("attributes over 300 bytes or not UTF-8 (which fails a whole OTLP batch): %v", long)
 	}
 }
 
@@ -500,5 +501,34 @@ func BenchmarkTraceRequest(b *testing.B) {
 		tr.Begin(&rec.Trace, in, t0, rec.Endpoint, rec.Model)
 		tr.Send(&rec.Trace, out, after(1), "POST", rec.Path)
 		tr.End(&rec, after(411))
+	}
+}
+
+// deafExporter blocks every export and ignores its context.
+type deafExporter struct{ block chan struct{} }
+
+func (e deafExporter) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error {
+	<-e.block
+	return nil
+}
+func (e deafExporter) Shutdown(context.Context) error { return nil }
+
+func TestShutdownIsBoundedByItsContext(t *testing.T) {
+	t.Setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "1")
+	exp := deafExporter{block: make(chan struct{})}
+	defer close(exp.block)
+	q := newSpanQueue(exp, prometheus.NewRegistry(), quiet)
+	endSpans(q, 3) // the first export never returns
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	returned := make(chan error, 1)
+	go func() { returned <- q.Shutdown(ctx) }()
+	select {
+	case err := <-returned:
+		if err == nil {
+			t.Error("a shutdown cut short reported no error")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Shutdown outlived its context by 10 s against an exporter that ignores its own")
 	}
 }
