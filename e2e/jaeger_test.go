@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -143,48 +142,10 @@ func startJaeger(t *testing.T) *jaeger {
 	cmd := exec.Command(path, "--config", "file:"+config)
 	// Jaeger would trace itself to the default collector address.
 	cmd.Env = append(os.Environ(), "OTEL_SDK_DISABLED=true", "OTEL_TRACES_EXPORTER=none")
-	var log strings.Builder
-	cmd.Stdout, cmd.Stderr = &log, &log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }() //nolint:errcheck
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		<-exited
-		if t.Failed() {
-			t.Logf("jaeger's log:\n%s", log.String())
-		}
+	startBackend(t, "jaeger", cmd, func() bool {
+		return listening(j.grpc, j.http) && answers200("http://"+j.query+"/api/services")
 	})
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		ready := true
-		for _, addr := range []string{j.grpc, j.http} {
-			if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
-				c.Close()
-			} else {
-				ready = false
-			}
-		}
-		if resp, err := http.Get("http://" + j.query + "/api/services"); err == nil {
-			resp.Body.Close()
-			ready = ready && resp.StatusCode == 200
-		} else {
-			ready = false
-		}
-		if ready {
-			return j
-		}
-		select {
-		case <-exited:
-			t.Fatalf("jaeger exited:\n%s", log.String())
-		case <-time.After(50 * time.Millisecond): // polling a port, which has no event to await
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("jaeger not ready within 30s:\n%s", log.String())
-		}
-	}
+	return j
 }
 
 // jaegerTrace is a trace as Jaeger's query API returns it.

@@ -78,38 +78,9 @@ scrape_configs:
 	listen := freePorts(t, 1)[0]
 	cmd := exec.Command("prometheus", "--config.file="+filepath.Join(dir, "prometheus.yml"), "--storage.tsdb.path="+filepath.Join(dir, "data"),
 		"--web.listen-address="+listen)
-	var log strings.Builder
-	cmd.Stdout, cmd.Stderr = &log, &log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }() //nolint:errcheck
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		<-exited
-		if t.Failed() {
-			t.Logf("prometheus's log:\n%s", log.String())
-		}
-	})
 	p := &promServer{base: "http://" + listen}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if resp, err := http.Get(p.base + "/-/ready"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return p
-			}
-		}
-		select {
-		case <-exited:
-			t.Fatalf("prometheus exited:\n%s", log.String())
-		case <-time.After(50 * time.Millisecond): // polling a port, which has no event to await
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("prometheus not ready within 30s:\n%s", log.String())
-		}
-	}
+	startBackend(t, "prometheus", cmd, func() bool { return answers200(p.base + "/-/ready") })
+	return p
 }
 
 // sample is one element of an instant query's result.
