@@ -189,8 +189,11 @@ func (r *Recorder) Begin() { r.inFlight.Inc() }
 // strings req holds from the client (see clean), so that neither the
 // series nor the access log ever gets them raw.
 func (r *Recorder) Finish(req *Record) {
-	// Deferred: a panic below still ends (and exports) the spans.
-	defer r.tracer.End(req, time.Now())
+	if r.tracer != nil {
+		// Deferred: a panic below still ends (and exports) the spans.
+		// Only when tracing is on: off, it costs nothing here.
+		defer r.tracer.End(req, time.Now())
+	}
 	r.inFlight.Dec()
 	req.ID, req.Method, req.Path = clean(req.ID), clean(req.Method), clean(req.Path)
 	req.Model, req.Tenant = clean(req.Model), clean(req.Tenant)
