@@ -46,6 +46,10 @@ type Event struct {
 	// the usage too, as some engines send it instead of a separate
 	// "choices": [] event. Its kind is EventToken or EventOther.
 	UsageOnChoices bool
+	// carriesChoices: the data has a non-empty "choices" array.
+	carriesChoices bool
+	// finishes: at least one choice has a finish_reason that is not null.
+	finishes bool
 }
 
 var dataField = []byte("data:")
@@ -94,24 +98,21 @@ func ClassifyEvent(raw []byte) Event {
 		return ev
 	}
 	s := view(data)
-	choices := gjson.Get(s, "choices")
-	if !choices.IsArray() {
+	choices := choicesOf(data)
+	if !choices.isArray {
 		if gjson.Get(s, "error").Exists() || gjson.Get(s, "object").Str == "error" {
 			ev.Kind = EventError
 		}
 		return ev
 	}
-	if isEmptyArray(choices.Raw) {
+	if choices.empty {
 		if usage := gjson.Get(s, "usage"); usage.IsObject() {
 			ev.Kind = EventUsage
 			ev.Usage = parseUsage(usage)
 		}
 		return ev
 	}
-	choices.ForEach(func(_, choice gjson.Result) bool {
-		ev.Output |= outputOf(choice)
-		return true
-	})
+	ev.carriesChoices, ev.finishes, ev.Output = true, choices.anyFinished, choices.output
 	if ev.Output != 0 {
 		ev.Kind = EventToken
 	}
@@ -120,8 +121,8 @@ func ClassifyEvent(raw []byte) Event {
 	// choices (as OpenAI, TGI and llama.cpp order their keys). A byte
 	// search of what follows the choices keeps the look for it off the
 	// path of every other event.
-	if bytes.Contains(data[choices.Index+len(choices.Raw):], usageKey) {
-		if usage := gjson.Get(s, "usage"); usage.IsObject() && allFinished(choices) {
+	if choices.allFinished && bytes.Contains(data[choices.end:], usageKey) {
+		if usage := gjson.Get(s, "usage"); usage.IsObject() {
 			ev.UsageOnChoices = true
 			ev.Usage = parseUsage(usage)
 		}
@@ -134,72 +135,13 @@ var usageKey = []byte(`usage"`)
 // CarriesChoices tells whether an event's data has a non-empty "choices"
 // array: a chat or completions chunk, as opposed to a comment, a ping, or
 // a usage event.
-func CarriesChoices(ev Event) bool {
-	if ev.Data == nil {
-		return false
-	}
-	choices := gjson.Get(view(ev.Data), "choices")
-	return choices.IsArray() && !isEmptyArray(choices.Raw)
-}
+func CarriesChoices(ev Event) bool { return ev.carriesChoices }
 
-// FinishesChoice tells whether a classified Chat Completions or Completions
-// event finishes at least one of its choices: one has a finish_reason that
-// is not null. It reads the choices again, so the relay asks it only of
-// the streams whose metrics ride on the finishing event.
+// FinishesChoice tells whether a Chat Completions or Completions event
+// finishes at least one of its choices: one has a finish_reason that is
+// not null.
 func FinishesChoice(ev Event) bool {
-	if ev.Kind != EventToken && ev.Kind != EventOther || ev.Data == nil {
-		return false
-	}
-	finishes := false
-	gjson.Get(view(ev.Data), "choices").ForEach(func(_, choice gjson.Result) bool {
-		fr := choice.Get("finish_reason")
-		finishes = fr.Exists() && fr.Type != gjson.Null
-		return !finishes
-	})
-	return finishes
-}
-
-// allFinished tells whether every choice has a finish reason.
-func allFinished(choices gjson.Result) bool {
-	all := true
-	choices.ForEach(func(_, choice gjson.Result) bool {
-		fr := choice.Get("finish_reason")
-		all = fr.Exists() && fr.Type != gjson.Null
-		return all
-	})
-	return all
-}
-
-// outputOf reports what generated output one choice of a chunk holds:
-// content (non-empty delta content or tool calls, or completions text) and
-// reasoning (non-empty delta reasoning_content or reasoning).
-func outputOf(choice gjson.Result) timing.Output {
-	var out timing.Output
-	if delta := choice.Get("delta"); delta.IsObject() {
-		delta.ForEach(func(key, v gjson.Result) bool {
-			switch key.Str {
-			case "content":
-				if v.Type == gjson.String && len(v.Raw) > 2 {
-					out |= timing.OutputContent
-				}
-			case "reasoning_content", "reasoning":
-				if v.Type == gjson.String && len(v.Raw) > 2 {
-					out |= timing.OutputReasoning
-				}
-			case "tool_calls":
-				// Tool-call arguments are content: the answer, not thinking.
-				if v.IsArray() && !isEmptyArray(v.Raw) {
-					out |= timing.OutputContent
-				}
-			}
-			return true
-		})
-		return out
-	}
-	if text := choice.Get("text"); text.Type == gjson.String && len(text.Raw) > 2 {
-		out = timing.OutputContent
-	}
-	return out
+	return ev.finishes && (ev.Kind == EventToken || ev.Kind == EventOther)
 }
 
 // BodyUsage reads the token counts of a non-streaming response body.

@@ -129,3 +129,20 @@ func benchmarkInspectRequest(b *testing.B, body []byte) {
 		}
 	}
 }
+
+// vllmChunk is a content chunk exactly as vLLM streams it.
+var vllmChunk = []byte(`data: {"id":"chatcmpl-a977446b8709d3d1","object":"chat.completion.chunk","created":1796281608,"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[{"index":0,"delta":{"content":" quick"},"logprobs":null,"finish_reason":null}]}` + "\n\n")
+
+// BenchmarkClassifyVLLMChunk is what the relay asks of every event of a
+// stream whose metrics ride on the finishing event: its kind and output,
+// and whether it finishes a choice.
+func BenchmarkClassifyVLLMChunk(b *testing.B) {
+	b.SetBytes(int64(len(vllmChunk)))
+	b.ReportAllocs()
+	for b.Loop() {
+		ev := ClassifyEvent(vllmChunk)
+		if ev.Kind != EventToken || FinishesChoice(ev) {
+			b.Fatal("misread")
+		}
+	}
+}
