@@ -259,9 +259,10 @@ func (p *Proxy) relayEvents(ctx *fasthttp.RequestCtx, f *flight, x *exchange, re
 }
 
 // eventRelay is the client's body stream for a measured event stream. Each
-// Read returns at most one event, so fasthttp writes and flushes every event
-// as its own chunk the moment it is complete. It runs on the connection's
-// goroutine, which also writes the trailer after the last Read.
+// Write of WriteTo (and each Read) hands over at most one event, so fasthttp
+// writes and flushes every event as its own chunk the moment it is complete.
+// It runs on the connection's goroutine, which also writes the trailer after
+// the last event.
 //
 // The one event ever held back is one that finishes its choices and carries
 // the usage (llama.cpp's last event, for one): it may or may not be the last
@@ -293,21 +294,61 @@ type eventRelay struct {
 	engine timing.EngineTiming
 }
 
+// SupportsBodyWriteTo lets fasthttp take the stream through WriteTo.
+func (r *eventRelay) SupportsBodyWriteTo() bool { return true }
+
+// WriteTo hands each event to fasthttp's chunk writer straight from the
+// event buffer, one flushed chunk per Write: no copy into a chunk buffer,
+// and no 4 KiB chunk buffer held for the life of every open stream.
+func (r *eventRelay) WriteTo(w io.Writer) (written int64, err error) {
+	defer r.p.recoverRead(r.f, &err)
+	for {
+		if err := r.fill(); err != nil {
+			if err == io.EOF {
+				return written, nil
+			}
+			return written, err
+		}
+		n, werr := w.Write(r.pending)
+		r.pending = r.pending[n:]
+		r.f.rec.BytesOut += n
+		written += int64(n)
+		if werr != nil {
+			return written, werr
+		}
+	}
+}
+
+// Read is the same stream for a caller that reads: at most one event per
+// call.
 func (r *eventRelay) Read(p []byte) (n int, err error) {
 	defer r.p.recoverRead(r.f, &err)
+	if err := r.fill(); err != nil {
+		return 0, err
+	}
+	n = copy(p, r.pending)
+	r.pending = r.pending[n:]
+	r.f.rec.BytesOut += n
+	return n, nil
+}
+
+// fill makes pending hold the next bytes to hand out, the rest of an event
+// or the next one, reading from the engine as needed; or returns io.EOF at
+// the stream's clean end, or the error that cut it.
+func (r *eventRelay) fill() error {
 	for len(r.pending) == 0 {
 		if r.queued != nil {
 			r.pending, r.queued = r.queued, nil
 			continue
 		}
 		if r.eof {
-			return 0, io.EOF
+			return io.EOF
 		}
 		if r.readErr != nil {
 			// Everything received so far has been handed out; a non-EOF
 			// error makes fasthttp end the chunked body without its final
 			// chunk, so the client sees a truncated stream, not a clean end.
-			return 0, r.readErr
+			return r.readErr
 		}
 		piece, whole, err := r.events.Next()
 		switch {
@@ -333,10 +374,7 @@ func (r *eventRelay) Read(p []byte) (n int, err error) {
 			}
 		}
 	}
-	n = copy(p, r.pending)
-	r.pending = r.pending[n:]
-	r.f.rec.BytesOut += n
-	return n, nil
+	return nil
 }
 
 // inspect marks the clock for a whole event, splices the metrics into, or

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"strings"
@@ -50,24 +51,37 @@ func newBenchRelay(stream string) *eventRelay {
 	return r
 }
 
-// readEvent reads one event through the relay as fasthttp's writer does.
-func readEvent(b testing.TB, r *eventRelay, buf []byte) int {
-	n, err := r.Read(buf)
-	if err != nil || n == 0 {
-		b.Fatalf("relay read %d, %v", n, err)
+// eventWriter stands for fasthttp's chunk writer: it takes left more
+// events, then stops the relay's WriteTo as a client that left would.
+type eventWriter struct{ left int }
+
+var errEnough = errors.New("enough events")
+
+func (w *eventWriter) Write(p []byte) (int, error) {
+	if w.left--; w.left == 0 {
+		return len(p), errEnough
 	}
-	return n
+	return len(p), nil
+}
+
+// writeEvents hands n events through the relay to w, as fasthttp takes
+// them.
+func writeEvents(b testing.TB, r *eventRelay, w *eventWriter, n int) {
+	w.left = n
+	if _, err := r.WriteTo(w); err != errEnough {
+		b.Fatalf("relay stopped with %v", err)
+	}
 }
 
 // BenchmarkRelayEvent300B is the per-event hot path: frame, classify, mark
 // the clock and hand one 300-byte event to the client writer.
 func BenchmarkRelayEvent300B(b *testing.B) {
 	r := newBenchRelay(event300)
-	buf := make([]byte, 4096)
+	var w eventWriter
 	b.SetBytes(int64(len(event300)))
 	b.ReportAllocs()
 	for b.Loop() {
-		readEvent(b, r, buf)
+		writeEvents(b, r, &w, 1)
 	}
 }
 
@@ -76,14 +90,12 @@ func BenchmarkRelayEvent300B(b *testing.B) {
 func BenchmarkRelayStream100(b *testing.B) {
 	stream := strings.Repeat(event300, 100) + usageEvent
 	r := newBenchRelay(stream)
-	buf := make([]byte, 4096)
+	var w eventWriter
 	b.SetBytes(int64(len(stream)))
 	b.ReportAllocs()
 	for b.Loop() {
 		r.metricsSent = false // a new stream: its usage event takes the metrics
-		for i := 0; i < 101; i++ {
-			readEvent(b, r, buf)
-		}
+		writeEvents(b, r, &w, 101)
 	}
 }
 
@@ -108,15 +120,11 @@ func relayAllocations(t *testing.T, tracer *telemetry.Tracer) {
 	if (tracer != nil) != r.f.rec.Trace.On() {
 		t.Fatal("the trace did not begin")
 	}
-	buf := make([]byte, 4096)
-	for i := 0; i < 11; i++ { // warm up: buffers reach their steady size
-		readEvent(t, r, buf)
-	}
+	var w eventWriter
+	writeEvents(t, r, &w, 11) // warm up: buffers reach their steady size
 	allocs := testing.AllocsPerRun(20, func() {
 		r.metricsSent = false // each stream's usage event is spliced
-		for i := 0; i < 11; i++ {
-			readEvent(t, r, buf)
-		}
+		writeEvents(t, r, &w, 11)
 	})
 	if allocs != 0 {
 		t.Fatalf("relaying a stream allocates %v times, want 0", allocs)

@@ -24,9 +24,10 @@ type EventReader struct {
 	err   error // sticky error from src, reported once the buffer is drained
 }
 
-// initialEventBuffer fits the events of a typical stream; the buffer grows
-// only for larger ones, so an idle stream holds little memory.
-const initialEventBuffer = 4 << 10
+// initialEventBuffer fits the events of a typical stream (a vLLM chunk is
+// 250-400 bytes); the buffer doubles, up to the event size limit, only for
+// larger ones (logprobs), so each of thousands of open streams holds 1 KiB.
+const initialEventBuffer = 1 << 10
 
 // NewEventReader reads events from src. Events longer than maxEvent bytes
 // are returned in pieces (whole == false) and cannot be inspected.
