@@ -195,7 +195,7 @@ func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *exchang
 	mb := p.pools.buffer()
 	defer p.pools.release(mb)
 	var m timing.Metrics
-	mb.B, m = f.metricsJSON(mb.B[:0], done, rewrite.EngineTimingOf(buf.B))
+	mb.B, m = f.metricsJSON(mb.B[:0], done, inspected.Engine)
 	metrics := mb.B
 	out := p.pools.buffer()
 	defer p.pools.release(out)

@@ -1,6 +1,8 @@
 package rewrite
 
 import (
+	"math"
+
 	"github.com/tidwall/gjson"
 
 	"github.com/timing-sidecar/timing-sidecar/timing"
@@ -20,9 +22,19 @@ import (
 //
 // Reported is false when obj carries neither.
 func EngineTimingOf(obj []byte) timing.EngineTiming {
-	var e timing.EngineTiming
 	s := view(obj)
-	if m := gjson.Get(s, "metrics"); m.IsObject() {
+	m := gjson.Get(s, "metrics")
+	if m.IsObject() {
+		return engineTiming(m, gjson.Result{})
+	}
+	return engineTiming(m, gjson.Get(s, "timings"))
+}
+
+// engineTiming reads the engine's timing report from the first "metrics"
+// (m) and "timings" (t) members of a response object.
+func engineTiming(m, t gjson.Result) timing.EngineTiming {
+	var e timing.EngineTiming
+	if m.IsObject() {
 		e = timing.EngineTiming{Reported: true, Source: "vllm",
 			QueueTime:        number(m.Get("queue_time_ms")),
 			TimeToFirstToken: number(m.Get("time_to_first_token_ms")),
@@ -35,7 +47,7 @@ func EngineTimingOf(obj []byte) timing.EngineTiming {
 		}
 		return e
 	}
-	if t := gjson.Get(s, "timings"); t.IsObject() {
+	if t.IsObject() {
 		e = timing.EngineTiming{Reported: true, Source: "llama.cpp",
 			TimeToFirstToken: number(t.Get("prompt_ms")),
 			GenerationTime:   number(t.Get("predicted_ms")),
@@ -49,9 +61,11 @@ func EngineTimingOf(obj []byte) timing.EngineTiming {
 	return e
 }
 
-// number reads a non-negative JSON number; anything else is unknown.
+// number reads a non-negative, finite JSON number; anything else is
+// unknown. gjson reads 1e999, valid JSON, as +Inf (and NAN, in a body that
+// is not JSON, as NaN), which no JSON encoding can carry.
 func number(v gjson.Result) timing.Number {
-	if v.Type != gjson.Number || v.Num < 0 {
+	if v.Type != gjson.Number || !(v.Num >= 0) || math.IsInf(v.Num, 1) {
 		return timing.Number{}
 	}
 	return timing.Number{Value: v.Num, Set: true}

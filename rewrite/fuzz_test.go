@@ -186,3 +186,20 @@ func nesting(v gjson.Result) int {
 	})
 	return d + 1
 }
+
+// FuzzInspectBody holds InspectBody's one-pass reading of the engine's
+// timing to EngineTimingOf's.
+func FuzzInspectBody(f *testing.F) {
+	for _, s := range []string{
+		chatUsage, `{"metrics":{"queue_time_ms":1,"time_to_first_token_ms":2,"generation_time_ms":3}}`,
+		`{"metrics":1,"timings":{"prompt_ms":2,"predicted_ms":3},"metrics":{"queue_time_ms":1}}`,
+		`{"timings":null,"timings":{"prompt_ms":2}}`, `{"metrics":{"mean_itl_ms":-1},"x":NaN}`, `[]`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		if got, want := InspectBody(body).Engine, EngineTimingOf(body); got != want {
+			t.Fatalf("InspectBody(%q) read %+v, EngineTimingOf %+v", body, got, want)
+		}
+	})
+}

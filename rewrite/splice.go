@@ -29,7 +29,10 @@ func AppendWithMetrics(dst, obj, metrics []byte) ([]byte, bool) {
 // validate it and one over its top-level keys.
 type Body struct {
 	// Usage holds the engine's token counts.
-	Usage      timing.Usage
+	Usage timing.Usage
+	// Engine is the engine's own timing report, read in the same pass as
+	// EngineTimingOf reads it.
+	Engine     timing.EngineTiming
 	object     bool // a valid JSON object
 	hasMetrics bool
 }
@@ -41,14 +44,15 @@ type Body struct {
 func InspectBody(body []byte) Body {
 	s := view(body)
 	if !valid(s) {
-		return Body{Usage: BodyUsage(body)}
+		return Body{Usage: BodyUsage(body), Engine: EngineTimingOf(body)}
 	}
 	doc := gjson.Parse(s)
 	if !doc.IsObject() {
 		return Body{}
 	}
 	b := Body{object: true}
-	seenUsage := false
+	var seenUsage, seenTimings bool
+	var metrics, timings gjson.Result
 	doc.ForEach(func(key, value gjson.Result) bool {
 		switch key.Str {
 		case "usage":
@@ -57,10 +61,22 @@ func InspectBody(body []byte) Body {
 			}
 			seenUsage = true
 		case metricsKey:
+			if !b.hasMetrics {
+				metrics = value
+			}
 			b.hasMetrics = true
+		case "timings":
+			if !seenTimings {
+				timings = value
+			}
+			seenTimings = true
 		}
 		return true
 	})
+	if metrics.IsObject() {
+		timings = gjson.Result{} // vLLM's report is read first
+	}
+	b.Engine = engineTiming(metrics, timings)
 	return b
 }
 

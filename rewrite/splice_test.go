@@ -162,3 +162,45 @@ func TestSpliceRefusesTooDeep(t *testing.T) {
 		t.Errorf("InspectBody of a 12 MB nested body = %+v", b)
 	}
 }
+
+// InspectBody reads the engine's own timing in its one pass over the keys,
+// as EngineTimingOf reads it on its own.
+func TestInspectBodyReadsTheEngineTiming(t *testing.T) {
+	vllm := `{"id":"x","metrics":{"queue_time_ms":1,"time_to_first_token_ms":2,"generation_time_ms":3,"mean_itl_ms":0.5,"tokens_per_second":9}}`
+	llama := `{"id":"x","timings":{"prompt_ms":2,"predicted_ms":3,"predicted_per_token_ms":0.5,"predicted_per_second":9}}`
+	for _, tt := range []struct {
+		body   string
+		source string
+		total  float64
+	}{
+		{vllm, "vllm", 6},
+		{llama, "llama.cpp", 5},
+		{`{"metrics":{"queue_time_ms":1},"timings":{"prompt_ms":2}}`, "vllm", 0},
+		{`{"metrics":1,"timings":{"prompt_ms":2,"predicted_ms":3},"metrics":{"queue_time_ms":1}}`, "llama.cpp", 5},
+		{`{"timings":null,"timings":{"prompt_ms":2}}`, "", 0},
+		{`{"usage":{}}`, "", 0},
+		{`{"metrics":{"queue_time_ms":1},"x":NaN}`, "vllm", 0},
+	} {
+		got := InspectBody([]byte(tt.body)).Engine
+		if want := EngineTimingOf([]byte(tt.body)); got != want {
+			t.Errorf("%s: InspectBody read %+v, EngineTimingOf %+v", tt.body, got, want)
+		}
+		if got.Source != tt.source || got.Total.Value != tt.total {
+			t.Errorf("%s: source %q total %v, want %q %v", tt.body, got.Source, got.Total.Value, tt.source, tt.total)
+		}
+	}
+}
+
+// A number JSON allows but float64 cannot hold is unknown, not +Inf: the
+// metrics object must stay JSON.
+func TestEngineTimingRefusesNumbersWithoutJSON(t *testing.T) {
+	for _, body := range []string{
+		`{"metrics":{"queue_time_ms":1e999,"time_to_first_token_ms":-1e999,"mean_itl_ms":2}}`,
+		`{"metrics":{"queue_time_ms":NAN,"mean_itl_ms":2}`,
+	} {
+		e := EngineTimingOf([]byte(body))
+		if e.QueueTime.Set || e.TimeToFirstToken.Set || !e.MeanITL.Set {
+			t.Errorf("%s: read %+v", body, e)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package timing
 
 import (
+	"math"
 	"strconv"
 	"time"
 )
@@ -228,7 +229,8 @@ func (m *Metrics) AppendJSON(dst []byte) []byte {
 // Three decimals: microsecond resolution for milliseconds, which is as fine
 // as a proxy's marks mean anything.
 func (n Number) appendJSON(dst []byte) []byte {
-	if !n.Set {
+	if !n.Set || math.IsNaN(n.Value) || math.IsInf(n.Value, 0) {
+		// No JSON for them: unknown rather than invalid output.
 		return append(dst, "null"...)
 	}
 	return strconv.AppendFloat(dst, n.Value, 'f', 3, 64)

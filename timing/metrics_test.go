@@ -192,3 +192,20 @@ func near(got, want SplitPart) bool {
 	return got.TokenCount == want.TokenCount && eq(got.TimeToFirstToken, want.TimeToFirstToken) &&
 		eq(got.GenerationTime, want.GenerationTime) && eq(got.MeanITL, want.MeanITL) && eq(got.TokensPerSecond, want.TokensPerSecond)
 }
+
+// A figure with no JSON encoding goes out as null, so the object stays
+// JSON whatever an engine reported.
+func TestAppendJSONWritesNonFiniteAsNull(t *testing.T) {
+	var m Metrics
+	m.SetEngine(EngineTiming{Reported: true, Source: "vllm", QueueTime: Number{Value: math.Inf(1), Set: true}, MeanITL: Number{Value: math.NaN(), Set: true}})
+	got := m.AppendJSON(nil)
+	var out struct {
+		Engine map[string]any `json:"engine"`
+	}
+	if err := json.Unmarshal(got, &out); err != nil {
+		t.Fatalf("AppendJSON = %s: %v", got, err)
+	}
+	if q, ok := out.Engine["queue_time_ms"]; !ok || q != nil || out.Engine["mean_itl_ms"] != nil {
+		t.Fatalf("engine = %v", out.Engine)
+	}
+}
