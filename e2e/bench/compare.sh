@@ -17,7 +17,7 @@
 #   e2e/bench/compare.sh     (installs nginx, haproxy, caddy and wrk with
 #                             apt-get if missing)
 #
-# Settings (environment): STREAMS=200 ITL=20ms TOKENS=100 DURATION=10s ROUNDS=2
+# Settings (environment): STREAMS=200 ITL=20ms TOKENS=100 DURATION=10s ROUNDS=3
 # UNARY_CLIENTS=32 UNARY_TOKENS=64 HOLD=5000 (open streams for the memory test).
 # Loads alternate between the targets, round after round, to cancel
 # machine drift.
@@ -25,7 +25,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 STREAMS=${STREAMS:-200} ITL=${ITL:-20ms} TOKENS=${TOKENS:-100} DURATION=${DURATION:-10s}
-ROUNDS=${ROUNDS:-2} UNARY_CLIENTS=${UNARY_CLIENTS:-32} UNARY_TOKENS=${UNARY_TOKENS:-64} HOLD=${HOLD:-5000}
+ROUNDS=${ROUNDS:-3} UNARY_CLIENTS=${UNARY_CLIENTS:-32} UNARY_TOKENS=${UNARY_TOKENS:-64} HOLD=${HOLD:-5000}
 
 if ! command -v nginx >/dev/null || ! command -v wrk >/dev/null || ! command -v haproxy >/dev/null || ! command -v caddy >/dev/null; then
   echo "installing nginx, haproxy, caddy and wrk..." >&2
@@ -126,8 +126,11 @@ declare -A url=([direct]="http://$ENGINE" [sidecar]="http://$SIDECAR" [sidecar-n
   [haproxy]="http://$HAPROXY" [caddy]="http://$CADDY" [go-rp]="http://$GORP" [go-relay]="http://$RELAY")
 declare -A pid=([direct]=$engine_pid [sidecar]=$sidecar_pid [sidecar-nolog]=$nolog_pid [nginx]=$nginx_pid
   [haproxy]=$haproxy_pid [caddy]=$caddy_pid [go-rp]=$gorp_pid [go-relay]=$relay_pid)
-declare -A p50 p99 events cpus rps ureq ucpu
-for t in $targets; do p50[$t]=0 p99[$t]=0 events[$t]=0 cpus[$t]=0 rps[$t]=0 ureq[$t]=0 ucpu[$t]=0; done
+# Each round's figures go to one file, a line per target and load; the
+# summary takes, for every figure and every ratio, the median over rounds,
+# and each ratio is taken within a round (the targets run back to back), so
+# a burst of noise on the shared machine moves one round, not the result.
+results=$work/results
 
 echo "streaming: $STREAMS streams, $TOKENS tokens at $ITL, $DURATION per run, $ROUNDS rounds" >&2
 for r in $(seq "$ROUNDS"); do
@@ -136,10 +139,7 @@ for r in $(seq "$ROUNDS"); do
     out=$("$bin" bench --json -c "$STREAMS" -d "$DURATION" --tokens "$TOKENS" --itl "$ITL" "${url[$t]}" 2>/dev/null)
     after=$(cpu "${pid[$t]}")
     [ "$(field "$out" errors)" = 0 ] || echo "warning: $t had $(field "$out" errors) errors" >&2
-    p50[$t]=$(awk -v a="${p50[$t]}" -v b="$(field "$out" event_delay_p50_ms)" -v n="$ROUNDS" 'BEGIN{print a+b/n}')
-    p99[$t]=$(awk -v a="${p99[$t]}" -v b="$(field "$out" event_delay_p99_ms)" -v n="$ROUNDS" 'BEGIN{print a+b/n}')
-    events[$t]=$((${events[$t]} + $(field "$out" events)))
-    cpus[$t]=$(awk -v a="${cpus[$t]}" -v b="$before" -v c="$after" 'BEGIN{print a+c-b}')
+    echo "stream $r $t $(field "$out" event_delay_p50_ms) $(field "$out" event_delay_p99_ms) $(field "$out" events) $before $after" >>"$results"
     echo "  round $r $t: p50 $(field "$out" event_delay_p50_ms) ms p99 $(field "$out" event_delay_p99_ms) ms, $(field "$out" events) events" >&2
   done
 done
@@ -158,9 +158,7 @@ for r in $(seq "$ROUNDS"); do
     out=$(wrk -t2 -c"$UNARY_CLIENTS" -d"$DURATION" -s "$work/unary.lua" "${url[$t]}/v1/chat/completions")
     after=$(cpu "${pid[$t]}")
     v=$(awk '/Requests\/sec/{print $2}' <<<"$out")
-    rps[$t]=$(awk -v a="${rps[$t]}" -v b="$v" -v n="$ROUNDS" 'BEGIN{print a+b/n}')
-    ureq[$t]=$((${ureq[$t]} + $(awk '/requests in/{print $1}' <<<"$out")))
-    ucpu[$t]=$(awk -v a="${ucpu[$t]}" -v b="$before" -v c="$after" 'BEGIN{print a+c-b}')
+    echo "unary $r $t $v $(awk '/requests in/{print $1}' <<<"$out") $before $after" >>"$results"
     echo "  round $r $t: $v requests/s" >&2
   done
 done
@@ -171,24 +169,48 @@ hold=$("$bin" bench --json -c "$HOLD" -d 5s --tokens 20 --itl 500ms "${url[sidec
 kill "$sampler"
 hold_rss=$(sort -n "$work/rss" | tail -1)
 
-{
-  for t in $targets; do
-    echo "$t ${p50[$t]} ${p99[$t]} ${events[$t]} ${cpus[$t]} ${rps[$t]} ${ureq[$t]} ${ucpu[$t]}"
-  done
-} | awk -v hold="$HOLD" -v herr="$(field "$hold" errors)" -v hrss="$hold_rss" -v streams="$STREAMS" -v itl="$ITL" '
-{ name[NR]=$1; p50[$1]=$2; p99[$1]=$3; ev[$1]=$4; cpu[$1]=$5; rps[$1]=$6; ureq[$1]=$7; ucpu[$1]=$8; n=NR }
+awk -v targets="$targets" -v rounds="$ROUNDS" -v hold="$HOLD" -v herr="$(field "$hold" errors)" -v hrss="$hold_rss" \
+  -v streams="$STREAMS" -v itl="$ITL" '
+$1 == "stream" { p50[$2,$3] = $4; p99[$2,$3] = $5; cpuev[$2,$3] = ($8 - $7) * 1e6 / $6 }
+$1 == "unary" { rps[$2,$3] = $4; cpureq[$2,$3] = ($7 - $6) * 1e6 / $5 }
+# median of the n values in a[1..n]
+function median(a, n,   i, j, x) {
+  for (i = 2; i <= n; i++) { x = a[i]; for (j = i - 1; j >= 1 && a[j] > x; j--) a[j+1] = a[j]; a[j+1] = x }
+  return n % 2 ? a[(n+1)/2] : (a[n/2] + a[n/2+1]) / 2
+}
+# med(name, t): the median over rounds of figure name for target t
+function med(name, t,   r, v) {
+  for (r = 1; r <= rounds; r++) {
+    if (name == "p50") v[r] = p50[r,t]; else if (name == "p99") v[r] = p99[r,t]
+    else if (name == "cpuev") v[r] = cpuev[r,t]; else if (name == "rps") v[r] = rps[r,t]; else v[r] = cpureq[r,t]
+  }
+  return median(v, rounds)
+}
+# ratio(kind, t, base): the median over rounds of that round'"'"'s ratio of t to base
+function ratio(kind, t, base,   r, v, d) {
+  for (r = 1; r <= rounds; r++) {
+    d = "direct"
+    if (kind == "p50") v[r] = (p50[r,t] - p50[r,d]) / (p50[r,base] - p50[r,d])
+    else if (kind == "p99") v[r] = (p99[r,t] - p99[r,d]) / (p99[r,base] - p99[r,d])
+    else if (kind == "cpu") v[r] = cpuev[r,t] / cpuev[r,base]
+    else v[r] = rps[r,t] / rps[r,base]
+  }
+  return median(v, rounds)
+}
 END {
-  printf "\n%-14s %12s %12s %12s %16s %18s\n", "", "event p50 ms", "event p99 ms", "requests/s", "CPU ms/1k events", "CPU us/unary req"
+  n = split(targets, name, " ")
+  printf "\nmedians over %d rounds:\n", rounds
+  printf "%-14s %12s %12s %12s %16s %18s\n", "", "event p50 ms", "event p99 ms", "requests/s", "CPU us/event", "CPU us/unary req"
   for (i = 1; i <= n; i++) { t = name[i]
-    printf "%-14s %12.3f %12.3f %12.0f %16s %18s\n", t, p50[t], p99[t], rps[t], \
-      (t == "direct" ? "-" : sprintf("%.1f", cpu[t]/ev[t]*1e6)), (t == "direct" ? "-" : sprintf("%.1f", ucpu[t]/ureq[t]*1e6)) }
-  d = "direct"; ng = "nginx"
-  printf "\nratios to nginx (%d streams at %s, metrics on; lower is better but unary, where higher is):\n", streams, itl
+    printf "%-14s %12.3f %12.3f %12.0f %16s %18s\n", t, med("p50", t), med("p99", t), med("rps", t), \
+      (t == "direct" ? "-" : sprintf("%.1f", med("cpuev", t))), (t == "direct" ? "-" : sprintf("%.1f", med("cpureq", t))) }
+  ng = "nginx"
+  printf "\nratios to nginx, each the median over rounds of that round'"'"'s ratio (%d streams at %s, metrics on;\n", streams, itl
+  printf "lower is better but unary, where higher is):\n"
   printf "%-14s %14s %14s %14s %14s\n", "", "added p50", "added p99", "CPU/event", "unary req/s"
   best50 = ""; best99 = ""; bestcpu = ""; bestrps = ""
-  for (i = 1; i <= n; i++) { t = name[i]; if (t == d) continue
-    a50 = (p50[t]-p50[d])/(p50[ng]-p50[d]); a99 = (p99[t]-p99[d])/(p99[ng]-p99[d])
-    c = (cpu[t]/ev[t])/(cpu[ng]/ev[ng]); u = rps[t]/rps[ng]
+  for (i = 1; i <= n; i++) { t = name[i]; if (t == "direct") continue
+    a50 = ratio("p50", t, ng); a99 = ratio("p99", t, ng); c = ratio("cpu", t, ng); u = ratio("rps", t, ng)
     printf "%-14s %14.2f %14.2f %14.2f %14.2f\n", t, a50, a99, c, u
     if (t ~ /^sidecar/ || t == "go-relay") continue # peers: nginx, haproxy, caddy, go-rp
     if (best50 == "" || a50 < b50) { best50 = t; b50 = a50 }
@@ -197,7 +219,7 @@ END {
     if (bestrps == "" || u > bu) { bestrps = t; bu = u }
   }
   printf "best peer per column: added p50 %s, added p99 %s, CPU %s, unary %s\n", best50, best99, bestcpu, bestrps
-  printf "access log cost (sidecar / sidecar-nolog): unary requests/s %.2f (target >= 0.95), CPU per event %.2f (target <= 1.05)\n", \
-    rps["sidecar"]/rps["sidecar-nolog"], (cpu["sidecar"]/ev["sidecar"])/(cpu["sidecar-nolog"]/ev["sidecar-nolog"])
+  printf "access log cost (sidecar / sidecar-nolog, median of the rounds): unary requests/s %.2f (target >= 0.95), CPU per event %.2f (target <= 1.05)\n", \
+    ratio("rps", "sidecar", "sidecar-nolog"), ratio("cpu", "sidecar", "sidecar-nolog")
   printf "%d open streams: sidecar RSS peak %.0f MB (target <= 256), %s errors\n", hold, hrss, herr
-}'
+}' "$results"
