@@ -208,3 +208,23 @@ func TestCloseIsBoundedByItsContext(t *testing.T) {
 		t.Errorf("a line after Close: dropped = %v, want 1", got)
 	}
 }
+
+// appendTime, which formats a date once a second, writes what slog's
+// format writes for every time.
+func TestAppendTimeIsSlogsFormat(t *testing.T) {
+	east := time.FixedZone("east", 5*3600+30*60)
+	base := time.Date(2026, 12, 3, 14, 2, 0, 0, time.UTC)
+	var times []time.Time
+	for _, ns := range []int{0, 999_999, 1_000_000, 123_456_789, 999_999_999} {
+		at := base.Add(time.Duration(ns))
+		times = append(times, at, at.In(east), at.Local(), at.Add(time.Second), at.AddDate(-2030, 0, 0))
+	}
+	for i := 0; i < 1000; i++ {
+		times = append(times, base.Add(time.Duration(i)*7_777_777*time.Nanosecond))
+	}
+	for _, at := range times {
+		if got, want := string(appendTime(nil, at)), at.Format("2006-01-02T15:04:05.000Z07:00"); got != want {
+			t.Errorf("appendTime(%v) = %s, want %s", at, got, want)
+		}
+	}
+}
