@@ -19,8 +19,8 @@
 #
 # Settings (environment): STREAMS=200 ITL=20ms TOKENS=100 DURATION=10s ROUNDS=3
 # UNARY_CLIENTS=32 UNARY_TOKENS=64 HOLD=5000 (open streams for the memory test).
-# Loads alternate between the targets, round after round, to cancel
-# machine drift.
+# Loads alternate between the targets, round after round, each round in
+# a rotated order, to cancel machine drift.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -131,10 +131,15 @@ declare -A pid=([direct]=$engine_pid [sidecar]=$sidecar_pid [sidecar-nolog]=$nol
 # and each ratio is taken within a round (the targets run back to back), so
 # a burst of noise on the shared machine moves one round, not the result.
 results=$work/results
+# rotated R: the targets in round R's order. Each round starts one target
+# further along, so no target always follows the same one (the direct
+# run, which saturates the engine, would otherwise always precede the
+# sidecar's).
+rotated() { local a=($targets) n i; n=${#a[@]}; for ((i = 0; i < n; i++)); do echo "${a[$(((i + $1 - 1) % n))]}"; done; }
 
 echo "streaming: $STREAMS streams, $TOKENS tokens at $ITL, $DURATION per run, $ROUNDS rounds" >&2
 for r in $(seq "$ROUNDS"); do
-  for t in $targets; do
+  for t in $(rotated "$r"); do
     before=$(cpu "${pid[$t]}")
     out=$("$bin" bench --json -c "$STREAMS" -d "$DURATION" --tokens "$TOKENS" --itl "$ITL" "${url[$t]}" 2>/dev/null)
     after=$(cpu "${pid[$t]}")
@@ -153,7 +158,7 @@ wrk.body = '{"model":"emulated","messages":[{"role":"user","content":"bench"}],"
 LUA
 echo "unary: $UNARY_CLIENTS clients, $UNARY_TOKENS-token responses, $DURATION per run" >&2
 for r in $(seq "$ROUNDS"); do
-  for t in $targets; do
+  for t in $(rotated "$r"); do
     before=$(cpu "${pid[$t]}")
     out=$(wrk -t2 -c"$UNARY_CLIENTS" -d"$DURATION" -s "$work/unary.lua" "${url[$t]}/v1/chat/completions")
     after=$(cpu "${pid[$t]}")
