@@ -294,6 +294,9 @@ type eventRelay struct {
 	engine timing.EngineTiming
 }
 
+// fasthttp frames the stream through WriteTo only for a BodyWriterTo.
+var _ fasthttp.BodyWriterTo = (*eventRelay)(nil)
+
 // SupportsBodyWriteTo lets fasthttp take the stream through WriteTo.
 func (r *eventRelay) SupportsBodyWriteTo() bool { return true }
 

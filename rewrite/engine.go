@@ -31,7 +31,8 @@ func EngineTimingOf(obj []byte) timing.EngineTiming {
 }
 
 // engineTiming reads the engine's timing report from the first "metrics"
-// (m) and "timings" (t) members of a response object.
+// (m) and "timings" (t) members of a response object; vLLM's, when m is
+// an object, wins.
 func engineTiming(m, t gjson.Result) timing.EngineTiming {
 	var e timing.EngineTiming
 	if m.IsObject() {

@@ -140,9 +140,7 @@ func CarriesChoices(ev Event) bool { return ev.carriesChoices }
 // FinishesChoice tells whether a Chat Completions or Completions event
 // finishes at least one of its choices: one has a finish_reason that is
 // not null.
-func FinishesChoice(ev Event) bool {
-	return ev.finishes && (ev.Kind == EventToken || ev.Kind == EventOther)
-}
+func FinishesChoice(ev Event) bool { return ev.finishes }
 
 // BodyUsage reads the token counts of a non-streaming response body.
 func BodyUsage(body []byte) timing.Usage {

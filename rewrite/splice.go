@@ -73,9 +73,6 @@ func InspectBody(body []byte) Body {
 		}
 		return true
 	})
-	if metrics.IsObject() {
-		timings = gjson.Result{} // vLLM's report is read first
-	}
 	b.Engine = engineTiming(metrics, timings)
 	return b
 }
