@@ -18,6 +18,7 @@
 #                             apt-get if missing)
 #
 # Settings (environment): STREAMS=200 ITL=20ms TOKENS=100 DURATION=10s ROUNDS=3
+# AB_ROUNDS=5 (rounds of the side-by-side access-log measurement)
 # UNARY_CLIENTS=32 UNARY_TOKENS=64 HOLD=5000 (open streams for the memory test).
 # Loads alternate between the targets, round after round, each round in
 # a rotated order, to cancel machine drift.
@@ -25,7 +26,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 STREAMS=${STREAMS:-200} ITL=${ITL:-20ms} TOKENS=${TOKENS:-100} DURATION=${DURATION:-10s}
-ROUNDS=${ROUNDS:-3} UNARY_CLIENTS=${UNARY_CLIENTS:-32} UNARY_TOKENS=${UNARY_TOKENS:-64} HOLD=${HOLD:-5000}
+ROUNDS=${ROUNDS:-3} AB_ROUNDS=${AB_ROUNDS:-5} UNARY_CLIENTS=${UNARY_CLIENTS:-32} UNARY_TOKENS=${UNARY_TOKENS:-64} HOLD=${HOLD:-5000}
 
 if ! command -v nginx >/dev/null || ! command -v wrk >/dev/null || ! command -v haproxy >/dev/null || ! command -v caddy >/dev/null; then
   echo "installing nginx, haproxy, caddy and wrk..." >&2
@@ -112,11 +113,13 @@ nginx -c "$work/nginx.conf" -p "$work" & pids+=($!); nginx_pid=$!
 "$work/tcprelay" --listen "$RELAY" --upstream "$ENGINE" & pids+=($!); relay_pid=$!
 sleep 1
 
-clk=$(getconf CLK_TCK)
 # procs PID: the process and its children (nginx's workers).
 procs() { echo "$1" $(pgrep -P "$1" || true); }
-# cpu PID: user+system CPU seconds of the process tree.
-cpu() { local t=0 v; for p in $(procs "$1"); do v=$(awk '{print $14+$15}' "/proc/$p/stat" 2>/dev/null) && t=$((t + v)); done; awk -v t="$t" -v c="$clk" 'BEGIN{printf "%.3f", t/c}'; }
+# cpu PID: CPU seconds of the process tree, from the scheduler's
+# nanosecond count of every thread (/proc/PID/stat counts in 10 ms ticks:
+# too coarse for a few percent over a 10 s run). The proxies keep their
+# threads, so none of the time leaves with an exited one.
+cpu() { local p; for p in $(procs "$1"); do cat /proc/"$p"/task/*/schedstat 2>/dev/null; done | awk '{t += $1} END {printf "%.6f", t / 1e9}'; }
 # rss PID: resident MB of the process tree.
 rss() { local k=0 v; for p in $(procs "$1"); do v=$(awk '/VmRSS/{print $2}' "/proc/$p/status" 2>/dev/null) && [ -n "$v" ] && k=$((k + v)); done; awk -v k="$k" 'BEGIN{printf "%.1f", k/1024}'; }
 field() { grep -o "\"$2\":[-0-9.e+]*" <<<"$1" | cut -d: -f2; }
@@ -168,6 +171,28 @@ for r in $(seq "$ROUNDS"); do
   done
 done
 
+# The access log's cost is a few percent, less than one round's noise
+# between targets run one after the other. So it is also measured with the
+# two sidecars under the same load at the same time, half the clients on
+# each: whatever disturbs the machine disturbs both alike, and each
+# round's ratio compares two figures taken over the same seconds.
+echo "access log: sidecar and sidecar-nolog loaded side by side, $AB_ROUNDS rounds" >&2
+for r in $(seq "$AB_ROUNDS"); do
+  b1=$(cpu "$sidecar_pid") b2=$(cpu "$nolog_pid")
+  "$bin" bench --json -c $((STREAMS / 2)) -d "$DURATION" --tokens "$TOKENS" --itl "$ITL" "${url[sidecar]}" >"$work/ab-log" 2>/dev/null & l=$!
+  "$bin" bench --json -c $((STREAMS / 2)) -d "$DURATION" --tokens "$TOKENS" --itl "$ITL" "${url[sidecar-nolog]}" >"$work/ab-nolog" 2>/dev/null & n=$!
+  wait "$l" "$n"
+  a1=$(cpu "$sidecar_pid") a2=$(cpu "$nolog_pid")
+  echo "abstream $r $(field "$(cat "$work/ab-log")" events) $b1 $a1 $(field "$(cat "$work/ab-nolog")" events) $b2 $a2" >>"$results"
+  b1=$(cpu "$sidecar_pid") b2=$(cpu "$nolog_pid")
+  wrk -t1 -c$((UNARY_CLIENTS / 2)) -d"$DURATION" -s "$work/unary.lua" "${url[sidecar]}/v1/chat/completions" >"$work/ab-log" & l=$!
+  wrk -t1 -c$((UNARY_CLIENTS / 2)) -d"$DURATION" -s "$work/unary.lua" "${url[sidecar-nolog]}/v1/chat/completions" >"$work/ab-nolog" & n=$!
+  wait "$l" "$n"
+  a1=$(cpu "$sidecar_pid") a2=$(cpu "$nolog_pid")
+  echo "abunary $r $(awk '/requests in/{print $1}' "$work/ab-log") $b1 $a1 $(awk '/requests in/{print $1}' "$work/ab-nolog") $b2 $a2" >>"$results"
+  echo "  round $r: $(tail -2 "$results" | awk '{printf "%s %s/%s  ", $1, $3, $6}')" >&2
+done
+
 echo "holding $HOLD open streams through the sidecar..." >&2
 ( while sleep 0.5; do rss "$sidecar_pid"; echo; done ) >"$work/rss" & sampler=$!
 hold=$("$bin" bench --json -c "$HOLD" -d 5s --tokens 20 --itl 500ms "${url[sidecar]}" 2>/dev/null)
@@ -178,10 +203,21 @@ awk -v targets="$targets" -v rounds="$ROUNDS" -v hold="$HOLD" -v herr="$(field "
   -v streams="$STREAMS" -v itl="$ITL" '
 $1 == "stream" { p50[$2,$3] = $4; p99[$2,$3] = $5; cpuev[$2,$3] = ($8 - $7) * 1e6 / $6 }
 $1 == "unary" { rps[$2,$3] = $4; cpureq[$2,$3] = ($7 - $6) * 1e6 / $5 }
+# side by side: fields are round, then count, CPU before, CPU after for the
+# sidecar, then the same for sidecar-nolog
+$1 == "abstream" { ab++; abev[$2] = ($5 - $4) / $3 / (($8 - $7) / $6) }
+$1 == "abunary" { abrps[$2] = $3 / $6; abreq[$2] = ($5 - $4) / $3 / (($8 - $7) / $6) }
 # median of the n values in a[1..n]
 function median(a, n,   i, j, x) {
   for (i = 2; i <= n; i++) { x = a[i]; for (j = i - 1; j >= 1 && a[j] > x; j--) a[j+1] = a[j]; a[j+1] = x }
   return n % 2 ? a[(n+1)/2] : (a[n/2] + a[n/2+1]) / 2
+}
+# median2(a, n), span(a, n): the median, and the lowest and highest, of
+# a[1..n], leaving a as it is
+function median2(a, n,   i, c) { for (i = 1; i <= n; i++) c[i] = a[i]; return median(c, n) }
+function span(a, n,   i, lo, hi) {
+  for (i = 1; i <= n; i++) { if (i == 1 || a[i] < lo) lo = a[i]; if (i == 1 || a[i] > hi) hi = a[i] }
+  return sprintf("%.3f, %.3f", lo, hi)
 }
 # med(name, t): the median over rounds of figure name for target t
 function med(name, t,   r, v) {
@@ -224,7 +260,9 @@ END {
     if (bestrps == "" || u > bu) { bestrps = t; bu = u }
   }
   printf "best peer per column: added p50 %s, added p99 %s, CPU %s, unary %s\n", best50, best99, bestcpu, bestrps
-  printf "access log cost (sidecar / sidecar-nolog, median of the rounds): unary requests/s %.2f (target >= 0.95), CPU per event %.2f (target <= 1.05)\n", \
+  printf "access log cost, run one after the other (sidecar / sidecar-nolog, median of the rounds): unary requests/s %.2f, CPU per event %.2f\n", \
     ratio("rps", "sidecar", "sidecar-nolog"), ratio("cpu", "sidecar", "sidecar-nolog")
+  printf "access log cost, side by side (median of %d rounds, [lowest, highest]): unary requests/s %.3f [%s] (target >= 0.95), CPU per event %.3f [%s] (target <= 1.05), CPU per unary request %.3f [%s]\n", \
+    ab, median2(abrps, ab), span(abrps, ab), median2(abev, ab), span(abev, ab), median2(abreq, ab), span(abreq, ab)
   printf "%d open streams: sidecar RSS peak %.0f MB (target <= 256), %s errors\n", hold, hrss, herr
 }' "$results"
