@@ -146,3 +146,32 @@ func BenchmarkClassifyVLLMChunk(b *testing.B) {
 		}
 	}
 }
+
+// chunkSource returns one event per Read, as the engine's chunked body
+// does: each event is one HTTP chunk, and a read stops at its end.
+type chunkSource struct {
+	event []byte
+	left  []byte
+}
+
+func (c *chunkSource) Read(p []byte) (int, error) {
+	if len(c.left) == 0 {
+		c.left = c.event
+	}
+	n := copy(p, c.left)
+	c.left = c.left[n:]
+	return n, nil
+}
+
+// BenchmarkNextOneEventPerRead frames events that arrive one per read, with
+// the default 1 KiB buffer: the reading pattern of a real stream.
+func BenchmarkNextOneEventPerRead(b *testing.B) {
+	r := NewEventReader(&chunkSource{event: event300}, 64<<10)
+	b.SetBytes(int64(len(event300)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, whole, err := r.Next(); err != nil || !whole {
+			b.Fatal("bad event")
+		}
+	}
+}

@@ -80,7 +80,13 @@ func (r *EventReader) Next() (piece []byte, whole bool, err error) {
 			r.scan, r.large = 0, true
 			return piece, false, nil
 		}
-		if r.end == len(r.buf) {
+		switch {
+		case r.start == r.end:
+			// Everything handed out: the next event is read from the
+			// buffer's start, whole in one read, rather than into the
+			// room left at its end and then moved.
+			r.start, r.end = 0, 0
+		case r.end == len(r.buf):
 			r.end = copy(r.buf, r.buf[r.start:r.end])
 			r.start = 0
 		}

@@ -5,6 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"math"
+	"math/rand/v2"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -225,6 +228,47 @@ func TestAppendTimeIsSlogsFormat(t *testing.T) {
 	for _, at := range times {
 		if got, want := string(appendTime(nil, at)), at.Format("2006-01-02T15:04:05.000Z07:00"); got != want {
 			t.Errorf("appendTime(%v) = %s, want %s", at, got, want)
+		}
+	}
+}
+
+// TestAppendMilliIsStrconvs holds the integer formatting of the log's
+// figures to the float formatting it replaced, byte for byte: on the
+// thousandths and their neighbours, halves that round either way,
+// negative figures, the range's edges and random figures at every scale.
+func TestAppendMilliIsStrconvs(t *testing.T) {
+	want := func(v float64) string {
+		return string(strconv.AppendFloat(nil, float64(int64(v*1000+0.5))/1000, 'f', -1, 64))
+	}
+	check := func(v float64) {
+		t.Helper()
+		if got := string(appendMilli(nil, v)); got != want(v) {
+			t.Fatalf("%v: %q, strconv's %q", v, got, want(v))
+		}
+	}
+	for k := int64(-3000); k <= 3000; k++ {
+		v := float64(k) / 1000
+		check(v)
+		check(math.Nextafter(v, math.Inf(1)))
+		check(math.Nextafter(v, math.Inf(-1)))
+		check(v + 0.0005)
+		check(v - 0.0005)
+	}
+	for _, v := range []float64{0, -0.0004, -0.0005, -0.0006, 0.0004999, 0.0005, 999999999.9994, 999999999.9996,
+		-999999999.9996, 1e9, -1e9, 1e9 + 0.25, 123456789.123456, 1e15, -1e15, math.MaxInt32, 1e-300} {
+		check(v)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := 0; i < 200000; i++ {
+		v := math.Pow(10, rng.Float64()*12-3) // 0.001 to 1e9
+		if i%2 == 1 {
+			v = -v
+		}
+		check(v)
+	}
+	for _, v := range []float64{math.NaN(), math.Inf(1), math.Inf(-1)} {
+		if got := string(appendMilli(nil, v)); got != "null" {
+			t.Errorf("%v: %q, want null", v, got)
 		}
 	}
 }

@@ -62,32 +62,72 @@ type Recorder struct {
 	slo                                 *prometheus.CounterVec
 	engineReady                         prometheus.Gauge
 
-	// series caches each (endpoint, model)'s histograms, so a request
-	// does not hash its labels once per series.
-	series sync.Map // seriesKey -> *modelSeries
+	// series caches each (endpoint, model, tenant)'s histograms and token
+	// counters, and counters each request label set's counter, so that a
+	// request finds its series in one map read instead of hashing and
+	// validating its labels once per series (a third of recording). They
+	// hold one entry per series, which the labels' bounds already bound.
+	series   sync.Map // seriesKey -> *modelSeries
+	counters sync.Map // requestKey -> prometheus.Counter
 }
 
-type seriesKey struct{ endpoint, model string }
+// seriesKey names a modelSeries; tenant is empty without the tenant label.
+type seriesKey struct{ endpoint, model, tenant string }
+
+// requestKey is the label set of timing_sidecar_requests_total.
+type requestKey struct {
+	endpoint, model, tenant string
+	status                  int
+	stream                  bool
+}
 
 type modelSeries struct {
 	queue, ttft, ttfc, itl, maxITL, e2e prometheus.Observer
+	promptTokens, outputTokens          prometheus.Counter
 }
 
-func (r *Recorder) seriesFor(endpoint, model string) *modelSeries {
-	k := seriesKey{endpoint, model}
+// seriesFor returns the series of a measured request; tenant is ignored
+// without the tenant label.
+func (r *Recorder) seriesFor(endpoint, model, tenant string) *modelSeries {
+	if !r.tenantLabel {
+		tenant = ""
+	}
+	k := seriesKey{endpoint, model, tenant}
 	if s, ok := r.series.Load(k); ok {
 		return s.(*modelSeries)
 	}
+	counted := []string{endpoint, model}
+	if r.tenantLabel {
+		counted = append(counted, tenant)
+	}
 	s := &modelSeries{
-		queue:  r.queue.WithLabelValues(endpoint, model),
-		ttft:   r.ttft.WithLabelValues(endpoint, model),
-		ttfc:   r.ttfc.WithLabelValues(endpoint, model),
-		itl:    r.itl.WithLabelValues(endpoint, model),
-		maxITL: r.maxITL.WithLabelValues(endpoint, model),
-		e2e:    r.e2e.WithLabelValues(endpoint, model),
+		queue:        r.queue.WithLabelValues(endpoint, model),
+		ttft:         r.ttft.WithLabelValues(endpoint, model),
+		ttfc:         r.ttfc.WithLabelValues(endpoint, model),
+		itl:          r.itl.WithLabelValues(endpoint, model),
+		maxITL:       r.maxITL.WithLabelValues(endpoint, model),
+		e2e:          r.e2e.WithLabelValues(endpoint, model),
+		promptTokens: r.promptTokens.WithLabelValues(counted...),
+		outputTokens: r.outputTokens.WithLabelValues(counted...),
 	}
 	actual, _ := r.series.LoadOrStore(k, s)
 	return actual.(*modelSeries)
+}
+
+// requestCounter returns the requests_total counter of k.
+func (r *Recorder) requestCounter(k requestKey) prometheus.Counter {
+	if !r.tenantLabel {
+		k.tenant = ""
+	}
+	if c, ok := r.counters.Load(k); ok {
+		return c.(prometheus.Counter)
+	}
+	labels := []string{k.endpoint, strconv.FormatBool(k.stream), strconv.Itoa(k.status), k.model}
+	if r.tenantLabel {
+		labels = append(labels, k.tenant)
+	}
+	actual, _ := r.counters.LoadOrStore(k, r.requests.WithLabelValues(labels...))
+	return actual.(prometheus.Counter)
 }
 
 // NewRecorder registers the sidecar's series with reg.
@@ -200,16 +240,7 @@ func (r *Recorder) Finish(req *Record) {
 	served := req.Status >= 200 && req.Status < 300
 	model := r.models.value(req.Model, served)
 	tenant := r.tenants.value(req.Tenant, served)
-	stream := "false"
-	if req.Stream {
-		stream = "true"
-	}
-	status := strconv.Itoa(req.Status)
-	if r.tenantLabel {
-		r.requests.WithLabelValues(req.Endpoint, stream, status, model, tenant).Inc()
-	} else {
-		r.requests.WithLabelValues(req.Endpoint, stream, status, model).Inc()
-	}
+	r.requestCounter(requestKey{req.Endpoint, model, tenant, req.Status, req.Stream}).Inc()
 	if req.UpstreamError != "" {
 		r.upstreamErrors.WithLabelValues(req.UpstreamError).Inc()
 	}
@@ -234,31 +265,29 @@ func (r *Recorder) Finish(req *Record) {
 
 func (r *Recorder) observe(req *Record, model, tenant string) {
 	m := &req.Metrics
-	s := r.seriesFor(req.Endpoint, model)
-	observe := func(o prometheus.Observer, n timing.Number) {
-		if n.Set {
-			o.Observe(n.Value / 1000)
-		}
-	}
+	s := r.seriesFor(req.Endpoint, model, tenant)
 	if ttft, ok := req.timeToFirstToken(); ok {
 		s.ttft.Observe(ttft / 1000)
 	}
 	if ttfc, ok := req.timeToFirstContent(); ok {
 		s.ttfc.Observe(ttfc / 1000)
 	}
-	observe(s.queue, m.QueueTime)
-	observe(s.itl, m.MeanITL)
-	observe(s.maxITL, m.MaxITL)
-	observe(s.e2e, m.E2ELatency)
-	labels := []string{req.Endpoint, model}
-	if r.tenantLabel {
-		labels = append(labels, tenant)
-	}
+	observeMillis(s.queue, m.QueueTime)
+	observeMillis(s.itl, m.MeanITL)
+	observeMillis(s.maxITL, m.MaxITL)
+	observeMillis(s.e2e, m.E2ELatency)
 	if m.PromptTokens.Set {
-		r.promptTokens.WithLabelValues(labels...).Add(float64(m.PromptTokens.Value))
+		s.promptTokens.Add(float64(m.PromptTokens.Value))
 	}
 	if m.CompletionTokens.Set {
-		r.outputTokens.WithLabelValues(labels...).Add(float64(m.CompletionTokens.Value))
+		s.outputTokens.Add(float64(m.CompletionTokens.Value))
+	}
+}
+
+// observeMillis observes a figure in milliseconds, if known, in seconds.
+func observeMillis(o prometheus.Observer, n timing.Number) {
+	if n.Set {
+		o.Observe(n.Value / 1000)
 	}
 }
 

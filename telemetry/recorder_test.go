@@ -62,6 +62,50 @@ func TestExpositionGolden(t *testing.T) {
 	}
 }
 
+// TestCachedSeriesKeepTheirLabels: each label set reaches its own series
+// through the caches, the tenant's token counters apart while the
+// histograms, which have no tenant label, are shared.
+func TestCachedSeriesKeepTheirLabels(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	r := NewRecorder(reg, Options{MaxModels: 8, TenantLabel: true, MaxTenants: 8})
+	for _, rec := range []Record{
+		{Endpoint: EndpointChat, Model: "m", Tenant: "a", Status: 200, Stream: true, Measured: true,
+			Metrics: timing.Metrics{E2ELatency: num(100), PromptTokens: cnt(3), CompletionTokens: cnt(5)}},
+		{Endpoint: EndpointChat, Model: "m", Tenant: "b", Status: 200, Stream: true, Measured: true,
+			Metrics: timing.Metrics{E2ELatency: num(300), PromptTokens: cnt(7), CompletionTokens: cnt(11)}},
+		{Endpoint: EndpointChat, Model: "m", Tenant: "a", Status: 200, Stream: true, Measured: true,
+			Metrics: timing.Metrics{E2ELatency: num(200), PromptTokens: cnt(13), CompletionTokens: cnt(17)}},
+		{Endpoint: EndpointChat, Model: "m", Tenant: "a", Status: 502, Stream: true},
+		{Endpoint: EndpointChat, Model: "m", Tenant: "a", Status: 200, Stream: false},
+	} {
+		r.Begin()
+		r.Finish(&rec)
+	}
+	want := `
+# HELP timing_sidecar_prompt_tokens_total Prompt tokens, from the engine's usage.
+# TYPE timing_sidecar_prompt_tokens_total counter
+timing_sidecar_prompt_tokens_total{endpoint="chat_completions",model="m",tenant="a"} 16
+timing_sidecar_prompt_tokens_total{endpoint="chat_completions",model="m",tenant="b"} 7
+# HELP timing_sidecar_generation_tokens_total Generated tokens, from the engine's usage.
+# TYPE timing_sidecar_generation_tokens_total counter
+timing_sidecar_generation_tokens_total{endpoint="chat_completions",model="m",tenant="a"} 22
+timing_sidecar_generation_tokens_total{endpoint="chat_completions",model="m",tenant="b"} 11
+# HELP timing_sidecar_requests_total Requests handled, by endpoint, streaming, status (499: the client left first) and model.
+# TYPE timing_sidecar_requests_total counter
+timing_sidecar_requests_total{endpoint="chat_completions",model="m",status="200",stream="false",tenant="a"} 1
+timing_sidecar_requests_total{endpoint="chat_completions",model="m",status="200",stream="true",tenant="a"} 2
+timing_sidecar_requests_total{endpoint="chat_completions",model="m",status="200",stream="true",tenant="b"} 1
+timing_sidecar_requests_total{endpoint="chat_completions",model="m",status="502",stream="true",tenant="a"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "timing_sidecar_prompt_tokens_total",
+		"timing_sidecar_generation_tokens_total", "timing_sidecar_requests_total"); err != nil {
+		t.Fatal(err)
+	}
+	if n := testutil.CollectAndCount(r.e2e); n != 1 {
+		t.Errorf("%d end-to-end histograms, want the one of (chat_completions, m)", n)
+	}
+}
+
 func TestLabelsAreBounded(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	r := NewRecorder(reg, Options{MaxModels: 2, TenantLabel: true, MaxTenants: 1})

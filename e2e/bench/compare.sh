@@ -18,7 +18,7 @@
 #                             apt-get if missing)
 #
 # Settings (environment): STREAMS=200 ITL=20ms TOKENS=100 DURATION=10s ROUNDS=3
-# AB_ROUNDS=5 (rounds of the side-by-side access-log measurement)
+# AB_ROUNDS=7 (rounds of the side-by-side access-log measurement)
 # UNARY_CLIENTS=32 UNARY_TOKENS=64 HOLD=5000 (open streams for the memory test).
 # Loads alternate between the targets, round after round, each round in
 # a rotated order, to cancel machine drift.
@@ -26,7 +26,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 STREAMS=${STREAMS:-200} ITL=${ITL:-20ms} TOKENS=${TOKENS:-100} DURATION=${DURATION:-10s}
-ROUNDS=${ROUNDS:-3} AB_ROUNDS=${AB_ROUNDS:-5} UNARY_CLIENTS=${UNARY_CLIENTS:-32} UNARY_TOKENS=${UNARY_TOKENS:-64} HOLD=${HOLD:-5000}
+ROUNDS=${ROUNDS:-3} AB_ROUNDS=${AB_ROUNDS:-7} UNARY_CLIENTS=${UNARY_CLIENTS:-32} UNARY_TOKENS=${UNARY_TOKENS:-64} HOLD=${HOLD:-5000}
 
 if ! command -v nginx >/dev/null || ! command -v wrk >/dev/null || ! command -v haproxy >/dev/null || ! command -v caddy >/dev/null; then
   echo "installing nginx, haproxy, caddy and wrk..." >&2
