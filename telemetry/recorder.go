@@ -63,8 +63,8 @@ type Recorder struct {
 	engineReady                         prometheus.Gauge
 
 	// series caches each (endpoint, model, tenant)'s histograms and token
-	// counters, and counters each request label set's counter, so that a
-	// request finds its series in one map read instead of hashing and
+	// counters, and counters each label set's requests_total counter, so
+	// that a request finds its series in a map read instead of hashing and
 	// validating its labels once per series (a third of recording). They
 	// hold one entry per series, which the labels' bounds already bound.
 	series   sync.Map // seriesKey -> *modelSeries
