@@ -19,12 +19,13 @@ import (
 // The access log is one JSON line per request, on every request's path,
 // so it is built for that: each line is appended into a pooled buffer by
 // hand (no reflection, no allocation), and lines reach the output through
-// a buffer that one goroutine writes out every flushInterval, or sooner
-// when flushSize is pending, and at Close. A request never waits on a
-// write to standard output. A reader that stops reading stalls only that
-// goroutine: past maxPending bytes, lines are dropped, counted in
-// timing_sidecar_access_log_dropped_total, and reported at most once a
-// minute on the operational log.
+// a buffer that one goroutine writes out flushInterval after the first
+// line of a batch, or sooner when flushSize is pending, and at Close; with
+// no lines it sleeps, so an idle sidecar's log costs no wake-ups. A
+// request never waits on a write to standard output. A reader that stops
+// reading stalls only that goroutine: past maxPending bytes, lines are
+// dropped, counted in timing_sidecar_access_log_dropped_total, and
+// reported at most once a minute on the operational log.
 const (
 	flushInterval = 100 * time.Millisecond
 	flushSize     = 64 << 10
@@ -84,13 +85,14 @@ func (l *accessLog) add(now time.Time, r *Record, verdict Verdict, missed string
 	bp := l.lines.Get().(*[]byte)
 	line := appendLine((*bp)[:0], now, r, verdict, missed, slo)
 	l.mu.Lock()
+	first := len(l.pending) == 0
 	full := len(l.pending)+len(line) > maxPending
 	if full {
 		l.droppedSince++
 	} else {
 		l.pending = append(l.pending, line...)
 	}
-	wake := len(l.pending) >= flushSize
+	wake := first || len(l.pending) >= flushSize
 	l.mu.Unlock()
 	if cap(line) <= 64<<10 {
 		*bp = line
@@ -107,20 +109,50 @@ func (l *accessLog) add(now time.Time, r *Record, verdict Verdict, missed string
 	}
 }
 
+// run writes the lines out in batches until Close. It is woken by the
+// first line of a batch and by a full buffer, never on a schedule of its
+// own, but for a report of dropped lines falling due.
 func (l *accessLog) run() {
 	defer close(l.stopped)
-	t := time.NewTicker(flushInterval)
-	defer t.Stop()
+	t := time.NewTimer(time.Hour)
+	t.Stop()
 	for {
+		var due <-chan time.Time
+		if wait, ok := l.reportWait(); ok {
+			t.Reset(wait)
+			due = t.C
+		}
 		select {
-		case <-t.C:
 		case <-l.wake:
+			// The lines that follow the first have flushInterval to join
+			// its batch, unless flushSize is pending sooner.
+			t.Reset(flushInterval)
+			select {
+			case <-t.C:
+			case <-l.wake:
+			case <-l.stop:
+				l.flush()
+				return
+			}
+		case <-due:
 		case <-l.stop:
 			l.flush()
 			return
 		}
+		t.Stop()
 		l.flush()
 	}
+}
+
+// reportWait tells, when dropped lines are not yet reported, how long until
+// their report is due.
+func (l *accessLog) reportWait() (time.Duration, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.droppedSince == 0 {
+		return 0, false
+	}
+	return max(0, time.Minute-time.Since(l.lastReport)), true
 }
 
 // flush writes what is pending, outside the lock: requests go on

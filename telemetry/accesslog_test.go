@@ -188,6 +188,39 @@ func TestCloseWritesEveryLineInOrder(t *testing.T) {
 	}
 }
 
+// notifyingWriter tells each write on a channel.
+type notifyingWriter struct {
+	lockedBuffer
+	wrote chan struct{}
+}
+
+func (w *notifyingWriter) Write(p []byte) (int, error) {
+	n, err := w.lockedBuffer.Write(p)
+	w.wrote <- struct{}{}
+	return n, err
+}
+
+// TestALineIsWrittenWithoutAFlush: the writer, asleep while nothing is
+// pending, wakes for the first line of each batch and writes it out.
+func TestALineIsWrittenWithoutAFlush(t *testing.T) {
+	out := &notifyingWriter{wrote: make(chan struct{}, 16)}
+	r := NewRecorder(prometheus.NewRegistry(), Options{MaxModels: 4, MaxTenants: 4, AccessLog: out})
+	defer r.Close(context.Background())
+	for batch := 1; batch <= 3; batch++ {
+		rec := requests[0]
+		r.Begin()
+		r.Finish(&rec)
+		select {
+		case <-out.wrote:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("batch %d: not written within 10 s", batch)
+		}
+		if n := strings.Count(out.String(), "\n"); n != batch {
+			t.Fatalf("batch %d: %d lines written", batch, n)
+		}
+	}
+}
+
 func TestCloseIsBoundedByItsContext(t *testing.T) {
 	out := &stalledWriter{release: make(chan struct{})}
 	defer close(out.release)

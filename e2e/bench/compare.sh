@@ -175,21 +175,27 @@ done
 # between targets run one after the other. So it is also measured with the
 # two sidecars under the same load at the same time, half the clients on
 # each: whatever disturbs the machine disturbs both alike, and each
-# round's ratio compares two figures taken over the same seconds.
+# round's ratio compares two figures taken over the same seconds. The
+# load that starts first alternates between rounds.
 echo "access log: sidecar and sidecar-nolog loaded side by side, $AB_ROUNDS rounds" >&2
+# side CMD...: runs CMD... against both sidecars at once (the URL is the
+# last argument, given as a suffix to each sidecar's URL), writing their
+# outputs to ab-sidecar and ab-sidecar-nolog.
+side() {
+  local order=(sidecar sidecar-nolog) p=() t suffix=${*: -1} args=("${@:1:$#-1}")
+  [ $((r % 2)) = 1 ] || order=(sidecar-nolog sidecar)
+  for t in "${order[@]}"; do "${args[@]}" "${url[$t]}$suffix" >"$work/ab-$t" 2>/dev/null & p+=($!); done
+  wait "${p[@]}"
+}
 for r in $(seq "$AB_ROUNDS"); do
   b1=$(cpu "$sidecar_pid") b2=$(cpu "$nolog_pid")
-  "$bin" bench --json -c $((STREAMS / 2)) -d "$DURATION" --tokens "$TOKENS" --itl "$ITL" "${url[sidecar]}" >"$work/ab-log" 2>/dev/null & l=$!
-  "$bin" bench --json -c $((STREAMS / 2)) -d "$DURATION" --tokens "$TOKENS" --itl "$ITL" "${url[sidecar-nolog]}" >"$work/ab-nolog" 2>/dev/null & n=$!
-  wait "$l" "$n"
+  side "$bin" bench --json -c $((STREAMS / 2)) -d "$DURATION" --tokens "$TOKENS" --itl "$ITL" ""
   a1=$(cpu "$sidecar_pid") a2=$(cpu "$nolog_pid")
-  echo "abstream $r $(field "$(cat "$work/ab-log")" events) $b1 $a1 $(field "$(cat "$work/ab-nolog")" events) $b2 $a2" >>"$results"
+  echo "abstream $r $(field "$(cat "$work/ab-sidecar")" events) $b1 $a1 $(field "$(cat "$work/ab-sidecar-nolog")" events) $b2 $a2" >>"$results"
   b1=$(cpu "$sidecar_pid") b2=$(cpu "$nolog_pid")
-  wrk -t1 -c$((UNARY_CLIENTS / 2)) -d"$DURATION" -s "$work/unary.lua" "${url[sidecar]}/v1/chat/completions" >"$work/ab-log" & l=$!
-  wrk -t1 -c$((UNARY_CLIENTS / 2)) -d"$DURATION" -s "$work/unary.lua" "${url[sidecar-nolog]}/v1/chat/completions" >"$work/ab-nolog" & n=$!
-  wait "$l" "$n"
+  side wrk -t1 -c$((UNARY_CLIENTS / 2)) -d"$DURATION" -s "$work/unary.lua" /v1/chat/completions
   a1=$(cpu "$sidecar_pid") a2=$(cpu "$nolog_pid")
-  echo "abunary $r $(awk '/requests in/{print $1}' "$work/ab-log") $b1 $a1 $(awk '/requests in/{print $1}' "$work/ab-nolog") $b2 $a2" >>"$results"
+  echo "abunary $r $(awk '/requests in/{print $1}' "$work/ab-sidecar") $b1 $a1 $(awk '/requests in/{print $1}' "$work/ab-sidecar-nolog") $b2 $a2" >>"$results"
   echo "  round $r: $(tail -2 "$results" | awk '{printf "%s %s/%s  ", $1, $3, $6}')" >&2
 done
 
