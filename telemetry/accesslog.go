@@ -321,8 +321,8 @@ func appendNumber(b []byte, key string, n timing.Number) []byte {
 // appendMilli appends v rounded to three decimals, trailing zeros dropped,
 // exactly as strconv.AppendFloat(b, float64(int64(v*1000+0.5))/1000, 'f',
 // -1, 64) writes it (TestAppendMilliIsStrconvs), in integer arithmetic:
-// shortest-float formatting was a third of a line's cost, seven times a
-// line. Below 1e9 the floats a thousandth apart are distinct and their
+// shortest-float formatting, seven times a line, was more than half of a
+// line's cost. Below 1e9 the floats a thousandth apart are distinct and their
 // shortest forms are those thousandths; larger figures take the float path.
 // A figure with no JSON form (NaN, ±Inf) is null.
 func appendMilli(b []byte, v float64) []byte {
