@@ -539,11 +539,11 @@ func (p *pools) release(b *buffer) {
 func newPools(maxEvent int) *pools {
 	p := &pools{}
 	p.relay.New = func() any {
-		return &eventRelay{
-			events:  rewrite.NewEventReader(nil, maxEvent),
-			spliced: make([]byte, 0, 1024),
-			metrics: make([]byte, 0, 512),
-		}
+		// The scratch for the metrics (spliced, metrics, held*) is grown
+		// at a stream's end, when it is needed, and kept with the pooled
+		// relay: thousands of open streams do not each hold 1.5 KiB for
+		// their last event.
+		return &eventRelay{events: rewrite.NewEventReader(nil, maxEvent)}
 	}
 	return p
 }
