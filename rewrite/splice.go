@@ -30,8 +30,8 @@ func AppendWithMetrics(dst, obj, metrics []byte) ([]byte, bool) {
 type Body struct {
 	// Usage holds the engine's token counts.
 	Usage timing.Usage
-	// Engine is the engine's own timing report, read in the same pass as
-	// EngineTimingOf reads it.
+	// Engine is the engine's own timing report, as EngineTimingOf reads
+	// it, taken in the same pass over the keys.
 	Engine     timing.EngineTiming
 	object     bool // a valid JSON object
 	hasMetrics bool

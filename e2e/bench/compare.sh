@@ -178,22 +178,23 @@ done
 # round's ratio compares two figures taken over the same seconds. The
 # load that starts first alternates between rounds.
 echo "access log: sidecar and sidecar-nolog loaded side by side, $AB_ROUNDS rounds" >&2
-# side CMD...: runs CMD... against both sidecars at once (the URL is the
-# last argument, given as a suffix to each sidecar's URL), writing their
+# side PATH CMD...: runs CMD against both sidecars at once, each given its
+# sidecar's URL with PATH appended as the last argument, writing their
 # outputs to ab-sidecar and ab-sidecar-nolog.
 side() {
-  local order=(sidecar sidecar-nolog) p=() t suffix=${*: -1} args=("${@:1:$#-1}")
+  local path=$1 order=(sidecar sidecar-nolog) p=() t
+  shift
   [ $((r % 2)) = 1 ] || order=(sidecar-nolog sidecar)
-  for t in "${order[@]}"; do "${args[@]}" "${url[$t]}$suffix" >"$work/ab-$t" 2>/dev/null & p+=($!); done
+  for t in "${order[@]}"; do "$@" "${url[$t]}$path" >"$work/ab-$t" 2>/dev/null & p+=($!); done
   wait "${p[@]}"
 }
 for r in $(seq "$AB_ROUNDS"); do
   b1=$(cpu "$sidecar_pid") b2=$(cpu "$nolog_pid")
-  side "$bin" bench --json -c $((STREAMS / 2)) -d "$DURATION" --tokens "$TOKENS" --itl "$ITL" ""
+  side "" "$bin" bench --json -c $((STREAMS / 2)) -d "$DURATION" --tokens "$TOKENS" --itl "$ITL"
   a1=$(cpu "$sidecar_pid") a2=$(cpu "$nolog_pid")
   echo "abstream $r $(field "$(cat "$work/ab-sidecar")" events) $b1 $a1 $(field "$(cat "$work/ab-sidecar-nolog")" events) $b2 $a2" >>"$results"
   b1=$(cpu "$sidecar_pid") b2=$(cpu "$nolog_pid")
-  side wrk -t1 -c$((UNARY_CLIENTS / 2)) -d"$DURATION" -s "$work/unary.lua" /v1/chat/completions
+  side /v1/chat/completions wrk -t1 -c$((UNARY_CLIENTS / 2)) -d"$DURATION" -s "$work/unary.lua"
   a1=$(cpu "$sidecar_pid") a2=$(cpu "$nolog_pid")
   echo "abunary $r $(awk '/requests in/{print $1}' "$work/ab-sidecar") $b1 $a1 $(awk '/requests in/{print $1}' "$work/ab-sidecar-nolog") $b2 $a2" >>"$results"
   echo "  round $r: $(tail -2 "$results" | awk '{printf "%s %s/%s  ", $1, $3, $6}')" >&2
@@ -213,14 +214,12 @@ $1 == "unary" { rps[$2,$3] = $4; cpureq[$2,$3] = ($7 - $6) * 1e6 / $5 }
 # sidecar, then the same for sidecar-nolog
 $1 == "abstream" { ab++; abev[$2] = ($5 - $4) / $3 / (($8 - $7) / $6) }
 $1 == "abunary" { abrps[$2] = $3 / $6; abreq[$2] = ($5 - $4) / $3 / (($8 - $7) / $6) }
-# median of the n values in a[1..n]
-function median(a, n,   i, j, x) {
-  for (i = 2; i <= n; i++) { x = a[i]; for (j = i - 1; j >= 1 && a[j] > x; j--) a[j+1] = a[j]; a[j+1] = x }
-  return n % 2 ? a[(n+1)/2] : (a[n/2] + a[n/2+1]) / 2
+# median(a, n), span(a, n): the median, and the lowest and highest, of the
+# n values in a[1..n] (a is left as it is)
+function median(a, n,   i, j, x, c) {
+  for (i = 1; i <= n; i++) { x = a[i]; for (j = i - 1; j >= 1 && c[j] > x; j--) c[j+1] = c[j]; c[j+1] = x }
+  return n % 2 ? c[(n+1)/2] : (c[n/2] + c[n/2+1]) / 2
 }
-# median2(a, n), span(a, n): the median, and the lowest and highest, of
-# a[1..n], leaving a as it is
-function median2(a, n,   i, c) { for (i = 1; i <= n; i++) c[i] = a[i]; return median(c, n) }
 function span(a, n,   i, lo, hi) {
   for (i = 1; i <= n; i++) { if (i == 1 || a[i] < lo) lo = a[i]; if (i == 1 || a[i] > hi) hi = a[i] }
   return sprintf("%.3f, %.3f", lo, hi)
@@ -269,6 +268,6 @@ END {
   printf "access log cost, run one after the other (sidecar / sidecar-nolog, median of the rounds): unary requests/s %.2f, CPU per event %.2f\n", \
     ratio("rps", "sidecar", "sidecar-nolog"), ratio("cpu", "sidecar", "sidecar-nolog")
   printf "access log cost, side by side (median of %d rounds, [lowest, highest]): unary requests/s %.3f [%s] (target >= 0.95), CPU per event %.3f [%s] (target <= 1.05), CPU per unary request %.3f [%s]\n", \
-    ab, median2(abrps, ab), span(abrps, ab), median2(abev, ab), span(abev, ab), median2(abreq, ab), span(abreq, ab)
+    ab, median(abrps, ab), span(abrps, ab), median(abev, ab), span(abev, ab), median(abreq, ab), span(abreq, ab)
   printf "%d open streams: sidecar RSS peak %.0f MB (target <= 256), %s errors\n", hold, hrss, herr
 }' "$results"
