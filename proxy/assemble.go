@@ -3,7 +3,6 @@ package proxy
 import (
 	"errors"
 	"io"
-	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -27,8 +26,8 @@ func (p *Proxy) relayAssembled(ctx *fasthttp.RequestCtx, f *flight, x *exchange,
 	}()
 	r.events.Reset(x.body(resp))
 	a := rewrite.NewAssembly(p.cfg.MaxBufferedResponse)
-	engine, err := assemble(r.events, a, f)
-	done := time.Now()
+	engine, err := assemble(r.events, a, f, x)
+	done := x.received() // the read that ended the stream
 	f.markDone(done)
 
 	copyResponseHeader(ctx, resp)
@@ -103,7 +102,7 @@ var errStreamCut = errors.New("the stream ended before its choices finished")
 // assemble reads events to the end of the stream into a, marking f's clock
 // and taking the engine's usage; it returns the engine's own timing report
 // if the stream carried one.
-func assemble(events *rewrite.EventReader, a *rewrite.Assembly, f *flight) (timing.EngineTiming, error) {
+func assemble(events *rewrite.EventReader, a *rewrite.Assembly, f *flight, x *exchange) (timing.EngineTiming, error) {
 	var engine timing.EngineTiming
 	done := false
 	for {
@@ -131,7 +130,7 @@ func assemble(events *rewrite.EventReader, a *rewrite.Assembly, f *flight) (timi
 			done = true
 			continue
 		case ev.Kind == rewrite.EventToken:
-			f.clock.MarkOutput(time.Now(), ev.Output)
+			f.clock.MarkOutput(x.received(), ev.Output)
 		}
 		if ev.Kind == rewrite.EventUsage || ev.UsageOnChoices {
 			f.usage = f.usage.Merge(ev.Usage)

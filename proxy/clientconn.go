@@ -10,15 +10,22 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// clientListener wraps accepted connections in clientConn.
-type clientListener struct{ net.Listener }
+// clientListener wraps accepted connections in clientConn, their reads
+// stamped with the arrival of what they return (recvConn).
+type clientListener struct {
+	net.Listener
+	kernelStamps bool
+	hold         func() // tests only: runs before each read
+}
 
 func (l clientListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err
 	}
-	return &clientConn{Conn: c}, nil
+	recv := newRecvConn(c, l.kernelStamps)
+	recv.hold = l.hold
+	return &clientConn{Conn: recv, recv: recv}, nil
 }
 
 // clientConn notices a client that goes away while nothing is being written
@@ -37,17 +44,25 @@ func (l clientListener) Accept() (net.Conn, error) {
 // request answered sooner (a model list, a short completion) costs no
 // goroutine, no extra read and no hand-over of the next request's bytes.
 type clientConn struct {
-	net.Conn
+	net.Conn // recv
+	recv     *recvConn
+
+	// lastRecv is the arrival of the bytes the server's latest read
+	// returned, and free when the connection's previous request ended:
+	// both only touched by the server's goroutine.
+	lastRecv, free time.Time
 
 	mu    sync.Mutex
 	ahead chan struct{} // non-nil while a read-ahead runs; closed when it ends
 	// buf takes what the read-ahead reads: usually the client's next
 	// request whole, handed to the server without another read.
 	buf     [1024]byte
-	pending []byte      // read ahead, not yet handed to the server
-	err     error       // the connection failed or closed
-	onGone  func()      // the watched request's abort
-	start   *time.Timer // starts the read-ahead; made on first use
+	pending []byte // read ahead, not yet handed to the server
+	// pendingRecv is the arrival of what was read ahead.
+	pendingRecv time.Time
+	err         error       // the connection failed or closed
+	onGone      func()      // the watched request's abort
+	start       *time.Timer // starts the read-ahead; made on first use
 	// linger: the server answered an error and closes the connection
 	// with the client's request maybe still arriving (see Close).
 	linger atomic.Bool
@@ -113,7 +128,7 @@ func (c *clientConn) readAhead(done chan struct{}) {
 	var gone func()
 	c.mu.Lock()
 	if n > 0 {
-		c.pending = c.buf[:n]
+		c.pending, c.pendingRecv = c.buf[:n], c.recv.received
 	}
 	// A timeout comes from a deadline the server set for its next read
 	// after the response; its own read will meet the same deadline.
@@ -139,6 +154,7 @@ func (c *clientConn) Read(p []byte) (int, error) {
 	if len(c.pending) > 0 {
 		n := copy(p, c.pending)
 		c.pending = c.pending[n:]
+		c.lastRecv = c.pendingRecv
 		c.mu.Unlock()
 		return n, nil
 	}
@@ -147,8 +163,31 @@ func (c *clientConn) Read(p []byte) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	return c.Conn.Read(p)
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.lastRecv = c.recv.received
+	}
+	return n, err
 }
+
+// arrival is when the request the server has just read had arrived: the
+// receive time of the read that completed it. A request pipelined behind
+// another cannot be served before that one ends, so its arrival is then.
+// Called by the server's goroutine, in the handler.
+func (c *clientConn) arrival() time.Time {
+	if c.lastRecv.IsZero() {
+		return time.Now()
+	}
+	if c.lastRecv.Before(c.free) {
+		return c.free
+	}
+	return c.lastRecv
+}
+
+// ended records that the connection's current request has ended (its
+// response is written, or failed), at now. Called by the server's
+// goroutine.
+func (c *clientConn) ended(now time.Time) { c.free = now }
 
 // ReadFrom writes what r returns to the client as each read returns, with
 // no buffer between. fasthttp's response writer hands a body of known
@@ -212,19 +251,19 @@ func closeAfterError(ctx *fasthttp.RequestCtx) {
 // once (the response is written) and discards input in the background
 // before closing.
 func (c *clientConn) Close() error {
-	tc, ok := c.Conn.(*net.TCPConn)
-	if !c.linger.CompareAndSwap(true, false) || !ok {
+	_, tcp := c.recv.Conn.(*net.TCPConn)
+	if !c.linger.CompareAndSwap(true, false) || !tcp {
 		return c.Conn.Close()
 	}
-	if lingering.Add(1) > maxLingering || tc.CloseWrite() != nil {
+	if lingering.Add(1) > maxLingering || c.recv.CloseWrite() != nil {
 		lingering.Add(-1)
 		return c.Conn.Close()
 	}
-	go discardAndClose(tc)
+	go discardAndClose(c.recv)
 	return nil
 }
 
-func discardAndClose(c *net.TCPConn) {
+func discardAndClose(c net.Conn) {
 	defer lingering.Add(-1)
 	defer c.Close()
 	bp := copyBuffers.Get().(*[]byte)

@@ -54,6 +54,7 @@ const (
 	DefaultMaxEventSize          = 64 << 10
 	DefaultAdminListen           = ":9101"
 	DefaultAccessLog             = true
+	DefaultKernelTimestamps      = true
 	DefaultInjectUsage           = true
 	DefaultMaxModelLabels        = 32
 	DefaultMaxTenantLabels       = 32
@@ -119,6 +120,10 @@ type Config struct {
 	AdminPprof bool
 	// AccessLog writes one JSON line per request.
 	AccessLog bool
+	// KernelTimestamps takes every mark from the kernel's receive time of
+	// the bytes that completed it, where the platform gives one (Linux);
+	// off, or elsewhere, a mark is the clock at the read.
+	KernelTimestamps bool
 	// InjectUsage asks the engine for usage on streams whose client did
 	// not, and removes that usage event before it reaches the client.
 	InjectUsage bool
@@ -183,6 +188,7 @@ func DefaultConfig() Config {
 		MaxEventSize:           DefaultMaxEventSize,
 		AdminListen:            DefaultAdminListen,
 		AccessLog:              DefaultAccessLog,
+		KernelTimestamps:       DefaultKernelTimestamps,
 		InjectUsage:            DefaultInjectUsage,
 		MaxModelLabels:         DefaultMaxModelLabels,
 		MaxTenantLabels:        DefaultMaxTenantLabels,

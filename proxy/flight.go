@@ -47,6 +47,9 @@ type flight struct {
 	// engine, kept with the pooled flight so that a usual request needs
 	// no allocation for it.
 	upstreamBody []byte
+	// client is the connection the request came on; nil for one that is
+	// not a clientConn.
+	client *clientConn
 }
 
 // maxKeptUpstreamBody: room grown past this for a large prompt is left to
@@ -61,7 +64,8 @@ func (p *Proxy) begin(ctx *fasthttp.RequestCtx, arrival time.Time) *flight {
 	if f == nil {
 		f = new(flight)
 	}
-	*f = flight{clock: timing.Clock{Arrival: arrival}, route: routeOf(ctx.Path()), upstreamBody: f.upstreamBody[:0]}
+	cc, _ := ctx.Conn().(*clientConn)
+	*f = flight{clock: timing.Clock{Arrival: arrival}, route: routeOf(ctx.Path()), upstreamBody: f.upstreamBody[:0], client: cc}
 	f.rec = telemetry.Record{
 		Method:   string(ctx.Method()),
 		Path:     string(ctx.Path()),
@@ -92,6 +96,13 @@ func newRequestID() string {
 	return hex.EncodeToString(b[:])
 }
 
+// relayed records that an event reached the client's socket delay after
+// it arrived from the engine: the sidecar's own delay on it.
+func (p *Proxy) relayed(f *flight, delay time.Duration) {
+	f.rec.RelayDelays.Observe(delay)
+	p.telemetry.RelayDelay(delay)
+}
+
 // finish records the flight. It runs once, when the response is complete
 // (or failed): at the end of the handler, or when a body stream closes.
 func (p *Proxy) finish(f *flight) {
@@ -115,6 +126,9 @@ func (p *Proxy) record(f *flight) (ok bool) {
 		}
 	}()
 	now := time.Now()
+	if f.client != nil {
+		f.client.ended(now)
+	}
 	f.rec.Elapsed = now.Sub(f.clock.Arrival)
 	if f.measured {
 		if f.clock.Done.IsZero() {

@@ -19,6 +19,9 @@ const maxKeptRequestBody = 1 << 20
 
 func (p *Proxy) handle(ctx *fasthttp.RequestCtx) {
 	arrival := time.Now()
+	if cc, ok := ctx.Conn().(*clientConn); ok {
+		arrival = cc.arrival() // when the request's last bytes arrived
+	}
 	f := p.begin(ctx, arrival)
 	defer func() {
 		p.recoverRequest(ctx, f)

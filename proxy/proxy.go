@@ -39,6 +39,9 @@ type Proxy struct {
 	probeOnce     sync.Once
 	stop          chan struct{}
 	stopOnce      sync.Once
+	// clientHold, when set (tests only), runs before each read from a
+	// client.
+	clientHold func()
 }
 
 // New checks cfg and builds a Proxy. log gets operational messages;
@@ -54,7 +57,8 @@ func New(cfg Config, log *slog.Logger, accessLog io.Writer) (*Proxy, error) {
 	}
 	p := &Proxy{cfg: cfg, log: log, up: up, pools: newPools(cfg.MaxEventSize), registry: newRegistry(), stop: make(chan struct{})}
 	opts := telemetry.Options{MaxModels: cfg.MaxModelLabels, TenantLabel: cfg.TenantLabel, MaxTenants: cfg.MaxTenantLabels,
-		Objectives: telemetry.Objectives{TTFT: cfg.SLOTTFT, ITL: cfg.SLOITL, E2E: cfg.SLOE2E}}
+		Objectives:       telemetry.Objectives{TTFT: cfg.SLOTTFT, ITL: cfg.SLOITL, E2E: cfg.SLOE2E},
+		KernelTimestamps: up.kernelStamps}
 	if cfg.AccessLog && accessLog != nil {
 		opts.AccessLog, opts.Log = accessLog, log
 	}
@@ -104,6 +108,18 @@ func New(cfg Config, log *slog.Logger, accessLog io.Writer) (*Proxy, error) {
 	return p, nil
 }
 
+// markClock names the clock the marks are read from, for the start-up log.
+func (p *Proxy) markClock() string {
+	switch {
+	case p.up.kernelStamps:
+		return "kernel receive time"
+	case p.cfg.KernelTimestamps:
+		return "clock at the read (this platform gives no kernel receive times)"
+	default:
+		return "clock at the read (--kernel-timestamps=false)"
+	}
+}
+
 // handleBadRequest answers a request fasthttp could not read, and counts it.
 func (p *Proxy) handleBadRequest(ctx *fasthttp.RequestCtx, err error) {
 	e := requestError(err)
@@ -143,7 +159,7 @@ func (p *Proxy) refuse(ctx *fasthttp.RequestCtx, e apiError) {
 
 // Serve answers requests on ln until Shutdown.
 func (p *Proxy) Serve(ln net.Listener) error {
-	return p.server.Serve(clientListener{ln})
+	return p.server.Serve(clientListener{Listener: ln, kernelStamps: p.up.kernelStamps, hold: p.clientHold})
 }
 
 // Shutdown fails readiness, stops accepting connections and waits, until
@@ -184,7 +200,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, accessLog io.Writer)
 		return fmt.Errorf("admin listen on %s: %w", cfg.AdminListen, err)
 	}
 	log.Info("timing-sidecar listening", "listen", ln.Addr().String(), "admin_listen", adminLn.Addr().String(),
-		"upstream", cfg.Upstream, "per_request_metrics", string(cfg.Mode))
+		"upstream", cfg.Upstream, "per_request_metrics", string(cfg.Mode), "mark_clock", p.markClock())
 	served := make(chan error, 2)
 	go func() { served <- p.Serve(ln) }()
 	go func() { served <- p.ServeAdmin(adminLn) }()

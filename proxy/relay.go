@@ -92,7 +92,7 @@ func (b *bodyRelay) Read(p []byte) (n int, err error) {
 	switch {
 	case err == io.EOF:
 		b.eof = true
-		b.f.markDone(time.Now()) // the record's end: the last byte
+		b.f.markDone(b.x.received()) // the record's end: the last byte
 	case err != nil:
 		b.err = err
 	}
@@ -159,7 +159,7 @@ func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *exchang
 	buf := p.pools.buffer()
 	defer p.pools.release(buf)
 	complete, err := readUpTo(buf, x.body(resp), limit)
-	done := time.Now() // the engine's whole body
+	done := x.received() // the engine's whole body
 	if err != nil {
 		x.finish(resp, false)
 		if x.isAborted() {
@@ -278,12 +278,15 @@ type eventRelay struct {
 	pending []byte                   // the rest of the current event, not yet handed out
 	queued  []byte                   // the event to hand out after pending
 	held    []byte                   // the event held back, a copy; nil if none
-	spliced []byte                   // scratch for the usage event with metrics
-	heldBuf []byte                   // scratch for held
-	heldOut []byte                   // scratch for held with metrics
-	metrics []byte                   // scratch for the metrics JSON
-	readErr error
-	eof     bool
+	// pendingAt, queuedAt and heldAt are when those events arrived from
+	// the engine, for the relay delay.
+	pendingAt, queuedAt, heldAt time.Time
+	spliced                     []byte // scratch for the usage event with metrics
+	heldBuf                     []byte // scratch for held
+	heldOut                     []byte // scratch for held with metrics
+	metrics                     []byte // scratch for the metrics JSON
+	readErr                     error
+	eof                         bool
 	// metricsSent: an event carried the metrics; no other will.
 	metricsSent bool
 	// heldForFinish: held is a finishing event waiting for the usage
@@ -319,6 +322,10 @@ func (r *eventRelay) WriteTo(w io.Writer) (written int64, err error) {
 		if werr != nil {
 			return written, werr
 		}
+		if len(r.pending) == 0 {
+			// In the client's socket: the sidecar's own delay on it.
+			r.p.relayed(r.f, time.Since(r.pendingAt))
+		}
 	}
 }
 
@@ -342,6 +349,7 @@ func (r *eventRelay) fill() error {
 	for len(r.pending) == 0 {
 		if r.queued != nil {
 			r.pending, r.queued = r.queued, nil
+			r.pendingAt = r.queuedAt
 			continue
 		}
 		if r.eof {
@@ -354,40 +362,43 @@ func (r *eventRelay) fill() error {
 			return r.readErr
 		}
 		piece, whole, err := r.events.Next()
+		// Whatever Next returns was completed by the latest read.
+		at := r.x.received()
 		switch {
 		case err == io.EOF:
 			r.eof = true
-			r.f.markDone(time.Now())
+			r.f.markDone(at)
 			if r.held != nil {
-				r.pending = r.releaseHeld(true) // the last event with usage
+				r.pending, r.pendingAt = r.releaseHeld(true, at), r.heldAt // the last event with usage
 			}
 			r.fillTrailer()
 		case err != nil:
 			r.readErr = err
 			if r.held != nil {
-				r.pending = r.releaseHeld(false) // received, so it is delivered
+				r.pending, r.pendingAt = r.releaseHeld(false, at), r.heldAt // received, so it is delivered
 			}
 		default:
-			r.pending = piece
+			r.pending, r.pendingAt = piece, at
 			if whole {
-				r.inspect(piece)
+				r.inspect(piece, at)
 			} else if r.held != nil {
 				// Not inspected, so it carries no usage the sidecar knows of.
-				r.pending, r.queued = r.releaseHeld(true), piece
+				r.pending, r.queued = r.releaseHeld(true, at), piece
+				r.pendingAt, r.queuedAt = r.heldAt, at
 			}
 		}
 	}
 	return nil
 }
 
-// inspect marks the clock for a whole event, splices the metrics into, or
-// removes, the final usage event, and holds back or releases an event that
-// finishes its choices with the usage.
-func (r *eventRelay) inspect(raw []byte) {
+// inspect marks the clock for a whole event that arrived at at, splices
+// the metrics into, or removes, the final usage event, and holds back or
+// releases an event that finishes its choices with the usage.
+func (r *eventRelay) inspect(raw []byte, at time.Time) {
 	f := r.f
 	ev := rewrite.ClassifyEventFor(f.route.api, raw)
 	if ev.Kind == rewrite.EventToken {
-		f.clock.MarkOutput(time.Now(), ev.Output)
+		f.clock.MarkOutput(at, ev.Output)
 	}
 	if f.rec.Trace.On() {
 		f.rec.Trace.Answer.ObserveEvent(f.route.api, ev)
@@ -400,12 +411,13 @@ func (r *eventRelay) inspect(raw []byte) {
 		r.engine = rewrite.EngineTimingOf(ev.Target())
 	}
 	var released []byte
+	var releasedAt time.Time
 	if r.held != nil && !(r.heldForFinish && !rewrite.CarriesChoices(ev) && ev.Kind != rewrite.EventUsage && ev.Kind != rewrite.EventDone) {
 		// This event shows whether the held one takes the metrics. A
 		// comment or a ping between the finishing event and the usage
 		// shows nothing: it goes out ahead, and the hold goes on (no SSE
 		// client can tell a comment's place).
-		released = r.releaseHeld(r.heldTakesMetrics(ev))
+		released, releasedAt = r.releaseHeld(r.heldTakesMetrics(ev), at), r.heldAt
 	}
 	switch {
 	case ev.Kind == rewrite.EventUsage:
@@ -418,7 +430,7 @@ func (r *eventRelay) inspect(raw []byte) {
 			// The first usage event takes the metrics; an engine that
 			// sends more gets them passed as sent, so no stream carries
 			// two metrics objects.
-			r.metrics, _ = f.metricsJSON(r.metrics[:0], time.Now(), rewrite.EngineTimingOf(ev.Target()))
+			r.metrics, _ = f.metricsJSON(r.metrics[:0], at, rewrite.EngineTimingOf(ev.Target()))
 			if out, ok := rewrite.AppendEventWithMetrics(r.spliced[:0], raw, ev, r.metrics); ok {
 				r.spliced, r.pending, r.metricsSent = out, out, true
 			}
@@ -427,14 +439,15 @@ func (r *eventRelay) inspect(raw []byte) {
 		}
 	case ev.UsageOnChoices:
 		if f.wantMetrics && !r.metricsSent {
-			r.hold(raw, false)
+			r.hold(raw, false, at)
 		}
 	case f.metricsOnFinish && !r.metricsSent && rewrite.FinishesChoice(ev):
 		// The usage the sidecar asked for follows this event.
-		r.hold(raw, true)
+		r.hold(raw, true, at)
 	}
 	if released != nil {
 		r.pending, r.queued = released, r.pending
+		r.pendingAt, r.queuedAt = releasedAt, at
 	}
 }
 
@@ -442,9 +455,9 @@ func (r *eventRelay) inspect(raw []byte) {
 // forFinish: it finishes the choices of a stream with metricsOnFinish and
 // waits for the usage; otherwise it carries usage and waits to show
 // whether it was the last to.
-func (r *eventRelay) hold(raw []byte, forFinish bool) {
+func (r *eventRelay) hold(raw []byte, forFinish bool, at time.Time) {
 	r.heldBuf = append(r.heldBuf[:0], raw...)
-	r.held, r.heldForFinish, r.pending = r.heldBuf, forFinish, nil
+	r.held, r.heldForFinish, r.pending, r.heldAt = r.heldBuf, forFinish, nil, at
 }
 
 // heldTakesMetrics tells, from the event after it, whether the held event
@@ -466,8 +479,8 @@ func (r *eventRelay) heldTakesMetrics(next rewrite.Event) bool {
 }
 
 // releaseHeld returns the held event, with the metrics spliced in if
-// withMetrics, and holds nothing after.
-func (r *eventRelay) releaseHeld(withMetrics bool) []byte {
+// withMetrics (the request done at done), and holds nothing after.
+func (r *eventRelay) releaseHeld(withMetrics bool, done time.Time) []byte {
 	held := r.held
 	r.held = nil
 	if withMetrics && !r.metricsSent {
@@ -476,7 +489,7 @@ func (r *eventRelay) releaseHeld(withMetrics bool) []byte {
 		if !engine.Reported {
 			engine = r.engine // from the usage event the client does not get
 		}
-		r.metrics, _ = r.f.metricsJSON(r.metrics[:0], time.Now(), engine)
+		r.metrics, _ = r.f.metricsJSON(r.metrics[:0], done, engine)
 		if out, ok := rewrite.AppendEventWithMetrics(r.heldOut[:0], held, ev, r.metrics); ok {
 			r.heldOut, r.metricsSent = out, true
 			return out

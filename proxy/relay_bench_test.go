@@ -48,6 +48,10 @@ func newBenchRelay(stream string) *eventRelay {
 	r := newPools(DefaultMaxEventSize).relay.Get().(*eventRelay)
 	r.events.Reset(&loopReader{data: []byte(stream)})
 	r.f = &flight{clock: timing.Clock{Arrival: time.Now(), Accepted: time.Now()}, wantMetrics: true, measured: true}
+	// The reads' arrival as a connection would record it; the recorder
+	// takes each event's relay delay.
+	r.x = &exchange{recv: &recvConn{received: time.Now()}}
+	r.p = &Proxy{telemetry: telemetry.NewRecorder(prometheus.NewRegistry(), telemetry.Options{})}
 	return r
 }
 

@@ -34,6 +34,11 @@ type upstream struct {
 	keepAlive     time.Duration
 	maxIdle       int
 	maxHeader     int
+	// kernelStamps: marks take the kernel's receive time of the engine's
+	// bytes (recvConn).
+	kernelStamps bool
+	// hold, when set (tests only), runs before each read from the engine.
+	hold func()
 
 	mu   sync.Mutex
 	idle []*upstreamConn // most recently used last
@@ -56,6 +61,7 @@ func newUpstream(cfg *Config) (*upstream, error) {
 		keepAlive:     cfg.UpstreamKeepAlive,
 		maxIdle:       maxIdleUpstreamConns,
 		maxHeader:     cfg.MaxResponseHeaderSize,
+		kernelStamps:  cfg.KernelTimestamps && kernelTimestamps(),
 	}
 	u.writers.New = func() any { return bufio.NewWriterSize(nil, 4<<10) }
 	if addr.tls {
@@ -75,7 +81,10 @@ func (u *upstream) baseURL() string {
 
 // upstreamConn is one connection to the engine with its buffers.
 type upstreamConn struct {
-	net.Conn
+	net.Conn // recv, or TLS over it
+	// recv is the TCP connection, which knows when the bytes of its
+	// latest read arrived.
+	recv      *recvConn
 	br        *bufio.Reader
 	idleSince time.Time
 	reused    bool
@@ -127,10 +136,15 @@ func (u *upstream) reapLocked(now time.Time) {
 }
 
 func (u *upstream) dial() (*upstreamConn, error) {
-	nc, err := u.dialer.Dial("tcp", u.addr.host)
+	tcp, err := u.dialer.Dial("tcp", u.addr.host)
 	if err != nil {
 		return nil, err
 	}
+	// TLS reads its records from the stamped connection, so a mark is
+	// the arrival of the record that completed it.
+	recv := newRecvConn(tcp, u.kernelStamps)
+	recv.hold = u.hold
+	var nc net.Conn = recv
 	if u.tls != nil {
 		tc := tls.Client(nc, u.tls)
 		ctx, cancel := context.WithTimeout(context.Background(), u.dialer.Timeout)
@@ -144,7 +158,7 @@ func (u *upstream) dial() (*upstreamConn, error) {
 	}
 	// Each open stream holds its reader, which must hold the engine's
 	// whole response header block; larger bodies just take more reads.
-	c := &upstreamConn{Conn: nc}
+	c := &upstreamConn{Conn: nc, recv: recv}
 	c.br = bufio.NewReaderSize(c, u.maxHeader)
 	return c, nil
 }
@@ -196,9 +210,13 @@ type exchange struct {
 	// deadlineSet is when the body's read deadline last moved; only the
 	// body's reader uses it.
 	deadlineSet time.Time
-	// headersRead is when the engine's response headers had been read:
+	// headersRead is when the engine's response headers had arrived:
 	// the request's accepted mark.
 	headersRead time.Time
+	// recv is the connection the response is read from, for the arrival
+	// time of the bytes read last; set with the headers and only used by
+	// the response's reader.
+	recv *recvConn
 }
 
 // abort closes the exchange's connection, so a blocked write or read returns
@@ -322,7 +340,8 @@ func (x *exchange) send(c *upstreamConn, req *fasthttp.Request, resp *fasthttp.R
 		}
 		return err
 	}
-	x.headersRead = time.Now()
+	// The read that completed the header block is the latest.
+	x.headersRead, x.recv = c.recv.received, c.recv
 	c.SetDeadline(time.Time{}) //nolint:errcheck // the body has its own idle timeout
 	return nil
 }
@@ -337,6 +356,10 @@ func (x *exchange) buffered() int {
 	}
 	return x.conn.br.Buffered()
 }
+
+// received is when the bytes of the latest read of the response arrived:
+// the mark of whatever that read completed.
+func (x *exchange) received() time.Time { return x.recv.received }
 
 func (x *exchange) isAborted() bool {
 	x.mu.Lock()

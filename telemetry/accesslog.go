@@ -290,6 +290,8 @@ func appendLine(b []byte, now time.Time, r *Record, verdict Verdict, missed stri
 	b = appendNumber(b, `,"max_itl_ms":`, m.MaxITL)
 	b = appendCount(b, `,"prompt_tokens":`, m.PromptTokens)
 	b = appendCount(b, `,"completion_tokens":`, m.CompletionTokens)
+	b = appendNumber(b, `,"relay_delay_p50_ms":`, relayDelay(&r.RelayDelays, (*timing.Delays).Median))
+	b = appendNumber(b, `,"relay_delay_max_ms":`, relayDelay(&r.RelayDelays, (*timing.Delays).Max))
 	b = append(b, `,"bytes_in":`...)
 	b = strconv.AppendInt(b, int64(r.BytesIn), 10)
 	b = append(b, `,"bytes_out":`...)
@@ -307,6 +309,15 @@ func appendLine(b []byte, now time.Time, r *Record, verdict Verdict, missed stri
 		b = appendString(b, missed)
 	}
 	return append(b, "}\n"...)
+}
+
+// relayDelay is one figure of a request's relay delays in ms, unset when
+// no stream event was relayed.
+func relayDelay(d *timing.Delays, figure func(*timing.Delays) time.Duration) timing.Number {
+	if d.Count() == 0 {
+		return timing.Number{}
+	}
+	return timing.Number{Value: float64(figure(d)) / float64(time.Millisecond), Set: true}
 }
 
 // appendNumber appends key and a figure to three decimals, or null.

@@ -66,7 +66,9 @@ func slogLine(r *Record) []byte {
 		num("time_to_first_token_ms", m.TimeToFirstToken), num("generation_time_ms", m.GenerationTime),
 		num("queue_time_ms", m.QueueTime), num("mean_itl_ms", m.MeanITL), num("tokens_per_second", m.TokensPerSecond),
 		num("e2e_latency_ms", m.E2ELatency), num("max_itl_ms", m.MaxITL), cnt("prompt_tokens", m.PromptTokens),
-		cnt("completion_tokens", m.CompletionTokens), slog.Int("bytes_in", r.BytesIn), slog.Int("bytes_out", r.BytesOut),
+		cnt("completion_tokens", m.CompletionTokens),
+		num("relay_delay_p50_ms", relayDelay(&r.RelayDelays, (*timing.Delays).Median)),
+		num("relay_delay_max_ms", relayDelay(&r.RelayDelays, (*timing.Delays).Max)), slog.Int("bytes_in", r.BytesIn), slog.Int("bytes_out", r.BytesOut),
 		slog.String("upstream_error", r.UpstreamError), slog.Bool("client_gone", r.ClientGone), slog.String("tenant", r.Tenant))
 	return buf.Bytes()
 }

@@ -49,6 +49,10 @@ type Record struct {
 	// Elapsed is arrival to the end of the request, measured or not: how
 	// long a client that left had waited.
 	Elapsed time.Duration
+	// RelayDelays are the sidecar's own delays on the request's stream
+	// events: from each event's arrival from the engine to its hand-over
+	// to the client's socket.
+	RelayDelays timing.Delays
 	// Trace is the request's spans, when it is traced.
 	Trace Trace
 }

@@ -22,6 +22,10 @@ var (
 		2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0}
 	latencyBuckets = []float64{0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
 		40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0}
+	// The sidecar's own delay: tens of microseconds when it has its CPU,
+	// up to a CFS period (100 ms) and beyond when it is throttled.
+	relayDelayBuckets = []float64{0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001,
+		0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0}
 )
 
 // Options configures a Recorder.
@@ -42,6 +46,10 @@ type Options struct {
 	// Objectives, when set, judge each request: met or missed, counted
 	// per model (and tenant) and said in the access log.
 	Objectives Objectives
+	// KernelTimestamps says the marks are the kernel's receive times;
+	// otherwise the clock at each read (the timing_sidecar_kernel_timestamps
+	// gauge).
+	KernelTimestamps bool
 }
 
 // Recorder records finished requests.
@@ -61,6 +69,8 @@ type Recorder struct {
 	inFlight                            prometheus.Gauge
 	slo                                 *prometheus.CounterVec
 	engineReady                         prometheus.Gauge
+	relayDelay                          prometheus.Histogram
+	kernelTimestamps                    prometheus.Gauge
 
 	// series caches each (endpoint, model, tenant)'s histograms and token
 	// counters, and counters each label set's requests_total counter, so
@@ -187,11 +197,21 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 		append([]string{"endpoint", "model", "result"}, counted[2:]...))
 	r.engineReady = prometheus.NewGauge(prometheus.GaugeOpts{Name: "timing_sidecar_engine_ready",
 		Help: "1 when the last readiness probe of the engine succeeded, 0 otherwise (as /readyz answers)."})
+	r.relayDelay = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "timing_sidecar_relay_delay_seconds",
+		Help: "The sidecar's own delay on each stream event: from the kernel receiving it from the engine to its hand-over to the client's socket. Under a CPU limit, the figure that shows the sidecar starved.",
+		// Classic buckets only: observed per event, where a native
+		// histogram's first use of a bucket would allocate.
+		Buckets: relayDelayBuckets})
+	r.kernelTimestamps = prometheus.NewGauge(prometheus.GaugeOpts{Name: "timing_sidecar_kernel_timestamps",
+		Help: "1 when timing marks are the kernel's receive times of the bytes that completed them, 0 when they are the clock at each read (no kernel stamps on this platform, or --kernel-timestamps=false)."})
+	if opts.KernelTimestamps {
+		r.kernelTimestamps.Set(1)
+	}
 	if opts.AccessLog != nil {
 		r.access = newAccessLog(opts.AccessLog, opts.Log, reg, r.Panic)
 	}
 	reg.MustRegister(r.queue, r.ttft, r.ttfc, r.itl, r.maxITL, r.e2e, r.requests, r.promptTokens, r.outputTokens,
-		r.upstreamErrors, r.clientDisconnects, r.panics, r.inFlight, r.slo, r.engineReady)
+		r.upstreamErrors, r.clientDisconnects, r.panics, r.inFlight, r.slo, r.engineReady, r.relayDelay, r.kernelTimestamps)
 	return r
 }
 
@@ -218,6 +238,10 @@ func (r *Recorder) EngineReady(ready bool) {
 		r.engineReady.Set(0)
 	}
 }
+
+// RelayDelay records the sidecar's own delay on one stream event. It runs
+// per event: one unlabelled histogram, no allocation.
+func (r *Recorder) RelayDelay(d time.Duration) { r.relayDelay.Observe(d.Seconds()) }
 
 // Panic counts a panic caught at a request's boundary.
 func (r *Recorder) Panic() { r.panics.Inc() }

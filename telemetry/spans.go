@@ -139,7 +139,19 @@ func serverAttributes(a []attribute.KeyValue, r *Record) []attribute.KeyValue {
 	ttft, ok := r.timeToFirstToken()
 	seconds(vllmFirstToken, ttft, ok)
 	seconds(vllmE2E, m.E2ELatency.Value, m.E2ELatency.Set)
-	return appendMetrics(a, m)
+	a = appendMetrics(a, m)
+	if d := &r.RelayDelays; d.Count() > 0 {
+		// The sidecar's own delay, apart from the metrics object's fields:
+		// a figure about the sidecar, not the engine.
+		a = append(a, attribute.Float64(attrPrefix+"relay_delay_p50_ms", roundMilli(d.Median())),
+			attribute.Float64(attrPrefix+"relay_delay_max_ms", roundMilli(d.Max())))
+	}
+	return a
+}
+
+// roundMilli is d in ms to three decimals.
+func roundMilli(d time.Duration) float64 {
+	return math.Round(float64(d)/float64(time.Microsecond)) / 1000
 }
 
 // appendMetrics adds every figure the metrics object would carry, under

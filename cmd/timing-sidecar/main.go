@@ -69,6 +69,7 @@ func configFrom(c *cli.Context) proxy.Config {
 		AdminListen:            c.String("admin-listen"),
 		AdminPprof:             c.Bool("admin-pprof"),
 		AccessLog:              c.Bool("access-log"),
+		KernelTimestamps:       c.Bool("kernel-timestamps"),
 		InjectUsage:            c.Bool("inject-usage"),
 		UpgradeNonStreaming:    c.Bool("upgrade-non-streaming"),
 		ForwardIncludeMetrics:  c.Bool("forward-include-metrics"),

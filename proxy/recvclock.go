@@ -1,0 +1,106 @@
+package proxy
+
+import (
+	"errors"
+	"net"
+	"syscall"
+	"time"
+)
+
+// recvConn is a connection whose reads record when the bytes they return
+// arrived, so that a mark taken on those bytes is the time they reached
+// the machine, not the time a goroutine got round to reading them. Under
+// a CPU limit a sidecar's goroutine often runs milliseconds late; the
+// kernel's receive time does not move with it.
+//
+// Where the kernel stamps TCP data (Linux, SO_TIMESTAMPNS), a read's time
+// is the receive time of the last byte it returned: the segment that
+// completed what the read hands over. Bytes that arrived while nobody read
+// are merged by the kernel and carry the latest one's stamp, so several
+// events read at once share the stamp of the last of them: the mark is
+// then an upper bound, never later than the clock at the read. Elsewhere,
+// and for a read with no stamp, the time is the clock at the read.
+//
+// One goroutine reads at a time (net.Conn's contract for reads), and
+// received is only read by a reader, or after one has handed over.
+type recvConn struct {
+	net.Conn
+	// received is the arrival time, on the monotonic clock, of the
+	// latest read that returned bytes; zero before the first.
+	received time.Time
+	// kernel reads through recvmsg with receive timestamps; nil reads
+	// the plain way and stamps with the clock at the read.
+	kernel *kernelReader
+	// hold, when set (tests only), runs before each read: a reader that
+	// runs late, as under a CPU limit.
+	hold func()
+}
+
+// newRecvConn wraps c; with kernel, it asks the kernel to stamp what c
+// receives, and falls back to the clock at the read if it cannot.
+func newRecvConn(c net.Conn, kernel bool) *recvConn {
+	rc := &recvConn{Conn: c}
+	if kernel {
+		rc.kernel = newKernelReader(c)
+	}
+	return rc
+}
+
+func (c *recvConn) Read(p []byte) (int, error) {
+	if c.hold != nil {
+		c.hold()
+	}
+	if c.kernel != nil {
+		n, at, err := c.kernel.read(p)
+		if n > 0 {
+			c.received = at
+		}
+		if !errors.Is(err, errNoKernelRead) {
+			return n, err
+		}
+		// The socket cannot be read that way after all: plain reads
+		// from now on.
+		c.kernel = nil
+	}
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.received = time.Now()
+	}
+	return n, err
+}
+
+// SyscallConn reaches the socket (the pool's liveness peek uses it).
+func (c *recvConn) SyscallConn() (syscall.RawConn, error) {
+	sc, ok := c.Conn.(syscall.Conn)
+	if !ok {
+		return nil, errors.New("not a socket")
+	}
+	return sc.SyscallConn()
+}
+
+// CloseWrite half-closes a TCP connection (the lingering close uses it).
+func (c *recvConn) CloseWrite() error {
+	cw, ok := c.Conn.(interface{ CloseWrite() error })
+	if !ok {
+		return errors.New("cannot half-close")
+	}
+	return cw.CloseWrite()
+}
+
+// errNoKernelRead: the receive-stamped read cannot be used on this
+// connection; read it the plain way.
+var errNoKernelRead = errors.New("no receive-stamped read on this connection")
+
+// fromKernel converts a kernel receive stamp (wall clock) to the monotonic
+// clock of the marks. The wall clock is read with the monotonic one, at the
+// read, so a wall-clock step moves a mark only by the step taken while its
+// bytes waited in the socket; a stamp that reads as later than now (a step
+// back) is taken as now.
+func fromKernel(sec, nsec int64) time.Time {
+	now := time.Now()
+	age := now.Sub(time.Unix(sec, nsec)) // wall against wall
+	if age < 0 {
+		age = 0
+	}
+	return now.Add(-age) // keeps now's monotonic reading
+}

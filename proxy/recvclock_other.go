@@ -1,0 +1,19 @@
+//go:build !linux || !(amd64 || arm64 || ppc64le || riscv64)
+
+package proxy
+
+import (
+	"net"
+	"time"
+)
+
+// kernelReader exists on 64-bit Linux only: elsewhere a read's time is the clock
+// at the read.
+type kernelReader struct{}
+
+func newKernelReader(net.Conn) *kernelReader { return nil }
+
+func (*kernelReader) read([]byte) (int, time.Time, error) { return 0, time.Time{}, errNoKernelRead }
+
+// kernelTimestamps: no receive timestamps here.
+func kernelTimestamps() bool { return false }
