@@ -96,9 +96,19 @@ var errNoKernelRead = errors.New("no receive-stamped read on this connection")
 // read, so a wall-clock step moves a mark only by the step taken while its
 // bytes waited in the socket; a stamp that reads as later than now (a step
 // back) is taken as now.
+//
+// time.Now reads the wall clock, then the monotonic one: a thread
+// preempted between the two gives a reading whose monotonic part is late by
+// the preemption, and every mark converted with it too. Of two readings the
+// one with the smaller gap is taken: the gaps differ by the monotonic
+// interval minus the wall interval between them.
 func fromKernel(sec, nsec int64) time.Time {
-	now := time.Now()
-	age := now.Sub(time.Unix(sec, nsec)) // wall against wall
+	a, b := time.Now(), time.Now()
+	now := b
+	if b.Sub(a) > b.Round(0).Sub(a.Round(0)) { // b's gap is the larger
+		now = a
+	}
+	age := now.Round(0).Sub(time.Unix(sec, nsec)) // wall against wall
 	if age < 0 {
 		age = 0
 	}

@@ -5,6 +5,7 @@ package proxy
 import (
 	"io"
 	"net"
+	"sync"
 	"syscall"
 	"time"
 	"unsafe"
@@ -28,6 +29,9 @@ type kernelReader struct {
 	errno  syscall.Errno
 	at     time.Time
 	readFD func(fd uintptr) bool
+	// stamped: the latest read's time is the kernel's (its control
+	// messages carried one).
+	stamped bool
 }
 
 // newKernelReader turns on receive timestamps for c, or returns nil when c
@@ -106,6 +110,7 @@ func (k *kernelReader) recvmsg(fd uintptr) bool {
 // stamp is the receive time the last read's control messages carry, or
 // the clock now if they carry none.
 func (k *kernelReader) stamp() time.Time {
+	k.stamped = true
 	oob := unsafe.Slice((*byte)(unsafe.Pointer(&k.oob[0])), int(k.msg.Controllen))
 	for len(oob) >= syscall.SizeofCmsghdr {
 		h := (*syscall.Cmsghdr)(unsafe.Pointer(&oob[0]))
@@ -123,19 +128,37 @@ func (k *kernelReader) stamp() time.Time {
 		}
 		oob = oob[next:]
 	}
+	k.stamped = false
 	return time.Now()
 }
 
-// kernelTimestamps reports whether this kernel stamps received TCP data:
-// a socket takes the option.
+// kernelTimestamps reports whether this kernel stamps received TCP data: a
+// socket takes the option. That socket stays open for the life of the
+// process: the kernel switches receive timestamping on for the whole
+// machine when the first socket asks, but lazily, in a work item, and off
+// when the last one closes, so without a socket that keeps asking the
+// first bytes of a new connection could come unstamped.
 func kernelTimestamps() bool {
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
-	if err != nil {
-		fd, err = syscall.Socket(syscall.AF_INET6, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	keeper.once.Do(func() {
+		fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 		if err != nil {
-			return false
+			fd, err = syscall.Socket(syscall.AF_INET6, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+			if err != nil {
+				return
+			}
 		}
-	}
-	defer syscall.Close(fd)
-	return syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_TIMESTAMPNS, 1) == nil
+		if syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_TIMESTAMPNS, 1) != nil {
+			syscall.Close(fd)
+			return
+		}
+		keeper.fd, keeper.ok = fd, true
+	})
+	return keeper.ok
+}
+
+// keeper is the socket that keeps receive timestamping on.
+var keeper struct {
+	once sync.Once
+	fd   int
+	ok   bool
 }

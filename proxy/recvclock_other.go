@@ -9,7 +9,7 @@ import (
 
 // kernelReader exists on 64-bit Linux only: elsewhere a read's time is the clock
 // at the read.
-type kernelReader struct{}
+type kernelReader struct{ stamped bool }
 
 func newKernelReader(net.Conn) *kernelReader { return nil }
 

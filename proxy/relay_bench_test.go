@@ -51,7 +51,8 @@ func newBenchRelay(stream string) *eventRelay {
 	// The reads' arrival as a connection would record it; the recorder
 	// takes each event's relay delay.
 	r.x = &exchange{recv: &recvConn{received: time.Now()}}
-	r.p = &Proxy{telemetry: telemetry.NewRecorder(prometheus.NewRegistry(), telemetry.Options{})}
+	reg := prometheus.NewRegistry()
+	r.p = &Proxy{registry: reg, telemetry: telemetry.NewRecorder(reg, telemetry.Options{})}
 	return r
 }
 
