@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -88,14 +89,31 @@ func accuracyCommand() *cli.Command {
 			&cli.IntFlag{Name: "tokens", EnvVars: env("accuracy-tokens"), Value: d.Timing.OutputTokens, Usage: "Tokens (one per event) per stream."},
 			&cli.IntFlag{Name: "disconnects", EnvVars: env("accuracy-disconnects"), Value: d.Disconnects,
 				Usage: "Clients that leave in each phase (queued, before the first token, mid-stream); 0 skips the disconnect figures."},
+			&cli.StringSliceFlag{Name: "conditions", EnvVars: env("accuracy-conditions"),
+				Usage: "Run the sidecar as its own process (this binary) under each of these conditions, with each mark clock: idle, busy (two CPU-bound loops beside it), quota (its process held to --cpu-quota of a CPU by a cgroup; needs permission to make one). Empty: engine and sidecar in this process, as before."},
+			&cli.Float64Flag{Name: "cpu-quota", EnvVars: env("accuracy-cpu-quota"), Value: 0.1, Usage: "The share of one CPU the quota condition allows the sidecar (0.1: a limits.cpu of 100m)."},
+			&cli.BoolFlag{Name: "syscalls", EnvVars: env("accuracy-syscalls"), Usage: "With --conditions, also count the engine-side read system calls per streamed event with strace."},
 			&cli.BoolFlag{Name: "json", EnvVars: env("accuracy-json"), Usage: "Print the result as JSON."},
 		},
 		Action: func(c *cli.Context) error {
+			timing := emulator.Timing{HeaderDelay: c.Duration("queue"), TTFT: c.Duration("ttft"), ITL: c.Duration("itl"),
+				TokensPerEvent: 1, OutputTokens: c.Int("tokens")}
+			if conds := c.StringSlice("conditions"); len(conds) > 0 {
+				self, err := os.Executable()
+				if err != nil {
+					return err
+				}
+				r, err := bench.Conditions(c.Context, bench.ConditionsOptions{Binary: self, Conditions: conds, Quota: c.Float64("cpu-quota"),
+					Requests: c.Int("requests"), Concurrency: c.Int("concurrency"), Timing: timing,
+					Syscalls: c.Bool("syscalls"), Progress: c.App.ErrWriter})
+				if err != nil {
+					return err
+				}
+				return writeReport(c, r)
+			}
 			r, err := bench.Accuracy(c.Context, bench.AccuracyOptions{
 				Requests: c.Int("requests"), Concurrency: c.Int("concurrency"), Disconnects: c.Int("disconnects"),
-				Timing: emulator.Timing{HeaderDelay: c.Duration("queue"), TTFT: c.Duration("ttft"), ITL: c.Duration("itl"),
-					TokensPerEvent: 1, OutputTokens: c.Int("tokens")},
-				Progress: c.App.ErrWriter,
+				Timing: timing, Progress: c.App.ErrWriter,
 			})
 			if err != nil {
 				return err

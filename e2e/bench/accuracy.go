@@ -11,6 +11,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"runtime"
 	"slices"
 	"strings"
@@ -77,37 +78,41 @@ type AccuracyResult struct {
 	Disconnects []DisconnectStats `json:"disconnects,omitempty"`
 }
 
-// truth is one metric's engine-side figure, from the engine's Record.
+// truth is one metric's true figure, from the engine's Record and, for
+// arrival, the moment the client had written the request (sent).
 type truth struct {
 	metric, unit, how string
-	of                func(r *emulator.Record) (float64, bool)
+	of                func(r *emulator.Record, sent time.Time) (float64, bool)
 }
 
 func msOf(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// truths are the engine's figures for the sidecar's metrics. The engine
-// stamps each piece just before writing it; the sidecar marks it as it
-// reads it, so the error is the sidecar's hop and its scheduling.
+// truths are the true figures for the sidecar's metrics. The engine stamps
+// each piece just before writing it, and the client's request counts as
+// arrived when its write to the sidecar returned (on loopback the bytes
+// are in the sidecar's socket then); the sidecar marks each when it
+// arrived, so the error is how far its marks are from the moments they
+// stand for.
 var truths = []truth{
-	{"queue_time_ms", "ms", "headers sent − received", func(r *emulator.Record) (float64, bool) {
-		return msOf(r.HeadersSent.Sub(r.Received)), true
+	{"queue_time_ms", "ms", "headers sent − request written", func(r *emulator.Record, sent time.Time) (float64, bool) {
+		return msOf(r.HeadersSent.Sub(sent)), !sent.IsZero()
 	}},
-	{"time_to_first_token_ms", "ms", "first token − headers sent", func(r *emulator.Record) (float64, bool) {
+	{"time_to_first_token_ms", "ms", "first token − headers sent", func(r *emulator.Record, _ time.Time) (float64, bool) {
 		return msOf(r.FirstToken.Sub(r.HeadersSent)), true
 	}},
-	{"generation_time_ms", "ms", "last token − first token", func(r *emulator.Record) (float64, bool) {
+	{"generation_time_ms", "ms", "last token − first token", func(r *emulator.Record, _ time.Time) (float64, bool) {
 		return msOf(r.LastToken.Sub(r.FirstToken)), true
 	}},
-	{"mean_itl_ms", "ms", "generation / (tokens − 1)", func(r *emulator.Record) (float64, bool) {
+	{"mean_itl_ms", "ms", "generation / (tokens − 1)", func(r *emulator.Record, _ time.Time) (float64, bool) {
 		return msOf(r.LastToken.Sub(r.FirstToken)) / float64(r.CompletionTokens-1), r.CompletionTokens > 1
 	}},
-	{"max_itl_ms", "ms", "largest gap between token events", func(r *emulator.Record) (float64, bool) {
+	{"max_itl_ms", "ms", "largest gap between token events", func(r *emulator.Record, _ time.Time) (float64, bool) {
 		return msOf(r.MaxTokenGap), r.TokenEvents > 1
 	}},
-	{"e2e_latency_ms", "ms", "last token − received", func(r *emulator.Record) (float64, bool) {
-		return msOf(r.LastToken.Sub(r.Received)), true
+	{"e2e_latency_ms", "ms", "last token − request written", func(r *emulator.Record, sent time.Time) (float64, bool) {
+		return msOf(r.LastToken.Sub(sent)), !sent.IsZero()
 	}},
-	{"tokens_per_second", "tok/s", "tokens / (last token − headers sent)", func(r *emulator.Record) (float64, bool) {
+	{"tokens_per_second", "tok/s", "tokens / (last token − headers sent)", func(r *emulator.Record, _ time.Time) (float64, bool) {
 		d := r.LastToken.Sub(r.HeadersSent).Seconds()
 		return float64(r.CompletionTokens) / d, d > 0
 	}},
@@ -188,7 +193,10 @@ func measureStreams(ctx context.Context, base string, engine *emulator.Server, o
 	for range opts.Concurrency {
 		wg.Go(func() {
 			for range next {
-				metrics, id, err := PostForMetrics(ctx, client, base, body, true)
+				var sent time.Time
+				traced := httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+					WroteRequest: func(httptrace.WroteRequestInfo) { sent = time.Now() }})
+				metrics, id, err := PostForMetrics(traced, client, base, body, true)
 				var rec emulator.Record
 				if err == nil {
 					waitCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -203,7 +211,7 @@ func measureStreams(ctx context.Context, base string, engine *emulator.Server, o
 					}
 				} else {
 					for i, tr := range truths {
-						want, ok := tr.of(&rec)
+						want, ok := tr.of(&rec, sent)
 						got := gjson.Get(metrics, tr.metric)
 						if !ok || got.Type != gjson.Number {
 							continue
