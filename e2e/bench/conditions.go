@@ -14,7 +14,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -397,7 +396,20 @@ func countReads(ctx context.Context, opts ConditionsOptions, engine *emulator.Se
 	if err := trace.Start(); err != nil {
 		return s, err
 	}
-	time.Sleep(time.Second) // strace attaches to every thread; nothing to wait on
+	// strace opens a file per thread as it attaches to it: the load
+	// starts once it has them all.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		files, _ := filepath.Glob(filepath.Join(dir, "t.*"))
+		threads, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", sc.cmd.Process.Pid))
+		if len(threads) > 0 && len(files) >= len(threads) {
+			break
+		}
+		if time.Now().After(deadline) {
+			trace.Process.Kill() //nolint:errcheck
+			trace.Wait()         //nolint:errcheck
+			return s, errors.New("strace did not attach to the sidecar (ptrace not permitted?)")
+		}
+	}
 	_, failed, err := measureStreams(ctx, sc.base, engine, AccuracyOptions{Requests: max(opts.Requests/4, 20), Concurrency: opts.Concurrency, Timing: opts.Timing})
 	trace.Process.Signal(os.Interrupt) //nolint:errcheck
 	trace.Wait()                       //nolint:errcheck
@@ -500,7 +512,7 @@ func (r ConditionsResult) WriteTable(w io.Writer) {
 	fmt.Fprintln(w, "\nengine-side read system calls per streamed event (strace, idle machine)")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "clock\tevents\treads\tof which EAGAIN\treads per event")
-	for _, s := range slices.Clone(r.Syscalls) {
+	for _, s := range r.Syscalls {
 		if s.Skipped != "" {
 			fmt.Fprintf(tw, "%s\tskipped: %s\n", s.Clock, s.Skipped)
 			continue
