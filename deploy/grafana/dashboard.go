@@ -119,6 +119,9 @@ func Dashboard() (dashboard.Dashboard, error) {
 		query(`sum by (pod) (rate(process_cpu_seconds_total{`+pods+`}[$__rate_interval])`+sidecarOnly+`)`, "{{pod}}")))
 	b.WithPanel(panel("Sidecar memory", "Resident memory of each sidecar process.", "bytes",
 		query(`sum by (pod) (process_resident_memory_bytes{`+pods+`}`+sidecarOnly+`)`, "{{pod}}")))
+	b.WithPanel(panel("Sidecar's own delay per event", "Each stream event's time from the kernel receiving it from the engine to its hand-over to the client's socket (p50, p99, by pod). Tens of microseconds when the sidecar has its CPU; climbing towards a CFS period (100 ms) when a CPU limit throttles it, which also merges events and blurs its marks.", "s",
+		query(`histogram_quantile(0.5, sum by (le, pod) (rate(timing_sidecar_relay_delay_seconds_bucket{`+pods+`}[$__rate_interval])))`, "p50 {{pod}}"),
+		query(`histogram_quantile(0.99, sum by (le, pod) (rate(timing_sidecar_relay_delay_seconds_bucket{`+pods+`}[$__rate_interval])))`, "p99 {{pod}}")))
 	b.WithPanel(stat.NewPanelBuilder().Title("Engines ready").Description("Sidecars whose last probe of the engine succeeded, of all.").
 		Datasource(datasource).Span(12).Height(4).
 		WithTarget(query(`sum(timing_sidecar_engine_ready{`+pods+`}) / count(timing_sidecar_engine_ready{`+pods+`})`, "ready")).Unit("percentunit"))
