@@ -11,7 +11,7 @@ import (
 
 // tcpPair is a loopback TCP connection: the writer's end and the reader's,
 // wrapped as the sidecar wraps its connections.
-func tcpPair(t *testing.T, kernel bool) (net.Conn, *recvConn) {
+func tcpPair(t testing.TB, kernel bool) (net.Conn, *recvConn) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -234,5 +234,32 @@ func TestKernelReadAllocatesNothing(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Errorf("a write and its stamped read allocate %v times, want 0", allocs)
+	}
+}
+
+// BenchmarkRead is one loopback write and the read that takes it, plainly
+// and receive-stamped: the cost of the stamp per read.
+func BenchmarkRead(b *testing.B) {
+	for _, kernel := range []bool{false, true} {
+		name := map[bool]string{false: "clock at the read", true: "kernel receive time"}[kernel]
+		b.Run(name, func(b *testing.B) {
+			if kernel && !kernelTimestamps() {
+				b.Skip("no kernel receive timestamps here")
+			}
+			w, rc := tcpPair(b, kernel)
+			msg := []byte(event300)
+			buf := make([]byte, 4096)
+			b.ReportAllocs()
+			for b.Loop() {
+				w.Write(msg) //nolint:errcheck
+				for got := 0; got < len(msg); {
+					n, err := rc.Read(buf)
+					if err != nil {
+						b.Fatal(err)
+					}
+					got += n
+				}
+			}
+		})
 	}
 }
