@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"log/slog"
@@ -46,9 +47,14 @@ const (
 	engineGap        = 80 * time.Millisecond
 )
 
-func newStampedEngine(t *testing.T) *stampedEngine {
+// newStampedEngine starts the engine, speaking HTTPS with withTLS.
+func newStampedEngine(t *testing.T, withTLS bool) *stampedEngine {
 	e := &stampedEngine{done: make(chan struct{}, 1)}
-	e.srv = httptest.NewServer(http.HandlerFunc(e.serve))
+	if withTLS {
+		e.srv = httptest.NewTLSServer(http.HandlerFunc(e.serve))
+	} else {
+		e.srv = httptest.NewServer(http.HandlerFunc(e.serve))
+	}
 	t.Cleanup(e.srv.Close)
 	return e
 }
@@ -92,14 +98,19 @@ func (e *stampedEngine) serve(w http.ResponseWriter, r *http.Request) {
 // read, of the client and of the engine, is held back 50 ms, as a CPU limit
 // would hold it; it returns the metrics, the window of the client's write
 // of the request, and the engine.
-func heldExchange(t *testing.T, kernel bool) (map[string]*float64, window, *stampedEngine, *Proxy) {
+func heldExchange(t *testing.T, kernel, withTLS bool) (map[string]*float64, window, *stampedEngine, *Proxy) {
 	t.Helper()
-	engine := newStampedEngine(t)
+	engine := newStampedEngine(t, withTLS)
 	cfg := DefaultConfig()
 	cfg.Upstream, cfg.KernelTimestamps = engine.srv.URL, kernel
 	p, err := New(cfg, slog.New(slog.DiscardHandler), nil)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if withTLS {
+		// The test engine's own certificate authority.
+		p.up.tls.RootCAs = x509.NewCertPool()
+		p.up.tls.RootCAs.AddCert(engine.srv.Certificate())
 	}
 	hold := func() { time.Sleep(readHold) }
 	p.clientHold, p.up.hold = hold, hold
@@ -152,9 +163,17 @@ const readHold = 50 * time.Millisecond
 // with the stamps' conversion slack, are a few milliseconds wide and the
 // hold 50 ms: a mark taken when the sidecar got round to the bytes falls
 // outside them.
+//
+// With TLS to the engine, the stamps are those of the TCP reads under it:
+// the arrival of the record that completed what a mark marks.
 func TestMarksAreReceiveTimesNotReadTimes(t *testing.T) {
 	needKernelStamps(t)
-	m, request, engine, p := heldExchange(t, true)
+	t.Run("plain", func(t *testing.T) { receiveTimeMarks(t, false) })
+	t.Run("TLS to the engine", func(t *testing.T) { receiveTimeMarks(t, true) })
+}
+
+func receiveTimeMarks(t *testing.T, withTLS bool) {
+	m, request, engine, p := heldExchange(t, true, withTLS)
 	engine.mu.Lock()
 	defer engine.mu.Unlock()
 	first, last := engine.tokens[0], engine.tokens[len(engine.tokens)-1]
@@ -181,7 +200,7 @@ func TestMarksAreReceiveTimesNotReadTimes(t *testing.T) {
 // the headers, during the hold before the read that takes it, so it is
 // marked no sooner than the hold after the headers' read.
 func TestFallbackMarksAreTheClockAtTheRead(t *testing.T) {
-	m, _, _, p := heldExchange(t, false)
+	m, _, _, p := heldExchange(t, false, false)
 	within(t, m, "time_to_first_token_ms", ms(readHold), 1e9)
 	if got := gauge(t, p, "timing_sidecar_kernel_timestamps"); got != 0 {
 		t.Errorf("timing_sidecar_kernel_timestamps = %v, want 0", got)

@@ -197,6 +197,24 @@ func TestKernelReadKeepsConnSemantics(t *testing.T) {
 			t.Errorf("read %q, %v; want the data, then EOF", got, err)
 		}
 	})
+	t.Run("data that arrived between two reads", func(t *testing.T) {
+		// A read that waited for readiness before reading would miss it:
+		// the poller's readiness is reset as each read begins.
+		w, rc := tcpPair(t, true)
+		buf := make([]byte, 64)
+		write(t, w, "one")
+		if n, err := rc.Read(buf); err != nil || string(buf[:n]) != "one" {
+			t.Fatalf("read %q, %v", buf[:n], err)
+		}
+		before, after := write(t, w, "two")                 // while nobody reads
+		rc.SetReadDeadline(time.Now().Add(5 * time.Second)) //nolint:errcheck // a stall fails, not hangs
+		if n, err := rc.Read(buf); err != nil || string(buf[:n]) != "two" {
+			t.Fatalf("read %q, %v; want the bytes already there", buf[:n], err)
+		}
+		if !inWrite(rc.received, before, after) {
+			t.Errorf("stamp %v after the write began, want within it (%v long)", rc.received.Sub(before), after.Sub(before))
+		}
+	})
 	t.Run("data after a wait", func(t *testing.T) {
 		w, rc := tcpPair(t, true)
 		read := make(chan string, 1)
