@@ -263,6 +263,9 @@ func bucketQuantile(q float64, bounds, cumulative []float64, total float64) floa
 	lower, below := 0.0, 0.0
 	for i, c := range cumulative {
 		if c >= rank {
+			if math.IsInf(bounds[i], 1) {
+				return lower
+			}
 			if c == below {
 				return bounds[i]
 			}
