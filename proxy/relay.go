@@ -412,11 +412,12 @@ func (r *eventRelay) inspect(raw []byte, at time.Time) {
 	}
 	var released []byte
 	var releasedAt time.Time
-	if r.held != nil && !(r.heldForFinish && !rewrite.CarriesChoices(ev) && ev.Kind != rewrite.EventUsage && ev.Kind != rewrite.EventDone) {
-		// This event shows whether the held one takes the metrics. A
-		// comment or a ping between the finishing event and the usage
-		// shows nothing: it goes out ahead, and the hold goes on (no SSE
-		// client can tell a comment's place).
+	if r.held != nil && !(r.heldForFinish && rewrite.IsKeepAlive(raw, ev)) {
+		// This event shows whether the held one takes the metrics, and
+		// goes out after it: the engine's order is kept. Only a comment
+		// or a ping between the finishing event and the usage goes out
+		// ahead, and the hold goes on (it carries nothing a client reads
+		// in order).
 		released, releasedAt = r.releaseHeld(r.heldTakesMetrics(ev), at), r.heldAt
 	}
 	switch {
@@ -469,10 +470,12 @@ func (r *eventRelay) heldTakesMetrics(next rewrite.Event) bool {
 		return r.f.metricsOnFinish
 	}
 	if r.heldForFinish {
-		// The stream ends without the usage (an engine that does not
-		// send it): nothing else will carry them. Another choice's event
-		// means this was not the last to finish.
-		return next.Kind == rewrite.EventDone
+		// Another choice's event means this was not the last to finish.
+		// Anything else (the end of the stream without the usage, an
+		// error, an event the sidecar does not know) goes out after the
+		// held event, and nothing after it may carry the metrics: they
+		// go now, as measured so far.
+		return !rewrite.CarriesChoices(next)
 	}
 	// Held for its usage: the last event with usage takes them.
 	return !next.UsageOnChoices

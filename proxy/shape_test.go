@@ -263,3 +263,29 @@ func TestAPingBetweenTheFinishAndTheUsage(t *testing.T) {
 		}
 	}
 }
+
+// TestHeldFinishKeepsTheEnginesOrder: while the finishing event waits for
+// the usage, only what carries nothing for the client (a comment, a ping)
+// may pass it. An error event after the finish reaches the client after
+// it, as the engine sent them, and the finishing event carries the
+// metrics measured so far: nothing after it may.
+func TestHeldFinishKeepsTheEnginesOrder(t *testing.T) {
+	errorEvent := `data: {"error":{"object":"error","message":"engine failed after the finish","type":"InternalServerError","code":500}}` + "\n\n"
+	engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, body []byte) {
+		defer c.Close()
+		out := sseHead + chunk(roleEvent) + chunk(tokenEvent("a")) + chunk(shapeEvent(0, `{}`, "", "stop", "")) + chunk(errorEvent)
+		io.WriteString(c, out+chunk("data: [DONE]\n\n")+"0\r\n\r\n")
+	})
+	base := startProxy(t, engine.URL(), nil)
+	resp := post(t, base+"/v1/chat/completions", `{"stream":true,"include_metrics":true}`, nil)
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	s := string(got)
+	finish, failure, done := strings.Index(s, `"finish_reason":"stop"`), strings.Index(s, `"engine failed after the finish"`), strings.Index(s, "[DONE]")
+	if finish < 0 || failure < 0 || done < 0 || !(finish < failure && failure < done) {
+		t.Fatalf("want the finish, the error, [DONE] in the engine's order:\n%s", s)
+	}
+	if n := strings.Count(s, `"metrics":{`); n != 1 || strings.Index(s, `"metrics":{`) > failure {
+		t.Fatalf("want the metrics once, on the finishing event:\n%s", s)
+	}
+}

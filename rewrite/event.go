@@ -132,6 +132,31 @@ func ClassifyEvent(raw []byte) Event {
 
 var usageKey = []byte(`usage"`)
 
+// IsKeepAlive tells whether a raw event carries nothing for the client's
+// reading of the stream, so that its place among the others does not
+// matter: a comment or an event without data, a ping (an "event: ping", or
+// data {"type":"ping"}), or an empty object. Servers and gateways send
+// these at any moment.
+func IsKeepAlive(raw []byte, ev Event) bool {
+	if !HasDataField(raw) || bytes.HasPrefix(raw, pingEvent) {
+		return true
+	}
+	if ev.Data == nil {
+		return false // data over several lines: unread, so not known to be nothing
+	}
+	d := bytes.TrimSpace(ev.Data)
+	return string(d) == "{}" || (ev.Kind == EventOther && !ev.carriesChoices && gjson.Get(view(d), "type").Str == "ping" && countKeys(d) == 1)
+}
+
+var pingEvent = []byte("event: ping\n")
+
+// countKeys is the number of top-level keys of a JSON object.
+func countKeys(obj []byte) int {
+	n := 0
+	gjson.Parse(view(obj)).ForEach(func(_, _ gjson.Result) bool { n++; return true })
+	return n
+}
+
 // CarriesChoices tells whether an event's data has a non-empty "choices"
 // array: a chat or completions chunk, as opposed to a comment, a ping, or
 // a usage event.

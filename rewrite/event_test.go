@@ -163,3 +163,24 @@ func TestCarriesChoices(t *testing.T) {
 		}
 	}
 }
+
+func TestIsKeepAlive(t *testing.T) {
+	for raw, want := range map[string]bool{
+		": keep-alive\n\n":                          true,
+		"event: ping\ndata: {}\n\n":                 true,
+		"event: ping\n\n":                           true,
+		"data: {}\n\n":                              true,
+		"data: {\"type\":\"ping\"}\n\n":             true,
+		"id: 7\n\n":                                 true,
+		"data: {\"type\":\"ping\",\"x\":1}\n\n":     false,
+		"data: {\"error\":{\"message\":\"x\"}}\n\n": false,
+		"data: [DONE]\n\n":                          false,
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"},\"finish_reason\":null}]}\n\n": false,
+		"data: {\"a\":\n\ndata: 1}\n\n": false,
+		"data: a\ndata: b\n\n":          false,
+	} {
+		if got := IsKeepAlive([]byte(raw), ClassifyEvent([]byte(raw))); got != want {
+			t.Errorf("IsKeepAlive(%q) = %v, want %v", raw, got, want)
+		}
+	}
+}
