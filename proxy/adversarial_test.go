@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -501,5 +502,49 @@ func TestReadinessReasonHidesTheProbeQuery(t *testing.T) {
 	p.AdminHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
 	if rec.Code != 503 || strings.Contains(rec.Body.String(), "SECRET") || !strings.Contains(rec.Body.String(), "GET /health") {
 		t.Fatalf("/readyz: %d %s", rec.Code, rec.Body.String())
+	}
+}
+
+// TestRequestTrailersAreNotHeaders: a field in a chunked request's trailer
+// section is not a header (RFC 9110 §6.5.1). Behind a gateway that filters
+// headers but passes trailers, reading one as a header would let a client
+// pick its tenant or request id. Trailers are dropped: the sidecar sends
+// the engine the body it holds with a Content-Length, which has no trailer
+// section.
+func TestRequestTrailersAreNotHeaders(t *testing.T) {
+	engine := newFakeEngine(t)
+	var log syncBuffer
+	p, base := startSidecar(t, engine.URL(), func(c *Config) { c.TenantHeader = "X-Tenant" }, &log)
+	body := `{"model":"m"}`
+	for _, tc := range []struct {
+		name, header, tenant string
+	}{
+		{"only in the trailer", "", ""},
+		{"a header and a trailer of the same name", "X-Tenant: real\r\n", "real"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			raw := "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + tc.header +
+				"Trailer: X-Tenant, X-Request-Id, X-Extra\r\nTransfer-Encoding: chunked\r\n\r\n" +
+				fmt.Sprintf("%x\r\n%s\r\n0\r\nX-Tenant: via-trailer\r\nX-Request-Id: chosen-by-client\r\nX-Extra: 1\r\n\r\n", len(body), body)
+			resp, _ := rawExchange(t, base, raw)
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+			fr := engine.next(t)
+			if got := fr.Header.Values("X-Tenant"); strings.Join(got, ",") != tc.tenant {
+				t.Errorf("the engine got X-Tenant %q, want %q", got, tc.tenant)
+			}
+			if id := fr.Header.Get("X-Request-Id"); id == "chosen-by-client" || id == "" {
+				t.Errorf("the engine got request id %q, want one the sidecar made", id)
+			}
+			if fr.Header.Get("X-Extra") != "" || fr.Header.Get("Trailer") != "" {
+				t.Errorf("trailer fields reached the engine as headers: %v", fr.Header)
+			}
+			p.telemetry.Flush()
+			lines := log.lines()
+			if last := lines[len(lines)-1]; !strings.Contains(last, `"tenant":"`+tc.tenant+`"`) || strings.Contains(last, "chosen-by-client") {
+				t.Errorf("the access log took a trailer as a header: %s", last)
+			}
+		})
 	}
 }

@@ -18,6 +18,7 @@ import (
 const maxKeptRequestBody = 1 << 20
 
 func (p *Proxy) handle(ctx *fasthttp.RequestCtx) {
+	dropTrailers(&ctx.Request.Header)
 	arrival := time.Now()
 	if cc, ok := ctx.Conn().(*clientConn); ok {
 		arrival = cc.arrival() // when the request's last bytes arrived

@@ -127,3 +127,34 @@ func isEncoded(resp *fasthttp.Response) bool {
 func setResponseID(ctx *fasthttp.RequestCtx, f *flight) {
 	ctx.Response.Header.SetBytesKV(requestIDHeader, []byte(f.rec.ID))
 }
+
+// dropTrailers removes the fields of a chunked request's trailer section,
+// keeping any header of the same name. Trailers are not headers (RFC 9110
+// §6.5.1): read as headers, they would let a client behind a gateway that
+// filters headers but passes trailers choose its tenant or request id. The
+// engine gets the body with a Content-Length, which has no trailer section,
+// so they are dropped rather than forwarded. fasthttp keeps them apart but
+// answers Peek from them when no header has the name, and moves them into
+// the headers when the Trailer field is deleted.
+func dropTrailers(h *fasthttp.RequestHeader) {
+	if len(h.PeekTrailerKeys()) == 0 {
+		return
+	}
+	var keys []string
+	for k := range h.Trailers() {
+		keys = append(keys, string(k))
+	}
+	for _, k := range keys {
+		trailers := len(h.PeekAllTrailer(k))
+		all := h.PeekAll(k) // the header section's values, then the trailer's; reuses the buffer PeekAllTrailer returned
+		var headers []string
+		for _, v := range all[:len(all)-trailers] {
+			headers = append(headers, string(v))
+		}
+		h.Del(k)
+		for _, v := range headers {
+			h.Add(k, v)
+		}
+	}
+	h.Del(fasthttp.HeaderTrailer)
+}
