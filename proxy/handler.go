@@ -26,6 +26,12 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx) {
 	f := p.begin(ctx, arrival)
 	defer func() {
 		p.recoverRequest(ctx, f)
+		if p.ready.stopping.Load() {
+			// Draining: the client's next request goes elsewhere. Set
+			// last, as the engine's headers were copied without their
+			// hop-by-hop ones; the response's headers are written after.
+			ctx.SetConnectionClose()
+		}
 		if !f.streaming {
 			if f.rec.Status == 0 {
 				f.rec.Status = ctx.Response.StatusCode()

@@ -4,10 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -358,5 +361,63 @@ func TestReadinessFailsWhileShuttingDown(t *testing.T) {
 	p.ready.stopping.Store(true)
 	if r := rec(); r.Code != 503 || !strings.Contains(r.Body.String(), "shutting down") {
 		t.Fatalf("readyz while shutting down: %d %s", r.Code, r.Body.String())
+	}
+}
+
+// TestDrainClosesKeepAliveConnections: from SIGTERM on, a connection idle
+// between requests is closed at once, one in use right after its response,
+// and every new response says Connection: close, so that clients reconnect
+// to where the load balancer now sends them instead of racing the close of
+// an idle connection when the drain ends.
+func TestDrainClosesKeepAliveConnections(t *testing.T) {
+	engine := newFakeEngine(t)
+	p, base := startSidecar(t, engine.URL(), nil, nil)
+	addr := strings.TrimPrefix(base, "http://")
+	request := "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n%sContent-Length: 13\r\n\r\n{\"model\":\"m\"}"
+	dial := func() (net.Conn, *bufio.Reader) {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		c.SetDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck // a hang fails, not stalls
+		return c, bufio.NewReader(c)
+	}
+	closedAfter := func(name string, r *bufio.Reader) {
+		t.Helper()
+		if _, err := r.ReadByte(); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Errorf("%s connection: %v, want it closed by the sidecar", name, err)
+		}
+	}
+
+	idle, idleR := dial()
+	fmt.Fprintf(idle, request, "")
+	resp, err := http.ReadResponse(idleR, nil)
+	if err != nil || resp.Close {
+		t.Fatalf("before the drain: %v, close %v", err, resp != nil && resp.Close)
+	}
+	io.Copy(io.Discard, resp.Body)
+	engine.next(t)
+
+	busy, busyR := dial()
+	fmt.Fprintf(busy, request, "X-Fake-Header-Delay: 300\r\n")
+	engine.next(t) // in the engine when the drain begins
+
+	p.drain()
+	closedAfter("idle", idleR)
+	resp, err = http.ReadResponse(busyR, nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("the request in flight: %v", err)
+	}
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		t.Fatalf("the request in flight lost its body: %v", err)
+	}
+	closedAfter("in-use", busyR)
+
+	fresh, freshR := dial()
+	fmt.Fprintf(fresh, request, "")
+	resp, err = http.ReadResponse(freshR, nil)
+	if err != nil || resp.StatusCode != 200 || !resp.Close {
+		t.Fatalf("a new connection during the drain: %v, want served with Connection: close", err)
 	}
 }

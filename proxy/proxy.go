@@ -42,6 +42,9 @@ type Proxy struct {
 	// clientHold, when set (tests only), runs before each read from a
 	// client.
 	clientHold func()
+	// idle are the client connections waiting for their next request,
+	// closed when the drain begins.
+	idle idleClients
 }
 
 // New checks cfg and builds a Proxy. log gets operational messages;
@@ -104,8 +107,65 @@ func New(cfg Config, log *slog.Logger, accessLog io.Writer) (*Proxy, error) {
 		// to twice the read timeout; the buffer is kept instead, and the
 		// header size limit sized for it.
 		Logger: fasthttpLogger{log},
+		// Which connections wait for a next request, for the drain.
+		ConnState: p.idle.track,
 	}
 	return p, nil
+}
+
+// drain begins the shutdown's drain (SIGTERM): /readyz fails, every
+// response from now on carries Connection: close, the client connections
+// idle between requests are closed now, and those in use as soon as their
+// response is out, so that each client's next request opens a connection
+// the load balancer sends elsewhere, rather than racing the close of an
+// idle one when the drain ends. New connections are still served until
+// Shutdown.
+func (p *Proxy) drain() {
+	p.ready.stopping.Store(true)
+	p.idle.closeAll()
+}
+
+// idleClients tracks client connections between requests. A connection
+// whose next request has begun to arrive is no longer idle (fasthttp
+// reports it active on its first bytes), and the lock that closeAll holds
+// keeps that report from crossing a close; bytes still in the kernel when
+// an idle connection closes are the race every server that closes idle
+// keep-alive connections has, nginx's at its graceful shutdown too.
+type idleClients struct {
+	mu       sync.Mutex
+	conns    map[net.Conn]struct{}
+	draining bool
+}
+
+// track is the server's ConnState hook. A connection becomes idle once its
+// response is flushed (the handler sets a write deadline, which makes
+// fasthttp flush every response), so while draining it is closed then.
+func (ic *idleClients) track(c net.Conn, state fasthttp.ConnState) {
+	ic.mu.Lock()
+	defer ic.mu.Unlock()
+	if state == fasthttp.StateIdle && ic.draining {
+		c.Close() //nolint:errcheck // it is gone either way
+		delete(ic.conns, c)
+		return
+	}
+	if state == fasthttp.StateIdle {
+		if ic.conns == nil {
+			ic.conns = make(map[net.Conn]struct{})
+		}
+		ic.conns[c] = struct{}{}
+		return
+	}
+	delete(ic.conns, c)
+}
+
+func (ic *idleClients) closeAll() {
+	ic.mu.Lock()
+	defer ic.mu.Unlock()
+	ic.draining = true
+	for c := range ic.conns {
+		c.Close() //nolint:errcheck // it is gone either way
+		delete(ic.conns, c)
+	}
 }
 
 // markClock names the clock the marks are read from, for the start-up log.
@@ -213,7 +273,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, accessLog io.Writer)
 	case <-ctx.Done():
 	}
 	deadline := time.Now().Add(cfg.ShutdownGrace)
-	p.ready.stopping.Store(true)
+	p.drain()
 	log.Info("timing-sidecar shutting down: not ready, draining", "drain_delay", cfg.DrainDelay.String(), "shutdown_grace", cfg.ShutdownGrace.String())
 	time.Sleep(cfg.DrainDelay)
 	shutdownCtx, cancel := context.WithDeadline(context.Background(), deadline)
