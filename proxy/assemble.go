@@ -59,6 +59,8 @@ func (p *Proxy) relayAssembled(ctx *fasthttp.RequestCtx, f *flight, x *exchange,
 	if body, status, ok := a.Error(); ok {
 		// What the engine would have answered the request unstreamed.
 		ctx.SetStatusCode(status)
+		// Its own reason phrase, not the stream's 200's ("OK").
+		ctx.Response.Header.SetStatusMessage(nil)
 		ctx.Response.SetBody(body)
 		f.rec.Status, f.rec.BytesOut = status, len(body)
 		return
@@ -119,6 +121,13 @@ func assemble(events *rewrite.EventReader, a *rewrite.Assembly, f *flight, x *ex
 			return engine, err
 		}
 		if !whole {
+			if rest, _, err := events.Next(); rest == nil && err == io.EOF {
+				// Bytes after the last blank line, at the end of the
+				// stream: no event, as SSE parsers drop them (WHATWG),
+				// such as a [DONE] without its blank line. The stream
+				// ends here.
+				continue
+			}
 			return engine, errEventTooLarge
 		}
 		ev := rewrite.ClassifyEvent(raw)

@@ -265,3 +265,50 @@ func TestUpgradeNoticesAStreamCutShort(t *testing.T) {
 		t.Fatalf("truncated stream answered 200: %s", raw)
 	}
 }
+
+// TestUpgradeToleratesWhatClientsTolerate: a byte-order mark before the
+// stream's first event (WHATWG's SSE parser strips it), and a last event
+// without its blank line after every choice has finished, are what a
+// streaming client reads without a fault: the upgraded response is whole.
+// An in-stream error goes out with its status's own reason phrase.
+func TestUpgradeToleratesWhatClientsTolerate(t *testing.T) {
+	w := func(s, finish string) string {
+		fr := "null"
+		if finish != "" {
+			fr = `"` + finish + `"`
+		}
+		return `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"` + s + `"},"finish_reason":` + fr + `}]}` + "\n\n"
+	}
+	for _, tc := range []struct{ name, stream string }{
+		{"a byte-order mark first", "\ufeff" + w("w0 ", "") + w("w1 ", "") + w("end", "stop") + "data: [DONE]\n\n"},
+		{"[DONE] without its blank line", w("w0 ", "") + w("w1 ", "") + w("end", "stop") + "data: [DONE]\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, _ []byte) {
+				defer c.Close()
+				io.WriteString(c, sseHead+chunk(tc.stream)+"0\r\n\r\n")
+			})
+			base := startUpgradingProxy(t, engine)
+			status, doc, raw := postJSON(t, base+"/v1/chat/completions", `{"model":"m","messages":[],"include_metrics":true}`, nil)
+			if status != 200 {
+				t.Fatalf("%d %s", status, raw)
+			}
+			msg := doc["choices"].([]any)[0].(map[string]any)["message"].(map[string]any)
+			if msg["content"] != "w0 w1 end" {
+				t.Fatalf("content %q, want the whole answer: %s", msg["content"], raw)
+			}
+			if m := metricsOf(t, raw); m["time_to_first_token_ms"] == nil {
+				t.Errorf("the first token was not marked: %s", raw)
+			}
+		})
+	}
+	t.Run("an in-stream error's status line", func(t *testing.T) {
+		engine := startEmulator(t, emulator.Config{Timing: emulator.Timing{OutputTokens: 6}})
+		base := startUpgradingProxy(t, engine)
+		resp, _ := rawExchange(t, base, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"+
+			emulator.HeaderErrorAfter+": 2\r\nContent-Length: 48\r\n\r\n"+`{"model":"m","messages":[{"role":"user","c":1}]}`)
+		if resp.StatusCode != 500 || resp.Status != "500 Internal Server Error" {
+			t.Fatalf("status line %q, want 500 Internal Server Error", resp.Status)
+		}
+	})
+}

@@ -54,6 +54,9 @@ type Event struct {
 
 var dataField = []byte("data:")
 
+// utf8BOM is the byte-order mark a stream may begin with.
+var utf8BOM = []byte("\ufeff")
+
 // Target is the object of the event's data the metrics go into: the data
 // itself, or the object nested in it where the API puts usage (the
 // Responses API's "response").
@@ -68,6 +71,7 @@ func (ev Event) Target() []byte {
 // event without one is a comment or carries nothing; one with several
 // data lines has data that ClassifyEvent does not read.
 func HasDataField(raw []byte) bool {
+	raw = bytes.TrimPrefix(raw, utf8BOM)
 	for len(raw) > 0 {
 		line := raw
 		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
@@ -225,8 +229,13 @@ func isEmptyArray(raw string) bool {
 // line ending trimmed; nil if the event has no data line or more than one.
 func dataLine(raw []byte) (int, []byte) {
 	var data []byte
-	at := 0
-	for pos := 0; pos < len(raw); {
+	at, pos := 0, 0
+	if bytes.HasPrefix(raw, utf8BOM) {
+		// A stream may begin with a byte-order mark, which SSE parsers
+		// strip (WHATWG): the first event's first line follows it.
+		pos = len(utf8BOM)
+	}
+	for pos < len(raw) {
 		line := raw[pos:]
 		next := len(raw)
 		if i := bytes.IndexByte(line, '\n'); i >= 0 {

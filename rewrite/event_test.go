@@ -184,3 +184,16 @@ func TestIsKeepAlive(t *testing.T) {
 		}
 	}
 }
+
+// A stream may begin with a byte-order mark (WHATWG's parser strips it):
+// its first event is still read, and the splice still lands in its data.
+func TestByteOrderMarkBeforeTheFirstEvent(t *testing.T) {
+	raw := []byte("\ufeffdata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"w0\"},\"finish_reason\":null}]}\n\n")
+	ev := ClassifyEvent(raw)
+	if ev.Kind != EventToken || !HasDataField(raw) {
+		t.Fatalf("kind %v, data field %v: the first event was not read", ev.Kind, HasDataField(raw))
+	}
+	if string(ev.Data) != `{"choices":[{"index":0,"delta":{"content":"w0"},"finish_reason":null}]}` {
+		t.Fatalf("data %q", ev.Data)
+	}
+}
