@@ -548,3 +548,24 @@ func TestRequestTrailersAreNotHeaders(t *testing.T) {
 		})
 	}
 }
+
+// TestEngineStatusOutsideHTTP: a status line that is no final HTTP status
+// (000, which fasthttp reads as 200; 099; 101 to a request that asked for
+// no upgrade; 600) gives the client a clear 502 before any byte, never a
+// relayed or masked answer, and counts as a bad response.
+func TestEngineStatusOutsideHTTP(t *testing.T) {
+	for _, status := range []string{"000 Zero", "099 Low", "101 Switching Protocols", "600 High"} {
+		t.Run(status, func(t *testing.T) {
+			engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, _ []byte) {
+				defer c.Close()
+				io.WriteString(c, "HTTP/1.1 "+status+"\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+			})
+			p, base := startSidecar(t, engine.URL(), nil, nil)
+			resp := post(t, base+"/v1/chat/completions", `{"model":"m","include_metrics":true}`, nil)
+			openAIError(t, resp, http.StatusBadGateway, "bad_response")
+			if got := counterValue(t, p, "timing_sidecar_upstream_errors_total", map[string]string{"kind": "bad_response"}); got != 1 {
+				t.Errorf("bad_response errors counted %v, want 1", got)
+			}
+		})
+	}
+}

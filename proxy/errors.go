@@ -49,6 +49,10 @@ func (e apiError) write(ctx *fasthttp.RequestCtx) {
 // output) or the request's.
 func upstreamError(err error) apiError {
 	e := apiError{Status: fasthttp.StatusBadGateway, Type: "upstream_error"}
+	if errors.Is(err, errBadStatus) {
+		e.Code, e.Message = "bad_response", "timing-sidecar: the model server answered with a status that is not a final HTTP status"
+		return e
+	}
 	switch upstreamErrorKind(err, true) {
 	case telemetry.ErrorBadResponse:
 		e.Code, e.Message = "upstream_header_too_large", "timing-sidecar: the model server's response headers are larger than --max-response-header-size"
@@ -97,7 +101,7 @@ func upstreamErrorKind(err error, beforeHeaders bool) string {
 	var op *net.OpError
 	var small *fasthttp.ErrSmallBuffer
 	switch {
-	case errors.As(err, &small):
+	case errors.As(err, &small), errors.Is(err, errBadStatus):
 		return telemetry.ErrorBadResponse
 	case !beforeHeaders && timeout:
 		return telemetry.ErrorIdleTimeout

@@ -193,6 +193,9 @@ func (u *upstream) closeIdle() {
 // went away.
 var errAborted = errors.New("client went away")
 
+// errBadStatus is returned for a status line that is no final HTTP status.
+var errBadStatus = errors.New("the engine's status is not a final HTTP status")
+
 // errHeaderTimeout is returned when the engine sent no response headers
 // within the configured time.
 var errHeaderTimeout = errors.New("no response headers from upstream in time")
@@ -334,11 +337,21 @@ func (x *exchange) send(c *upstreamConn, req *fasthttp.Request, resp *fasthttp.R
 		return err
 	}
 	resp.StreamBody = true
+	// fasthttp reads a status of 000 as 200: the digits are checked first.
+	if line, _ := c.br.Peek(len("HTTP/1.1 000")); len(line) == len("HTTP/1.1 000") && line[9] == '0' {
+		return errBadStatus
+	}
 	if err := resp.Read(c.br); err != nil {
 		if ne, ok := err.(net.Error); errors.Is(err, fasthttp.ErrTimeout) || (ok && ne.Timeout()) {
 			return errHeaderTimeout
 		}
 		return err
+	}
+	if code := resp.StatusCode(); code < 200 || code > 599 {
+		// fasthttp reads past 100 and 103; the sidecar asks for no
+		// upgrade (Upgrade is hop-by-hop), so 101 or any other 1xx
+		// cannot be the answer, and nothing outside 100-599 is HTTP.
+		return errBadStatus
 	}
 	// The read that completed the header block is the latest.
 	x.headersRead, x.recv = c.recv.received, c.recv
