@@ -15,6 +15,7 @@ import (
 type clientListener struct {
 	net.Listener
 	kernelStamps bool
+	writeTimeout time.Duration
 	hold         func() // tests only: runs before each read
 }
 
@@ -25,7 +26,7 @@ func (l clientListener) Accept() (net.Conn, error) {
 	}
 	recv := newRecvConn(c, l.kernelStamps)
 	recv.hold = l.hold
-	return &clientConn{Conn: recv, recv: recv}, nil
+	return &clientConn{Conn: recv, recv: recv, writeTimeout: l.writeTimeout}, nil
 }
 
 // clientConn notices a client that goes away while nothing is being written
@@ -51,6 +52,11 @@ type clientConn struct {
 	// returned, and free when the connection's previous request ended:
 	// both only touched by the server's goroutine.
 	lastRecv, free time.Time
+	// writeTimeout bounds each write (--client-write-timeout), and
+	// writeDeadlineSet is when the write deadline last moved: only the
+	// writing goroutine touches it.
+	writeTimeout     time.Duration
+	writeDeadlineSet time.Time
 
 	mu    sync.Mutex
 	ahead chan struct{} // non-nil while a read-ahead runs; closed when it ends
@@ -189,6 +195,31 @@ func (c *clientConn) arrival() time.Time {
 // goroutine.
 func (c *clientConn) ended(now time.Time) { c.free = now }
 
+// Write writes to the client within the write timeout. Moving a deadline
+// costs a runtime timer update, so on a stream of events it moves only once
+// an eighth of the timeout has passed: a write that cannot complete fails
+// after between 1 and 1⅛ times the timeout.
+func (c *clientConn) Write(p []byte) (int, error) {
+	c.extendWriteDeadline()
+	return c.Conn.Write(p)
+}
+
+func (c *clientConn) extendWriteDeadline() {
+	d := c.writeTimeout
+	if d <= 0 {
+		return
+	}
+	now := time.Now()
+	if now.Sub(c.writeDeadlineSet) > d/8 {
+		c.writeDeadlineSet = now
+		c.Conn.SetWriteDeadline(now.Add(d + d/8)) //nolint:errcheck // a closed conn fails the write
+	}
+}
+
+// newResponse starts a response's writes: the server clears the write
+// deadline for each request, so the next write sets it again.
+func (c *clientConn) newResponse() { c.writeDeadlineSet = time.Time{} }
+
 // ReadFrom writes what r returns to the client as each read returns, with
 // no buffer between. fasthttp's response writer hands a body of known
 // length to it once the headers are flushed (see relayBody), so an engine
@@ -201,6 +232,7 @@ func (c *clientConn) ReadFrom(r io.Reader) (int64, error) {
 	for {
 		n, err := r.Read(*bp)
 		if n > 0 {
+			c.extendWriteDeadline()
 			m, werr := c.Conn.Write((*bp)[:n])
 			written += int64(m)
 			if werr != nil {

@@ -40,9 +40,11 @@ const (
 	DefaultUpstreamIdleTimeout   = 5 * time.Minute
 	// Below uvicorn's 5 s keep-alive, so the sidecar retires a pooled
 	// connection before the engine closes it under a new request.
-	DefaultUpstreamKeepAlive  = 4 * time.Second
-	DefaultClientReadTimeout  = 60 * time.Second
-	DefaultClientIdleTimeout  = 120 * time.Second
+	DefaultUpstreamKeepAlive = 4 * time.Second
+	DefaultClientReadTimeout = 60 * time.Second
+	DefaultClientIdleTimeout = 120 * time.Second
+	// nginx's send_timeout.
+	DefaultClientWriteTimeout = 60 * time.Second
 	DefaultMaxRequestBodySize = 64 << 20
 	// nginx's default for one request header line; the server holds a
 	// buffer this big per connection, streams included.
@@ -99,6 +101,10 @@ type Config struct {
 	// ClientIdleTimeout bounds a client keep-alive connection's wait for its
 	// next request.
 	ClientIdleTimeout time.Duration
+	// ClientWriteTimeout bounds how long a write to a client may wait: a
+	// client that stops reading is cut, and its engine request aborted;
+	// 0 disables it.
+	ClientWriteTimeout time.Duration
 	// MaxRequestBodySize is the largest request body accepted (413 above).
 	MaxRequestBodySize int
 	// MaxRequestHeaderSize is the largest request header block accepted
@@ -181,6 +187,7 @@ func DefaultConfig() Config {
 		UpstreamKeepAlive:      DefaultUpstreamKeepAlive,
 		ClientReadTimeout:      DefaultClientReadTimeout,
 		ClientIdleTimeout:      DefaultClientIdleTimeout,
+		ClientWriteTimeout:     DefaultClientWriteTimeout,
 		MaxRequestBodySize:     DefaultMaxRequestBodySize,
 		MaxRequestHeaderSize:   DefaultMaxRequestHeaderSize,
 		MaxResponseHeaderSize:  DefaultMaxResponseHeaderSize,
@@ -250,6 +257,7 @@ func (c *Config) Validate() error {
 		{"upstream keep-alive", c.UpstreamKeepAlive},
 		{"client read timeout", c.ClientReadTimeout},
 		{"client idle timeout", c.ClientIdleTimeout},
+		{"client write timeout", c.ClientWriteTimeout},
 	} {
 		if d.v < 0 {
 			errs = append(errs, fmt.Errorf("%s %v: must not be negative", d.name, d.v))

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -258,5 +259,39 @@ func TestEngineResponseHeaderLimit(t *testing.T) {
 				t.Fatalf("%d bytes of engine headers: status %d, want %d", 3000*tt.header, resp.StatusCode, tt.status)
 			}
 		})
+	}
+}
+
+// TestClientThatStopsReadingIsCut: a client that reads the first events of
+// a stream and then stops is cut once a write has waited
+// --client-write-timeout, and the engine's request is aborted, instead of
+// the client's pause holding the engine (and being booked as its stall).
+func TestClientThatStopsReadingIsCut(t *testing.T) {
+	engine := newFakeEngine(t)
+	p, base := startSidecar(t, engine.URL(), func(c *Config) { c.ClientWriteTimeout = 300 * time.Millisecond }, nil)
+	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.(*net.TCPConn).SetReadBuffer(4 << 10) //nolint:errcheck // a small window fills sooner
+	body := `{"model":"m","stream":true,"messages":[]}`
+	// 200,000 events of ~150 bytes: far more than the sockets between
+	// the engine and this client hold.
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Fake-Tokens: 200000\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	if _, err := io.ReadFull(c, make([]byte, 1024)); err != nil {
+		t.Fatal(err)
+	}
+	// The client reads no more.
+	fr := engine.next(t)
+	select {
+	case <-fr.Gone:
+	case <-fr.Finished:
+		t.Fatal("the engine finished the stream: nothing held it")
+	case <-time.After(20 * time.Second):
+		t.Fatal("the engine still serves a client that stopped reading")
+	}
+	if got := counterValue(t, p, "timing_sidecar_client_disconnects_total", nil); got != 1 {
+		t.Errorf("client disconnects %v, want 1", got)
 	}
 }

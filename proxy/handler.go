@@ -22,6 +22,7 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx) {
 	arrival := time.Now()
 	if cc, ok := ctx.Conn().(*clientConn); ok {
 		arrival = cc.arrival() // when the request's last bytes arrived
+		cc.newResponse()
 	}
 	f := p.begin(ctx, arrival)
 	defer func() {

@@ -219,7 +219,7 @@ func (p *Proxy) refuse(ctx *fasthttp.RequestCtx, e apiError) {
 
 // Serve answers requests on ln until Shutdown.
 func (p *Proxy) Serve(ln net.Listener) error {
-	return p.server.Serve(clientListener{Listener: ln, kernelStamps: p.up.kernelStamps, hold: p.clientHold})
+	return p.server.Serve(clientListener{Listener: ln, kernelStamps: p.up.kernelStamps, writeTimeout: p.cfg.ClientWriteTimeout, hold: p.clientHold})
 }
 
 // Shutdown fails readiness, stops accepting connections and waits, until

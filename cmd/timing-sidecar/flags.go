@@ -28,6 +28,8 @@ func serveFlags() []cli.Flag {
 			Usage: "Longest time to receive one whole client request, headers and body (408 past it); it also ends clients that send headers slowly. Responses have no time limit."},
 		&cli.DurationFlag{Name: "client-idle-timeout", EnvVars: env("client-idle-timeout"), Value: proxy.DefaultClientIdleTimeout,
 			Usage: "How long an idle client keep-alive connection waits for its next request."},
+		&cli.DurationFlag{Name: "client-write-timeout", EnvVars: env("client-write-timeout"), Value: proxy.DefaultClientWriteTimeout,
+			Usage: "Longest a write to a client may wait, like nginx's send_timeout: a client that stops reading for longer is cut, its engine request aborted and the request counted as the client's leaving, so its pause never holds the engine. 0 disables it."},
 		&cli.IntFlag{Name: "max-request-body-size", EnvVars: env("max-request-body-size"), Value: proxy.DefaultMaxRequestBodySize,
 			Usage: "Largest request body accepted, in bytes (413 above it)."},
 		&cli.IntFlag{Name: "max-request-header-size", EnvVars: env("max-request-header-size"), Value: proxy.DefaultMaxRequestHeaderSize,

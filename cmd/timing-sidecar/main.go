@@ -61,6 +61,7 @@ func configFrom(c *cli.Context) proxy.Config {
 		UpstreamKeepAlive:      c.Duration("upstream-keepalive"),
 		ClientReadTimeout:      c.Duration("client-read-timeout"),
 		ClientIdleTimeout:      c.Duration("client-idle-timeout"),
+		ClientWriteTimeout:     c.Duration("client-write-timeout"),
 		MaxRequestBodySize:     c.Int("max-request-body-size"),
 		MaxRequestHeaderSize:   c.Int("max-request-header-size"),
 		MaxResponseHeaderSize:  c.Int("max-response-header-size"),
