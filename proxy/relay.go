@@ -381,6 +381,11 @@ func (r *eventRelay) fill() error {
 			r.pending, r.pendingAt = piece, at
 			if whole {
 				r.inspect(piece, at)
+			} else if r.events.Ended() && r.hiddenUsage(piece) {
+				// The usage the sidecar asked for, cut short by the
+				// stream's end: its counts are kept, and the client, which
+				// never asked for it, does not get it.
+				r.pending = nil
 			} else if r.held != nil {
 				// Not inspected, so it carries no usage the sidecar knows of.
 				r.pending, r.queued = r.releaseHeld(true, at), piece
@@ -450,6 +455,21 @@ func (r *eventRelay) inspect(raw []byte, at time.Time) {
 		r.pending, r.queued = released, r.pending
 		r.pendingAt, r.queuedAt = releasedAt, at
 	}
+}
+
+// hiddenUsage tells whether raw, a stream's unterminated tail, is a usage
+// event the sidecar asked for and the client did not, and takes its counts.
+func (r *eventRelay) hiddenUsage(raw []byte) bool {
+	f := r.f
+	if !f.hideUsage && !f.metricsOnFinish {
+		return false
+	}
+	ev := rewrite.ClassifyEventFor(f.route.api, raw)
+	if ev.Kind != rewrite.EventUsage {
+		return false
+	}
+	f.usage = f.usage.Merge(ev.Usage)
+	return true
 }
 
 // hold keeps a copy of raw back from the client until the next event.

@@ -289,3 +289,31 @@ func TestHeldFinishKeepsTheEnginesOrder(t *testing.T) {
 		t.Fatalf("want the metrics once, on the finishing event:\n%s", s)
 	}
 }
+
+// TestUnterminatedUsageAtTheEndStaysHidden: an engine that closes the
+// stream after a usage event without its blank line. SSE clients drop such
+// a tail, but its bytes would still reach a client that never asked for
+// usage; the sidecar asked, so the client does not get them, and their
+// counts still go into the metrics.
+func TestUnterminatedUsageAtTheEndStaysHidden(t *testing.T) {
+	usage := `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[]` + shapeUsage + "}\n"
+	engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, _ []byte) {
+		defer c.Close()
+		io.WriteString(c, sseHead+chunk(roleEvent)+chunk(tokenEvent("a"))+chunk(shapeEvent(0, `{}`, "", "stop", ""))+chunk(usage)+"0\r\n\r\n")
+	})
+	base := startProxy(t, engine.URL(), nil)
+	resp := post(t, base+"/v1/chat/completions", `{"stream":true,"include_metrics":true}`, nil)
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	s := string(got)
+	if strings.Contains(s, `"choices":[]`) {
+		t.Fatalf("the usage event the client did not ask for reached it:\n%s", s)
+	}
+	i := strings.Index(s, `"metrics":`)
+	if i < 0 || i < strings.Index(s, `"finish_reason":"stop"`) {
+		t.Fatalf("no metrics on the finishing event:\n%s", s)
+	}
+	if m := metricsOf(t, strings.TrimPrefix(strings.Split(s[strings.LastIndex(s[:i], "data: "):], "\n")[0], "data: ")); m["completion_tokens"] == nil || *m["completion_tokens"] != 2 {
+		t.Fatalf("the tail's counts are not in the metrics:\n%s", s)
+	}
+}

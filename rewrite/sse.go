@@ -41,6 +41,12 @@ func (r *EventReader) Reset(src io.Reader) {
 	*r = EventReader{src: src, buf: r.buf, limit: r.limit}
 }
 
+// Ended tells whether the stream has ended and everything read has been
+// returned: after Next returned a piece, that the piece was the stream's
+// unterminated tail, bytes after the last blank line, which SSE clients
+// drop (WHATWG).
+func (r *EventReader) Ended() bool { return r.err != nil && r.start == r.end }
+
 // Next returns the next event, terminator included, with whole == true; or,
 // for an event larger than the buffer or bytes left unterminated when the
 // stream ended, a piece of one with whole == false. The slice is valid until
