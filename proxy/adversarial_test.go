@@ -569,3 +569,50 @@ func TestEngineStatusOutsideHTTP(t *testing.T) {
 		})
 	}
 }
+
+// TestEngineHeadersCheckedLikeRequests: an engine's header block that
+// parsers could read two ways (a field name that is not a token, such as
+// "Transfer-Encoding " with a space before the colon over an identity
+// body; a Content-Length with a Transfer-Encoding; a Transfer-Encoding
+// that does not end in chunked) gives the client a clear 502 before any
+// byte, as the same in a request gives a 400, instead of a body read one
+// way by the sidecar and another by the client.
+func TestEngineHeadersCheckedLikeRequests(t *testing.T) {
+	for name, head := range map[string]string{
+		"a space before the colon": "Transfer-Encoding : chunked\r\nContent-Type: application/json\r\n",
+		"a name that is no token":  "X(y): 1\r\nContent-Type: application/json\r\nContent-Length: 2\r\n",
+		"both framings":            "Content-Length: 2\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\n",
+		"chunked not last":         "Transfer-Encoding: chunked, identity\r\nContent-Type: application/json\r\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, _ []byte) {
+				defer c.Close()
+				io.WriteString(c, "HTTP/1.1 200 OK\r\n"+head+"\r\n{}")
+			})
+			p, base := startSidecar(t, engine.URL(), nil, nil)
+			resp := post(t, base+"/v1/chat/completions", `{"model":"m"}`, nil)
+			openAIError(t, resp, http.StatusBadGateway, "bad_response")
+			if got := counterValue(t, p, "timing_sidecar_upstream_errors_total", map[string]string{"kind": "bad_response"}); got != 1 {
+				t.Errorf("bad_response errors counted %v, want 1", got)
+			}
+		})
+	}
+}
+
+func TestPeekHeaderBlock(t *testing.T) {
+	for in, want := range map[string]string{
+		"HTTP/1.1 200 OK\r\nA: 1\r\nB: 2\r\n\r\nbody": "A: 1\r\nB: 2\r\n",
+		"HTTP/1.1 200 OK\nA: 1\n\nbody":               "A: 1\n",
+		"HTTP/1.1 204 No Content\r\n\r\n":             "",
+	} {
+		got := peekHeaderBlock(bufio.NewReader(strings.NewReader(in)))
+		if got == nil || string(got) != want {
+			t.Errorf("%q: fields %q, want %q", in, got, want)
+		}
+	}
+	// Not whole before the stream ends: nil, for the response's reader to
+	// report.
+	if got := peekHeaderBlock(bufio.NewReader(strings.NewReader("HTTP/1.1 200 OK\r\nA: 1\r\n"))); got != nil {
+		t.Errorf("an unfinished block: %q, want nil", got)
+	}
+}

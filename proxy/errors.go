@@ -49,8 +49,12 @@ func (e apiError) write(ctx *fasthttp.RequestCtx) {
 // output) or the request's.
 func upstreamError(err error) apiError {
 	e := apiError{Status: fasthttp.StatusBadGateway, Type: "upstream_error"}
-	if errors.Is(err, errBadStatus) {
+	switch {
+	case errors.Is(err, errBadStatus):
 		e.Code, e.Message = "bad_response", "timing-sidecar: the model server answered with a status that is not a final HTTP status"
+		return e
+	case errors.Is(err, errBadHeaders):
+		e.Code, e.Message = "bad_response", "timing-sidecar: the model server's response headers are malformed"
 		return e
 	}
 	switch upstreamErrorKind(err, true) {
@@ -101,7 +105,7 @@ func upstreamErrorKind(err error, beforeHeaders bool) string {
 	var op *net.OpError
 	var small *fasthttp.ErrSmallBuffer
 	switch {
-	case errors.As(err, &small), errors.Is(err, errBadStatus):
+	case errors.As(err, &small), errors.Is(err, errBadStatus), errors.Is(err, errBadHeaders):
 		return telemetry.ErrorBadResponse
 	case !beforeHeaders && timeout:
 		return telemetry.ErrorIdleTimeout

@@ -70,6 +70,14 @@ func checkFraming(raw []byte) *apiError {
 	return nil
 }
 
+// framedOneWay tells whether an engine's response header fields say one
+// thing about where the body ends, to any parser, as checkFraming asks of
+// requests: field names that are tokens, not both a Content-Length and a
+// Transfer-Encoding, one Content-Length, and chunked as the last coding.
+func framedOneWay(fields []byte) bool {
+	return checkFraming(fields) == nil
+}
+
 // readCodings reads one Transfer-Encoding value on top of those before it:
 // whether chunked is now the last coding, and whether any coding other
 // than chunked (and the no-op identity) has appeared.

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -196,6 +197,46 @@ var errAborted = errors.New("client went away")
 // errBadStatus is returned for a status line that is no final HTTP status.
 var errBadStatus = errors.New("the engine's status is not a final HTTP status")
 
+// errBadHeaders is returned for a response header block that parsers
+// could read in more than one way.
+var errBadHeaders = errors.New("the engine's response headers are malformed")
+
+// peekHeaderBlock returns the response's header fields, after the status
+// line and before the blank line, without consuming them; nil if they do
+// not arrive whole (a timeout, a close, more than the buffer holds), which
+// reading the response then reports.
+func peekHeaderBlock(br *bufio.Reader) []byte {
+	for n := 1; ; n = br.Buffered() + 1 {
+		b, err := br.Peek(n)
+		if end := blankLine(b); end >= 0 {
+			if line := bytes.IndexByte(b, '\n'); line < end {
+				return b[line+1 : end+1]
+			}
+			return b[:0] // a status line and no fields
+		}
+		if err != nil {
+			return nil
+		}
+	}
+}
+
+// blankLine is where the line end before the first empty line is, CRLF or
+// a bare LF (which fasthttp accepts too), or -1.
+func blankLine(b []byte) int {
+	for i := bytes.IndexByte(b, '\n'); i >= 0 && i+1 < len(b); {
+		switch {
+		case b[i+1] == '\n', b[i+1] == '\r' && i+2 < len(b) && b[i+2] == '\n':
+			return i
+		}
+		j := bytes.IndexByte(b[i+1:], '\n')
+		if j < 0 {
+			break
+		}
+		i += 1 + j
+	}
+	return -1
+}
+
 // errHeaderTimeout is returned when the engine sent no response headers
 // within the configured time.
 var errHeaderTimeout = errors.New("no response headers from upstream in time")
@@ -337,9 +378,13 @@ func (x *exchange) send(c *upstreamConn, req *fasthttp.Request, resp *fasthttp.R
 		return err
 	}
 	resp.StreamBody = true
-	// fasthttp reads a status of 000 as 200: the digits are checked first.
+	// fasthttp reads a status of 000 as 200, and a header block some
+	// parsers read differently from others: both are checked first.
 	if line, _ := c.br.Peek(len("HTTP/1.1 000")); len(line) == len("HTTP/1.1 000") && line[9] == '0' {
 		return errBadStatus
+	}
+	if block := peekHeaderBlock(c.br); block != nil && !framedOneWay(block) {
+		return errBadHeaders
 	}
 	if err := resp.Read(c.br); err != nil {
 		if ne, ok := err.(net.Error); errors.Is(err, fasthttp.ErrTimeout) || (ok && ne.Timeout()) {
