@@ -616,3 +616,15 @@ func TestPeekHeaderBlock(t *testing.T) {
 		t.Errorf("an unfinished block: %q, want nil", got)
 	}
 }
+
+// A response that arrived whole in one read is found in the buffer, not
+// waited past: the engine sends nothing more on a kept-alive connection.
+func TestPeekHeaderBlockDoesNotWaitPastAWholeResponse(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	go io.WriteString(a, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}") //nolint:errcheck
+	b.SetReadDeadline(time.Now().Add(5 * time.Second))                     //nolint:errcheck // a wait fails, not hangs
+	if got := peekHeaderBlock(bufio.NewReader(b)); string(got) != "Content-Length: 2\r\n" {
+		t.Fatalf("fields %q", got)
+	}
+}

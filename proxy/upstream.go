@@ -206,15 +206,18 @@ var errBadHeaders = errors.New("the engine's response headers are malformed")
 // not arrive whole (a timeout, a close, more than the buffer holds), which
 // reading the response then reports.
 func peekHeaderBlock(br *bufio.Reader) []byte {
-	for n := 1; ; n = br.Buffered() + 1 {
-		b, err := br.Peek(n)
+	for {
+		// Everything buffered, and then one byte more than that: a
+		// response that arrived whole must be found in what is here, not
+		// waited past.
+		b, _ := br.Peek(br.Buffered())
 		if end := blankLine(b); end >= 0 {
 			if line := bytes.IndexByte(b, '\n'); line < end {
 				return b[line+1 : end+1]
 			}
 			return b[:0] // a status line and no fields
 		}
-		if err != nil {
+		if _, err := br.Peek(len(b) + 1); err != nil {
 			return nil
 		}
 	}
