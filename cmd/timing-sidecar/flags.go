@@ -47,7 +47,7 @@ func serveFlags() []cli.Flag {
 		&cli.BoolFlag{Name: "access-log", EnvVars: env("access-log"), Value: proxy.DefaultAccessLog,
 			Usage: "Write one JSON line per request to standard output (never the prompt, the output or credentials)."},
 		&cli.BoolFlag{Name: "kernel-timestamps", EnvVars: env("kernel-timestamps"), Value: proxy.DefaultKernelTimestamps,
-			Usage: "Take each timing mark from the kernel's receive time of the bytes that completed it (Linux), so a sidecar that runs late under a CPU limit still measures the engine; false, or where the platform gives none, uses the clock at the read. The gauge timing_sidecar_kernel_timestamps says which is in use."},
+			Usage: "Take each timing mark from the kernel's receive time of the bytes that completed it (Linux), so a mark does not move when the sidecar's goroutines run late on a busy node; false, or where the platform gives none, uses the clock at the read. The gauge timing_sidecar_kernel_timestamps says which is in use."},
 		&cli.BoolFlag{Name: "inject-usage", EnvVars: env("inject-usage"), Value: proxy.DefaultInjectUsage,
 			Usage: "For streams whose client did not ask for usage, ask the engine for it (exact token counts for Prometheus and the access log) and remove that usage event before it reaches the client."},
 		&cli.BoolFlag{Name: "forward-include-metrics", EnvVars: env("forward-include-metrics"),
