@@ -549,48 +549,34 @@ func TestRequestTrailersAreNotHeaders(t *testing.T) {
 	}
 }
 
-// TestEngineStatusOutsideHTTP: a status line that is no final HTTP status
-// (000, which fasthttp reads as 200; 099; 101 to a request that asked for
-// no upgrade; 600) gives the client a clear 502 before any byte, never a
-// relayed or masked answer, and counts as a bad response.
-func TestEngineStatusOutsideHTTP(t *testing.T) {
-	for _, status := range []string{"000 Zero", "099 Low", "101 Switching Protocols", "600 High"} {
-		t.Run(status, func(t *testing.T) {
-			engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, _ []byte) {
-				defer c.Close()
-				io.WriteString(c, "HTTP/1.1 "+status+"\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
-			})
-			p, base := startSidecar(t, engine.URL(), nil, nil)
-			resp := post(t, base+"/v1/chat/completions", `{"model":"m","include_metrics":true}`, nil)
-			openAIError(t, resp, http.StatusBadGateway, "bad_response")
-			if got := counterValue(t, p, "timing_sidecar_upstream_errors_total", map[string]string{"kind": "bad_response"}); got != 1 {
-				t.Errorf("bad_response errors counted %v, want 1", got)
-			}
-		})
-	}
-}
-
-// TestEngineHeadersCheckedLikeRequests: an engine's header block that
-// parsers could read two ways (a field name that is not a token, such as
-// "Transfer-Encoding " with a space before the colon over an identity
-// body; a Content-Length with a Transfer-Encoding; a Transfer-Encoding
-// that does not end in chunked) gives the client a clear 502 before any
-// byte, as the same in a request gives a 400, instead of a body read one
-// way by the sidecar and another by the client.
-func TestEngineHeadersCheckedLikeRequests(t *testing.T) {
+// TestMalformedEngineAnswers: an answer that is no final HTTP status (000,
+// which fasthttp reads as 200; 099; 101 to a request that asked for no
+// upgrade; 600), or a header block parsers could read two ways (a field
+// name that is not a token, such as "Transfer-Encoding " with a space
+// before the colon over an identity body; a Content-Length with a
+// Transfer-Encoding; a Transfer-Encoding that does not end in chunked),
+// gives the client a clear 502 before any byte, as the same in a request
+// gives a 400, and counts as a bad response: never a relayed, masked or
+// empty answer.
+func TestMalformedEngineAnswers(t *testing.T) {
+	const jsonHead = "Content-Type: application/json\r\n"
 	for name, head := range map[string]string{
-		"a space before the colon": "Transfer-Encoding : chunked\r\nContent-Type: application/json\r\n",
-		"a name that is no token":  "X(y): 1\r\nContent-Type: application/json\r\nContent-Length: 2\r\n",
-		"both framings":            "Content-Length: 2\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\n",
-		"chunked not last":         "Transfer-Encoding: chunked, identity\r\nContent-Type: application/json\r\n",
+		"status 000":               "HTTP/1.1 000 Zero\r\n" + jsonHead + "Content-Length: 2\r\n",
+		"status 099":               "HTTP/1.1 099 Low\r\n" + jsonHead + "Content-Length: 2\r\n",
+		"status 101":               "HTTP/1.1 101 Switching Protocols\r\n" + jsonHead + "Content-Length: 2\r\n",
+		"status 600":               "HTTP/1.1 600 High\r\n" + jsonHead + "Content-Length: 2\r\n",
+		"a space before the colon": "HTTP/1.1 200 OK\r\nTransfer-Encoding : chunked\r\n" + jsonHead,
+		"a name that is no token":  "HTTP/1.1 200 OK\r\nX(y): 1\r\n" + jsonHead + "Content-Length: 2\r\n",
+		"both framings":            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n" + jsonHead,
+		"chunked not last":         "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, identity\r\n" + jsonHead,
 	} {
 		t.Run(name, func(t *testing.T) {
 			engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, _ []byte) {
 				defer c.Close()
-				io.WriteString(c, "HTTP/1.1 200 OK\r\n"+head+"\r\n{}")
+				io.WriteString(c, head+"\r\n{}")
 			})
 			p, base := startSidecar(t, engine.URL(), nil, nil)
-			resp := post(t, base+"/v1/chat/completions", `{"model":"m"}`, nil)
+			resp := post(t, base+"/v1/chat/completions", `{"model":"m","include_metrics":true}`, nil)
 			openAIError(t, resp, http.StatusBadGateway, "bad_response")
 			if got := counterValue(t, p, "timing_sidecar_upstream_errors_total", map[string]string{"kind": "bad_response"}); got != 1 {
 				t.Errorf("bad_response errors counted %v, want 1", got)

@@ -190,7 +190,7 @@ func receiveTimeMarks(t *testing.T, withTLS bool) {
 	lo, hi := engine.tokens[0].to(engine.tokens[1])
 	lo2, hi2 := engine.tokens[1].to(engine.tokens[2])
 	within(t, m, "max_itl_ms", max(lo, lo2)-slack, max(hi, hi2)+slack)
-	if got := gauge(t, p, "timing_sidecar_kernel_timestamps"); got != 1 {
+	if got := gaugeValue(t, p.registry, "timing_sidecar_kernel_timestamps"); got != 1 {
 		t.Errorf("timing_sidecar_kernel_timestamps = %v, want 1", got)
 	}
 }
@@ -202,25 +202,9 @@ func receiveTimeMarks(t *testing.T, withTLS bool) {
 func TestFallbackMarksAreTheClockAtTheRead(t *testing.T) {
 	m, _, _, p := heldExchange(t, false, false)
 	within(t, m, "time_to_first_token_ms", ms(readHold), 1e9)
-	if got := gauge(t, p, "timing_sidecar_kernel_timestamps"); got != 0 {
+	if got := gaugeValue(t, p.registry, "timing_sidecar_kernel_timestamps"); got != 0 {
 		t.Errorf("timing_sidecar_kernel_timestamps = %v, want 0", got)
 	}
-}
-
-// gauge is the value of an unlabelled gauge of p's.
-func gauge(t *testing.T, p *Proxy, name string) float64 {
-	t.Helper()
-	families, err := p.registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range families {
-		if mf.GetName() == name {
-			return mf.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	t.Fatalf("no %s series", name)
-	return 0
 }
 
 // TestRelayDelayRunsFromTheReceiveStamp: an event that arrived a second
