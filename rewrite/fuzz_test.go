@@ -203,3 +203,56 @@ func FuzzInspectBody(f *testing.F) {
 		}
 	})
 }
+
+// FuzzUpgradedBody: the upgrade's edit, by sjson where each key comes once
+// and in one pass where one repeats, always gives valid JSON with exactly
+// one "stream": true and one stream_options asking for usage, without
+// include_metrics when it was to go, and every other member as it was.
+func FuzzUpgradedBody(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"m","include_metrics":true,"messages":[]}`, `{ "stream" : false , "include_metrics":false }`,
+		`{"stream":false,"stream":false,"include_metrics":true}`, `{"stream_options":null,"stream_options":{"x":1}}`,
+		"{\n\"model\":\"m\",\n\"stream_options\":{\"include_usage\":false}\n}", `{}`, ` { } `,
+		`{"include_metrics":true,"include_metrics":false,"m":"é\"\\"}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		req := InspectRequest(body)
+		if !req.Understood {
+			return
+		}
+		in := string(body)
+		out, err := UpgradedBody(body, req)
+		if string(body) != in {
+			t.Fatalf("input modified: %q", in)
+		}
+		if err != nil {
+			t.Fatalf("UpgradedBody(%q): %v", body, err)
+		}
+		var got, want map[string]any
+		if err := json.Unmarshal(out, &got); err != nil {
+			t.Fatalf("invalid JSON %q from %q", out, body)
+		}
+		opts, _ := got["stream_options"].(map[string]any)
+		if got["stream"] != true || opts["include_usage"] != true || countKey(out, "stream") != 1 || countKey(out, "stream_options") != 1 {
+			t.Fatalf("not upgraded: %q from %q", out, body)
+		}
+		if req.HasIncludeMetrics && countKey(out, "include_metrics") != 0 {
+			t.Fatalf("include_metrics left in %q", out)
+		}
+		if json.Unmarshal(body, &want) != nil {
+			return
+		}
+		if req.HasIncludeMetrics {
+			delete(want, "include_metrics")
+		}
+		for _, k := range []string{"stream", "stream_options"} {
+			delete(got, k)
+			delete(want, k)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("other members changed: %q -> %q", body, out)
+		}
+	})
+}

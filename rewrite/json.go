@@ -81,6 +81,13 @@ func deeperThan(s string, depth int) bool {
 // the order they appear and appending new ones at its end. Parsers take the
 // last copy of a repeated key (Python's json, JSON.parse, encoding/json), so
 // a member the sidecar sets goes last and every other copy of it goes.
+//
+// sjson does the edits it can (UpgradedBody, each key once). objectEdit
+// does what sjson cannot as these callers need: reach every copy of a
+// repeated key in one pass (sjson reaches the first), and edit into a
+// reused buffer without allocating, which UpstreamBody and the metrics
+// splice are tested for (sjson.SetRawBytes: about 0.6 µs and 3 allocations
+// on a 300-byte event, against 16-28 ns and none here).
 type objectEdit struct {
 	dst, obj []byte
 	start    int // where the copy begins in dst

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
 )
 
 // Request is what the sidecar reads of a chat or completions request body.
@@ -42,8 +43,9 @@ type Request struct {
 	Upgradable bool
 
 	// Where the members UpstreamBody edits lie, so that the common case,
-	// each key once, is edited by offsets without a second parse.
-	includeMetrics, streamOptions members
+	// each key once, is edited by offsets without a second parse; and how
+	// often "stream" comes, for UpgradedBody.
+	includeMetrics, streamOptions, stream members
 }
 
 // members is where the copies of one top-level key lie in a request body:
@@ -86,6 +88,7 @@ func InspectRequest(body []byte) Request {
 				r.InvalidIncludeMetrics = true
 			}
 		case "stream":
+			r.stream.add(key, value)
 			r.Stream = value.Type == gjson.True
 			if !value.IsBool() && value.Type != gjson.Null {
 				r.Understood = false
@@ -201,14 +204,42 @@ func UpgradedBody(body []byte, r Request) ([]byte, error) {
 	if !r.Understood {
 		return body, errNotUnderstood
 	}
-	e := newObjectEdit(nil, body)
-	e.cutKeys(func(key string) bool {
-		return key == "stream" || key == "stream_options" || key == "include_metrics" && r.HasIncludeMetrics
-	})
-	e.toEnd()
-	e.dst = append(e.dst, `"stream":true,"stream_options":{"include_usage":true}`...)
-	return e.done(), nil
+	cutMetrics := r.HasIncludeMetrics && r.includeMetrics.count > 0
+	if r.stream.count > 1 || r.streamOptions.count > 1 || cutMetrics && r.includeMetrics.count > 1 {
+		// A key repeated: sjson reaches only its first copy, and the
+		// engine reads the last. One pass cuts every copy and ends the
+		// object with the sidecar's own.
+		e := newObjectEdit(nil, body)
+		e.cutKeys(func(key string) bool {
+			return key == "stream" || key == "stream_options" || key == "include_metrics" && r.HasIncludeMetrics
+		})
+		e.toEnd()
+		e.dst = append(e.dst, `"stream":true,"stream_options":{"include_usage":true}`...)
+		return e.done(), nil
+	}
+	// Each key at most once: sjson's edits, into a new body (the client's
+	// stays as it came). Once per upgraded request, off the per-event path.
+	out := body
+	var err error
+	if cutMetrics {
+		if out, err = sjson.DeleteBytes(out, "include_metrics"); err != nil {
+			return body, err
+		}
+	}
+	if out, err = sjson.SetRawBytesOptions(out, "stream", []byte("true"), &editOptions); err != nil {
+		return body, err
+	}
+	if out, err = sjson.SetRawBytesOptions(out, "stream_options", []byte(`{"include_usage":true}`), &editOptions); err != nil {
+		return body, err
+	}
+	return out, nil
 }
+
+// editOptions are the options of the sidecar's sjson edits. Optimistic
+// stays off: it only pays when the key exists, and these keys are usually
+// absent. ReplaceInPlace stays off: it writes into the input, which is the
+// client's body, and with some string values silently sets nothing.
+var editOptions = sjson.Options{}
 
 // UpstreamBody returns the body to send upstream, appended to dst when it
 // differs from body. It removes the sidecar's "include_metrics" field

@@ -50,7 +50,7 @@ func TestInspectRequest(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got := InspectRequest([]byte(tt.body))
-			got.includeMetrics, got.streamOptions = members{}, members{}
+			got.includeMetrics, got.streamOptions, got.stream = members{}, members{}, members{}
 			got.Upgradable = false // TestUpgradable
 			if got != tt.want {
 				t.Fatalf("InspectRequest = %+v, want %+v", got, tt.want)
