@@ -614,3 +614,52 @@ func TestPeekHeaderBlockDoesNotWaitPastAWholeResponse(t *testing.T) {
 		t.Fatalf("fields %q", got)
 	}
 }
+
+// TestBodiesPastTheMemoryBudgetStreamThrough: a body the --max-body-memory
+// budget has no room for, of known length or chunked, goes to the engine
+// as the client sent it, unread and unedited, and its client gets the
+// engine's answer (without the metrics object): memory bounds what the
+// sidecar reads, never what it serves. A body with room is read and
+// edited as ever.
+func TestBodiesPastTheMemoryBudgetStreamThrough(t *testing.T) {
+	engine := newFakeEngine(t)
+	// Bodies larger than the whole budget: no wait for room that cannot
+	// come. A chunked one holds what it has read and does not wait.
+	p, base := startSidecar(t, engine.URL(), func(c *Config) { c.MaxBodyMemory = 32 << 10 }, nil)
+	big := `{"model":"m","stream":true,"include_metrics":true,"messages":[{"role":"user","content":"` + strings.Repeat("a", 100<<10) + `"}]}`
+	small := `{"model":"m","stream":true,"include_metrics":true,"messages":[{"role":"user","content":"` + strings.Repeat("a", 20<<10) + `"}]}`
+	chunked := func(body string) string {
+		return "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" +
+			fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(body), body)
+	}
+	sized := func(body string) string {
+		return fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	}
+	for _, tc := range []struct {
+		name, raw, body string
+		read            bool
+	}{
+		{"known length, no room", sized(big), big, false},
+		{"chunked, no room", chunked(big), big, false},
+		{"known length, room", sized(small), small, true},
+		{"chunked, room", chunked(small), small, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, events := rawExchange(t, base, tc.raw)
+			if resp.StatusCode != 200 || !strings.Contains(string(events), "data: [DONE]") {
+				t.Fatalf("status %d: %.200s", resp.StatusCode, events)
+			}
+			fr := engine.next(t)
+			if unread := bytes.Equal(fr.Body, []byte(tc.body)); unread == tc.read {
+				t.Fatalf("read %v: the engine got the body unchanged: %v", tc.read, unread)
+			}
+			if got := strings.Contains(string(events), `"metrics"`); got != tc.read {
+				t.Fatalf("metrics in the answer: %v, want %v", got, tc.read)
+			}
+			if used := p.bodies.used.Load(); used != 0 {
+				t.Fatalf("%d bytes of the budget still held", used)
+			}
+		})
+	}
+	stillServes(t, base)
+}

@@ -46,6 +46,10 @@ const (
 	// nginx's send_timeout.
 	DefaultClientWriteTimeout = 60 * time.Second
 	DefaultMaxRequestBodySize = 64 << 20
+	// Room for one body at the size limit and a half more: with the
+	// runtime and the connections it fits the manifests' 256Mi limit
+	// (deploy/README.md, "Memory").
+	DefaultMaxBodyMemory = 96 << 20
 	// nginx's default for one request header line; the server holds a
 	// buffer this big per connection, streams included.
 	DefaultMaxRequestHeaderSize = 8 << 10
@@ -107,6 +111,9 @@ type Config struct {
 	ClientWriteTimeout time.Duration
 	// MaxRequestBodySize is the largest request body accepted (413 above).
 	MaxRequestBodySize int
+	// MaxBodyMemory bounds the request bodies held in memory at once; a
+	// body with no room streams through unread (bodyBudget).
+	MaxBodyMemory int
 	// MaxRequestHeaderSize is the largest request header block accepted
 	// (431 above).
 	MaxRequestHeaderSize int
@@ -189,6 +196,7 @@ func DefaultConfig() Config {
 		ClientIdleTimeout:      DefaultClientIdleTimeout,
 		ClientWriteTimeout:     DefaultClientWriteTimeout,
 		MaxRequestBodySize:     DefaultMaxRequestBodySize,
+		MaxBodyMemory:          DefaultMaxBodyMemory,
 		MaxRequestHeaderSize:   DefaultMaxRequestHeaderSize,
 		MaxResponseHeaderSize:  DefaultMaxResponseHeaderSize,
 		MaxBufferedResponse:    DefaultMaxBufferedResponse,
@@ -272,6 +280,7 @@ func (c *Config) Validate() error {
 		min  int
 	}{
 		{"max request body size", c.MaxRequestBodySize, 1},
+		{"max body memory", c.MaxBodyMemory, 1},
 		{"max request header size", c.MaxRequestHeaderSize, 1024},
 		{"max response header size", c.MaxResponseHeaderSize, 1024},
 		{"max buffered response", c.MaxBufferedResponse, 1},

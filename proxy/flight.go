@@ -9,6 +9,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/timing-sidecar/timing-sidecar/rewrite"
 	"github.com/timing-sidecar/timing-sidecar/telemetry"
 	"github.com/timing-sidecar/timing-sidecar/timing"
 )
@@ -43,18 +44,19 @@ type flight struct {
 	// upgraded: a non-streaming request the engine was asked to stream;
 	// the response is reassembled (--upgrade-non-streaming).
 	upgraded bool
-	// upstreamBody is room for the request body as edited for the
-	// engine, kept with the pooled flight so that a usual request needs
-	// no allocation for it.
-	upstreamBody []byte
+	// body is room for the request body, and edit the body as edited
+	// for the engine: kept with the pooled flight so that a usual
+	// request allocates nothing for them.
+	body []byte
+	edit rewrite.Edit
+	// bodyTaken is what the body holds of the budget until it is sent.
+	bodyTaken int
+	// out is what the engine gets as the body.
+	out outgoing
 	// client is the connection the request came on; nil for one that is
 	// not a clientConn.
 	client *clientConn
 }
-
-// maxKeptUpstreamBody: room grown past this for a large prompt is left to
-// the garbage collector rather than kept with the flight.
-const maxKeptUpstreamBody = 64 << 10
 
 var requestIDHeader = []byte("X-Request-Id")
 
@@ -65,12 +67,11 @@ func (p *Proxy) begin(ctx *fasthttp.RequestCtx, arrival time.Time) *flight {
 		f = new(flight)
 	}
 	cc, _ := ctx.Conn().(*clientConn)
-	*f = flight{clock: timing.Clock{Arrival: arrival}, route: routeOf(ctx.Path()), upstreamBody: f.upstreamBody[:0], client: cc}
+	*f = flight{clock: timing.Clock{Arrival: arrival}, route: routeOf(ctx.Path()), body: f.body[:0], edit: f.edit, client: cc}
 	f.rec = telemetry.Record{
 		Method:   string(ctx.Method()),
 		Path:     string(ctx.Path()),
 		Endpoint: f.route.label,
-		BytesIn:  len(ctx.PostBody()),
 	}
 	if id := ctx.Request.Header.PeekBytes(requestIDHeader); len(id) > 0 {
 		f.rec.ID = string(id)

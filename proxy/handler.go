@@ -5,17 +5,12 @@ import (
 	"net"
 	"runtime/debug"
 	"time"
-	"unsafe"
 
 	"github.com/valyala/fasthttp"
 
 	"github.com/timing-sidecar/timing-sidecar/rewrite"
 	"github.com/timing-sidecar/timing-sidecar/telemetry"
 )
-
-// maxKeptRequestBody: a request body buffer grown past this is given back
-// when its request has been handled, not kept for the connection's next.
-const maxKeptRequestBody = 1 << 20
 
 func (p *Proxy) handle(ctx *fasthttp.RequestCtx) {
 	dropTrailers(&ctx.Request.Header)
@@ -33,20 +28,13 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx) {
 			// hop-by-hop ones; the response's headers are written after.
 			ctx.SetConnectionClose()
 		}
+		p.sent(f) // when nothing was forwarded
 		if !f.streaming {
 			if f.rec.Status == 0 {
 				f.rec.Status = ctx.Response.StatusCode()
 				f.rec.BytesOut = len(ctx.Response.Body())
 			}
 			p.finish(f)
-		}
-		// The request has been sent on; the body is not read again. A
-		// large one's buffer would otherwise stay with the connection
-		// while it idles (the server keeps body buffers), up to the body
-		// limit per idle client: the buffer is swapped for none and left
-		// to the garbage collector.
-		if cap(ctx.Request.Body()) > maxKeptRequestBody {
-			ctx.Request.SwapBody(nil)
 		}
 	}()
 	// Flush each response as soon as it is written. fasthttp otherwise
@@ -61,11 +49,20 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx) {
 		closeAfterError(ctx)
 		return
 	}
-	if ctx.IsPost() && f.route.measured {
-		p.serveMeasured(ctx, f)
+	body, ok := p.readBody(ctx, f)
+	if !ok {
 		return
 	}
-	x, resp, ok := p.forward(ctx, f, ctx.PostBody(), false)
+	dropTrailers(&ctx.Request.Header) // a chunked body's, read with it
+	if cc := f.client; cc != nil {
+		f.clock.Arrival = cc.arrival() // the body's last bytes
+	}
+	if ctx.IsPost() && f.route.measured {
+		p.serveMeasured(ctx, f, body)
+		return
+	}
+	f.edit.Reset(body)
+	x, resp, ok := p.forward(ctx, f, false)
 	if ok {
 		p.relayBody(ctx, f, x, resp, nil, nil)
 	}
@@ -90,9 +87,11 @@ func (p *Proxy) recoverRequest(ctx *fasthttp.RequestCtx, f *flight) {
 // serveMeasured handles a request to a measured endpoint: inspect, plan,
 // forward, relay. Every one is timed; the metrics object goes into the
 // response when the mode and the request ask for it.
-func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight) {
-	body := ctx.PostBody()
-	req := rewrite.InspectRequest(body)
+func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight, body []byte) {
+	var req rewrite.Request // a body left unread is not Understood
+	if f.out.stream == nil {
+		req = rewrite.InspectRequest(body)
+	}
 	pl := planFor(&p.cfg, f.route, req)
 	f.rec.Model, f.rec.Stream = req.Model, req.Stream
 	if p.tracer != nil {
@@ -106,42 +105,37 @@ func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight) {
 		return
 	}
 	f.wantMetrics, f.metricsOnFinish, f.hideUsage, f.multiple = pl.wantMetrics, pl.metricsOnFinish, pl.hideUsage, pl.multiple
-	upBody := p.upstreamBody(f, body, req, pl) // settles f.upgraded, and what a failed edit turns off
-	x, resp, ok := p.forward(ctx, f, upBody, f.wantMetrics || f.hideUsage || f.upgraded)
+	p.editBody(f, body, req, pl) // settles f.upgraded, and what a failed edit turns off
+	x, resp, ok := p.forward(ctx, f, f.wantMetrics || f.hideUsage || f.upgraded)
 	if !ok {
 		return
 	}
 	p.relayMeasured(ctx, f, x, resp)
 }
 
-// upstreamBody is the body to send the engine as pl says: upgraded to a
-// stream, or with include_metrics cut and usage asked for, or as it came.
-// A body the edit fails on goes as it came, without metrics.
-func (p *Proxy) upstreamBody(f *flight, body []byte, req rewrite.Request, pl plan) []byte {
+// editBody sets f.edit to the body to send the engine as pl says:
+// upgraded to a stream, or with include_metrics cut and usage asked for,
+// or as it came. A body the edit fails on goes as it came, without
+// metrics.
+func (p *Proxy) editBody(f *flight, body []byte, req rewrite.Request, pl plan) {
 	edit := req
 	edit.HasIncludeMetrics = pl.cutIncludeMetrics
 	if pl.upgrade {
-		b, err := rewrite.UpgradedBody(body, edit)
+		err := rewrite.UpgradedBody(&f.edit, body, edit)
 		if err == nil {
 			f.upgraded = true
-			return b
+			return
 		}
 		p.log.Warn("could not upgrade the request to a stream; forwarding it as it is", "err", err, "request_id", f.rec.ID)
 	}
 	if !pl.cutIncludeMetrics && !pl.askUsage {
-		return body
+		f.edit.Reset(body)
+		return
 	}
-	upBody, err := rewrite.UpstreamBody(f.upstreamBody, body, edit, pl.askUsage)
-	if err != nil {
+	if err := rewrite.UpstreamBody(&f.edit, body, edit, pl.askUsage); err != nil {
 		p.log.Warn("could not edit request body; forwarding it unchanged", "err", err, "request_id", f.rec.ID)
 		f.wantMetrics, f.hideUsage, f.metricsOnFinish = false, false, false
-		return body
 	}
-	if cap(upBody) > cap(f.upstreamBody) && cap(upBody) <= maxKeptUpstreamBody &&
-		unsafe.SliceData(upBody) != unsafe.SliceData(body) {
-		f.upstreamBody = upBody[:0] // grown: keep the room for next time
-	}
-	return upBody
 }
 
 // relayMeasured relays the engine's answer to a measured request the way
@@ -169,12 +163,12 @@ func (p *Proxy) relayMeasured(ctx *fasthttp.RequestCtx, f *flight, x *exchange, 
 	}
 }
 
-// forward sends the client's request upstream with body and waits for the
-// response headers, watching the client meanwhile. On failure it answers
-// the client itself and returns false.
-func (p *Proxy) forward(ctx *fasthttp.RequestCtx, f *flight, body []byte, identity bool) (*exchange, *fasthttp.Response, bool) {
+// forward sends the client's request upstream with the body f.out says and
+// waits for the response headers, watching the client meanwhile. On
+// failure it answers the client itself and returns false.
+func (p *Proxy) forward(ctx *fasthttp.RequestCtx, f *flight, identity bool) (*exchange, *fasthttp.Response, bool) {
 	req := fasthttp.AcquireRequest()
-	upstreamRequest(req, ctx, body, identity, p.up.addr.host)
+	upstreamRequest(req, ctx, identity, p.up.addr.host)
 	if f.rec.Trace.On() {
 		// The engine's span is the child of the sidecar's CLIENT span,
 		// not of the client's: the client's trace context is replaced.
@@ -185,13 +179,30 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, f *flight, body []byte, identi
 	resp.SkipBody = ctx.IsHead()
 	// A response without Content-Type must not read as text/plain.
 	resp.Header.SetNoDefaultContentType(true)
-	x := &exchange{up: p.up}
+	if f.out.stream == nil {
+		f.out.edit = &f.edit
+	}
+	x := &exchange{up: p.up, out: f.out}
 	cc, _ := ctx.Conn().(*clientConn)
 	if cc != nil {
-		cc.watch(x.abort)
+		if f.out.stream != nil {
+			// The client is still sending: watched once its body is
+			// sent, not while the body's reads are the server's.
+			x.watcher = cc
+		} else {
+			cc.watch(x.abort)
+		}
 	}
 	err := x.roundTrip(req, resp)
 	fasthttp.ReleaseRequest(req)
+	if f.out.stream != nil && cc != nil && f.clock.Arrival.Before(cc.arrival()) {
+		// The body streamed through: it had arrived when it was sent.
+		f.clock.Arrival = cc.arrival()
+		if err == nil && x.headersRead.Before(f.clock.Arrival) {
+			f.clock.Arrival = x.headersRead // an answer before the body's end
+		}
+	}
+	p.sent(f)
 	if err == nil {
 		x.client = cc
 		f.clock.Accepted = x.headersRead
@@ -204,6 +215,11 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, f *flight, body []byte, identi
 	fasthttp.ReleaseResponse(resp)
 	if errors.Is(err, errAborted) {
 		closeUnanswered(ctx, f)
+		return nil, nil, false
+	}
+	if f.out.stream != nil && f.out.stream.err != nil {
+		// The client failed while its body streamed through.
+		p.refuseBody(ctx, f, f.out.stream.err)
 		return nil, nil, false
 	}
 	p.log.Warn("upstream request failed", "path", f.rec.Path, "request_id", f.rec.ID, "err", safeError(err))

@@ -66,7 +66,7 @@ func removeHopHeaders(h header) {
 // upstreamRequest fills req from the client's request, with body as its
 // body. identity asks the engine for an unencoded response, which the
 // sidecar must read.
-func upstreamRequest(req *fasthttp.Request, ctx *fasthttp.RequestCtx, body []byte, identity bool, upstreamHost string) {
+func upstreamRequest(req *fasthttp.Request, ctx *fasthttp.RequestCtx, identity bool, upstreamHost string) {
 	ctx.Request.Header.CopyTo(&req.Header)
 	// fasthttp would add "Content-Type: application/octet-stream" to a body
 	// without one, and FastAPI engines then refuse the JSON.
@@ -88,10 +88,8 @@ func upstreamRequest(req *fasthttp.Request, ctx *fasthttp.RequestCtx, body []byt
 	req.UseHostHeader = true
 	req.URI().DisablePathNormalizing = true
 	req.SetRequestURIBytes(originForm(ctx.RequestURI()))
-	req.SetBodyRaw(body)
-	if len(body) > 0 || ctx.Request.Header.ContentLength() > 0 {
-		req.Header.SetContentLength(len(body))
-	}
+	// The body, and its length, are the exchange's to set, for each
+	// attempt (send).
 }
 
 // copyResponseHeader sets the client response's status and headers from

@@ -45,6 +45,8 @@ type Proxy struct {
 	// idle are the client connections waiting for their next request,
 	// closed when the drain begins.
 	idle idleClients
+	// bodies bounds the memory request bodies hold.
+	bodies *bodyBudget
 }
 
 // New checks cfg and builds a Proxy. log gets operational messages;
@@ -58,7 +60,8 @@ func New(cfg Config, log *slog.Logger, accessLog io.Writer) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{cfg: cfg, log: log, up: up, pools: newPools(cfg.MaxEventSize), registry: newRegistry(), stop: make(chan struct{})}
+	p := &Proxy{cfg: cfg, log: log, up: up, pools: newPools(cfg.MaxEventSize), registry: newRegistry(), stop: make(chan struct{}),
+		bodies: newBodyBudget(cfg.MaxBodyMemory)}
 	opts := telemetry.Options{MaxModels: cfg.MaxModelLabels, TenantLabel: cfg.TenantLabel, MaxTenants: cfg.MaxTenantLabels,
 		Objectives:       telemetry.Objectives{TTFT: cfg.SLOTTFT, ITL: cfg.SLOITL, E2E: cfg.SLOE2E},
 		KernelTimestamps: up.kernelStamps}
@@ -85,7 +88,9 @@ func New(cfg Config, log *slog.Logger, accessLog io.Writer) (*Proxy, error) {
 		ReadTimeout:        cfg.ClientReadTimeout,
 		IdleTimeout:        cfg.ClientIdleTimeout,
 		MaxRequestBodySize: cfg.MaxRequestBodySize,
-		ReadBufferSize:     cfg.MaxRequestHeaderSize,
+		// The handler reads bodies itself, within the budget (readBody).
+		StreamRequestBody: true,
+		ReadBufferSize:    cfg.MaxRequestHeaderSize,
 		// The engine's Server passes through. fasthttp manages Date itself
 		// (it drops a copied one), so the sidecar's clock dates responses.
 		NoDefaultServerHeader:         true,

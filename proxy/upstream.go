@@ -249,6 +249,10 @@ var errHeaderTimeout = errors.New("no response headers from upstream in time")
 type exchange struct {
 	up     *upstream
 	client *clientConn // watched for the client leaving; may be nil
+	out    outgoing    // the request's body
+	// watcher, when set, is watched for the client leaving once the body
+	// is sent: a body streamed through is read from it until then.
+	watcher *clientConn
 
 	mu      sync.Mutex
 	conn    *upstreamConn
@@ -336,7 +340,10 @@ func (x *exchange) finish(resp *fasthttp.Response, readToEnd bool) {
 func (x *exchange) roundTrip(req *fasthttp.Request, resp *fasthttp.Response) error {
 	for attempt := 0; ; attempt++ {
 		get := x.up.get
-		if attempt > 0 {
+		if attempt > 0 || x.out.stream != nil {
+			// A body streamed through cannot be sent twice: it goes on a
+			// new connection, which no idle timeout of the engine's has
+			// closed.
 			get = x.up.dial
 		}
 		c, err := get()
@@ -355,7 +362,7 @@ func (x *exchange) roundTrip(req *fasthttp.Request, resp *fasthttp.Response) err
 		if x.isAborted() {
 			return errAborted
 		}
-		if attempt == 0 && c.reused && c.nread == 0 && isConnGone(err) {
+		if attempt == 0 && c.reused && c.nread == 0 && isConnGone(err) && x.out.stream == nil {
 			continue
 		}
 		return err
@@ -369,6 +376,12 @@ func (x *exchange) send(c *upstreamConn, req *fasthttp.Request, resp *fasthttp.R
 		deadline = time.Now().Add(x.up.headerTimeout)
 	}
 	c.SetDeadline(deadline) //nolint:errcheck // a closed conn fails the write below
+	switch {
+	case x.out.stream != nil:
+		req.SetBodyStream(x.out.stream, x.out.size)
+	case x.out.edit.Len() > 0:
+		req.SetBodyStream(x.out.edit.Reader(), x.out.edit.Len())
+	}
 	bw := x.up.writers.Get().(*bufio.Writer)
 	bw.Reset(c.Conn)
 	err := req.Write(bw)
@@ -379,6 +392,10 @@ func (x *exchange) send(c *upstreamConn, req *fasthttp.Request, resp *fasthttp.R
 	x.up.writers.Put(bw)
 	if err != nil {
 		return err
+	}
+	if x.watcher != nil {
+		x.watcher.watch(x.abort)
+		x.client, x.watcher = x.watcher, nil // unwatched as any
 	}
 	resp.StreamBody = true
 	// fasthttp reads a status of 000 as 200, and a header block some

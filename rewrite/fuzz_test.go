@@ -115,7 +115,7 @@ func FuzzUpstreamBody(f *testing.F) {
 			return
 		}
 		in := string(body)
-		out, err := UpstreamBody(nil, body, req, askUsage)
+		out, err := upstreamBody(body, req, askUsage)
 		if string(body) != in {
 			t.Fatalf("input modified: %q", in)
 		}
@@ -204,7 +204,7 @@ func FuzzInspectBody(f *testing.F) {
 	})
 }
 
-// FuzzUpgradedBody: the upgrade's edit, by sjson where each key comes once
+// FuzzUpgradedBody: the upgrade's edit, by offsets where each key comes once
 // and in one pass where one repeats, always gives valid JSON with exactly
 // one "stream": true and one stream_options asking for usage, without
 // include_metrics when it was to go, and every other member as it was.
@@ -223,7 +223,7 @@ func FuzzUpgradedBody(f *testing.F) {
 			return
 		}
 		in := string(body)
-		out, err := UpgradedBody(body, req)
+		out, err := upgradedBody(body, req)
 		if string(body) != in {
 			t.Fatalf("input modified: %q", in)
 		}
@@ -253,6 +253,53 @@ func FuzzUpgradedBody(f *testing.F) {
 		}
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("other members changed: %q -> %q", body, out)
+		}
+	})
+}
+
+// FuzzEachMember: the sidecar's member walk sees what gjson's ForEach does
+// in a valid document: the same keys, values and offsets, in order.
+func FuzzEachMember(f *testing.F) {
+	for _, s := range []string{
+		`{"a":1,"b":"x\"y","c":[1,{"d":"]"}],"e":{"f":null},"g":true}`, ` [ 1 , "a" , [ ] , { } ] `,
+		`{"k\u0065y":"\\","":-1.5e3}`, `{}`, `[]`, `{"a" : "b" }`,
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		doc := gjson.Parse(s)
+		if !valid(s) || !doc.IsObject() && !doc.IsArray() {
+			return
+		}
+		type member struct {
+			key       string
+			keyAt, at int
+			raw       string
+		}
+		var want, got []member
+		doc.ForEach(func(k, v gjson.Result) bool {
+			m := member{raw: v.Raw, at: v.Index}
+			if doc.IsObject() {
+				m.key, m.keyAt = k.Str, k.Index
+			}
+			want = append(want, m)
+			return true
+		})
+		eachMember(s, func(key string, keyAt int, raw string, at int) bool {
+			m := member{key: key, raw: raw, at: at}
+			if doc.IsObject() {
+				m.keyAt = keyAt
+			}
+			got = append(got, m)
+			return true
+		})
+		for i := range want {
+			if i < len(got) && len(want[i].key) > maxKeyBytes/6 {
+				got[i].key = want[i].key // long keys are passed as sent
+			}
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("eachMember(%q) = %+v, ForEach %+v", s, got, want)
 		}
 	})
 }

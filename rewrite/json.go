@@ -56,47 +56,168 @@ func deeperThan(s string, depth int) bool {
 				return false // invalid: gjson.Valid stops here
 			}
 		case '"':
-			// The string ends at the next quote not escaped, that is not
-			// after an odd run of backslashes.
-			for {
-				j := strings.IndexByte(s[i+1:], '"')
-				if j < 0 {
-					return false // unterminated: gjson.Valid stops here
-				}
-				i += 1 + j
-				k := i - 1
-				for s[k] == '\\' { // stops at the opening quote at the latest
-					k--
-				}
-				if (i-1-k)%2 == 0 {
-					break
-				}
+			if i = stringEnd(s, i); i < 0 {
+				return false // unterminated: gjson.Valid stops here
 			}
 		}
 	}
 	return false
 }
 
-// objectEdit copies a valid JSON object into dst, cutting members out in
-// the order they appear and appending new ones at its end. Parsers take the
-// last copy of a repeated key (Python's json, JSON.parse, encoding/json), so
-// a member the sidecar sets goes last and every other copy of it goes.
+// stringEnd returns the index of the quote that ends the string whose
+// opening quote is s[i], or -1 when it does not end: the next quote not
+// escaped, that is not after an odd run of backslashes.
+func stringEnd(s string, i int) int {
+	for {
+		j := strings.IndexByte(s[i+1:], '"')
+		if j < 0 {
+			return -1
+		}
+		i += 1 + j
+		k := i - 1
+		for s[k] == '\\' { // stops at the opening quote at the latest
+			k--
+		}
+		if (i-1-k)%2 == 0 {
+			return i
+		}
+	}
+}
+
+// valueEnd returns the index past the JSON value that starts at s[i], in
+// a document already valid.
+func valueEnd(s string, i int) int {
+	switch s[i] {
+	case '"':
+		return stringEnd(s, i) + 1
+	case '{', '[':
+		d := 0
+		for ; i < len(s); i++ {
+			switch s[i] {
+			case '{', '[':
+				d++
+			case '}', ']':
+				if d--; d == 0 {
+					return i + 1
+				}
+			case '"':
+				i = stringEnd(s, i)
+			}
+		}
+		return len(s)
+	}
+	for ; i < len(s); i++ {
+		switch s[i] {
+		case ',', '}', ']', ' ', '\t', '\n', '\r':
+			return i
+		}
+	}
+	return i
+}
+
+// maxKeyBytes: keys longer than this (as sent, escapes included) are not
+// unescaped; none the sidecar reads comes near it.
+const maxKeyBytes = 64
+
+// eachMember calls fn with each member of the valid JSON object s, or each
+// element of the array s (key ""), until fn returns false: the key's text
+// and where its opening quote lies, and the value's raw text and where it
+// starts. Unlike gjson's ForEach it unescapes no value, only short keys: a
+// completions prompt of megabytes with a newline in it would otherwise be
+// copied whole to be skipped. Values the sidecar reads are parsed by gjson
+// one by one.
+func eachMember(s string, fn func(key string, keyAt int, raw string, at int) bool) {
+	i := 0
+	for i < len(s) && isSpace(s[i]) {
+		i++
+	}
+	if i == len(s) {
+		return
+	}
+	object := s[i] == '{'
+	for i++; i < len(s); {
+		for i < len(s) && (isSpace(s[i]) || s[i] == ',') {
+			i++
+		}
+		if i >= len(s) || s[i] == '}' || s[i] == ']' {
+			return
+		}
+		key, keyAt := "", i
+		if object {
+			end := stringEnd(s, i) + 1
+			key = s[i+1 : end-1]
+			if strings.IndexByte(key, '\\') >= 0 && end-i <= maxKeyBytes {
+				key = gjson.Parse(s[i:end]).Str
+			}
+			i = end
+			for i < len(s) && (isSpace(s[i]) || s[i] == ':') {
+				i++
+			}
+		}
+		end := valueEnd(s, i)
+		if !fn(key, keyAt, s[i:end], i) {
+			return
+		}
+		i = end
+	}
+}
+
+// objectEdit edits a valid JSON object, cutting members out in the order
+// they appear and appending new ones at its end. Parsers take the last copy
+// of a repeated key (Python's json, JSON.parse, encoding/json), so a member
+// the sidecar sets goes last and every other copy of it goes.
 //
-// sjson does the edits it can (UpgradedBody, each key once). objectEdit
-// does what sjson cannot as these callers need: reach every copy of a
-// repeated key in one pass (sjson reaches the first), and edit into a
-// reused buffer without allocating, which UpstreamBody and the metrics
-// splice are tested for (sjson.SetRawBytes: about 0.6 µs and 3 allocations
-// on a 300-byte event, against 16-28 ns and none here).
+// It writes its output one of two ways: copied into dst, for events and
+// response bodies, which are small and go out as one write; or as an Edit
+// that refers to the object's bytes, for request bodies, which may be tens
+// of megabytes (out set; obj is then out's body).
+//
+// objectEdit does what sjson cannot as these callers need: reach every
+// copy of a repeated key in one pass (sjson reaches the first), edit into
+// a reused buffer without allocating, which UpstreamBody and the metrics
+// splice are tested for (sjson.SetRawBytes: about 0.6 µs and 3
+// allocations on a 300-byte event, against 16-28 ns and none here), and
+// edit without copying a body (sjson returns a new document).
 type objectEdit struct {
-	dst, obj []byte
-	start    int // where the copy begins in dst
-	from     int // obj[from:] is not copied yet
-	close    int // obj's closing brace
+	dst   []byte
+	out   *Edit
+	obj   []byte
+	from  int  // obj[from:] is not written yet
+	close int  // obj's closing brace
+	last  byte // the last byte other than space written from obj
 }
 
 func newObjectEdit(dst, obj []byte) objectEdit {
-	return objectEdit{dst: dst, obj: obj, start: len(dst), close: lastNonSpace(obj)}
+	return objectEdit{dst: dst, obj: obj, close: lastNonSpace(obj)}
+}
+
+// newBodyEdit starts an edit of out's body, written to out.
+func newBodyEdit(out *Edit) objectEdit {
+	out.parts, out.own, out.n = out.parts[:0], out.own[:0], 0
+	return objectEdit{out: out, obj: out.src, close: lastNonSpace(out.src)}
+}
+
+// keep writes obj[from:to] and moves past it.
+func (e *objectEdit) keep(to int) {
+	seg := e.obj[e.from:to]
+	if i := lastNonSpace(seg); i >= 0 {
+		e.last = seg[i]
+	}
+	if e.out != nil {
+		e.out.keep(e.from, to)
+	} else {
+		e.dst = append(e.dst, seg...)
+	}
+	e.from = to
+}
+
+// add writes the sidecar's bytes b.
+func (e *objectEdit) add(b []byte) {
+	if e.out != nil {
+		e.out.add(b)
+	} else {
+		e.dst = append(e.dst, b...)
+	}
 }
 
 // cut leaves out the member from at (its key's opening quote) to end (past
@@ -108,30 +229,34 @@ func (e *objectEdit) cut(at, end int) {
 	} else if j := end + firstNonSpace(e.obj[end:]); e.obj[j] == ',' {
 		end = j + 1
 	}
-	e.dst = append(e.dst, e.obj[e.from:at]...)
+	e.keep(at)
 	e.from = end
 }
 
 // cutKeys leaves out every top-level member whose key drop selects, in one
 // pass however often a key repeats.
 func (e *objectEdit) cutKeys(drop func(key string) bool) {
-	gjson.Parse(view(e.obj)).ForEach(func(k, v gjson.Result) bool {
-		if drop(k.Str) {
-			e.cut(k.Index, v.Index+len(v.Raw))
+	eachMember(view(e.obj), func(key string, keyAt int, raw string, at int) bool {
+		if drop(key) {
+			e.cut(keyAt, at+len(raw))
 		}
 		return true
 	})
 }
 
-// toEnd copies the rest of the object up to its closing brace, and a comma
-// when a member is left, so that the caller can append one.
+// toEnd writes the rest of the object up to its closing brace, and a comma
+// when a member is left, so that the caller can add one.
 func (e *objectEdit) toEnd() {
-	e.dst = append(e.dst, e.obj[e.from:e.close]...)
-	e.from = e.close
-	if i := lastNonSpace(e.dst[e.start:]); e.dst[e.start+i] != '{' {
-		e.dst = append(e.dst, ',')
+	e.keep(e.close)
+	if e.last != '{' {
+		e.add(comma)
 	}
 }
 
-// done copies the rest of obj and returns dst.
-func (e *objectEdit) done() []byte { return append(e.dst, e.obj[e.from:]...) }
+var comma = []byte{','}
+
+// done writes the rest of obj and returns dst.
+func (e *objectEdit) done() []byte {
+	e.keep(len(e.obj))
+	return e.dst
+}

@@ -5,7 +5,6 @@ import (
 	"strings"
 
 	"github.com/tidwall/gjson"
-	"github.com/tidwall/sjson"
 )
 
 // Request is what the sidecar reads of a chat or completions request body.
@@ -53,31 +52,33 @@ type Request struct {
 // quote) and its value start and where the value ends.
 type members struct{ count, key, value, end int }
 
-func (m *members) add(key, value gjson.Result) {
+func (m *members) add(keyAt int, raw string, at int) {
 	m.count++
-	m.key, m.value, m.end = key.Index, value.Index, value.Index+len(value.Raw)
+	m.key, m.value, m.end = keyAt, at, at+len(raw)
 }
 
 // InspectRequest reads the top-level fields the sidecar needs in one pass.
 // Where a key repeats, the last one counts, as in the engine's JSON parser.
-// A body nested deeper than maxDepth is not Understood (see maxDepth).
+// A body nested deeper than maxDepth is not Understood (see maxDepth). It
+// copies nothing of the body but a bounded prefix of "model", whatever its
+// size.
 func InspectRequest(body []byte) Request {
 	s := view(body)
 	if !valid(s) {
 		return Request{}
 	}
-	doc := gjson.Parse(s)
-	if !doc.IsObject() {
+	if i := firstNonSpace(body); body[i] != '{' {
 		return Request{}
 	}
 	r := Request{Understood: true, Upgradable: true}
-	doc.ForEach(func(key, value gjson.Result) bool {
-		if !upgradableField(key.Str, value) {
+	eachMember(s, func(key string, keyAt int, raw string, at int) bool {
+		value := shallow(raw)
+		if !upgradableField(key, value) {
 			r.Upgradable = false
 		}
-		switch key.Str {
+		switch key {
 		case "include_metrics":
-			r.includeMetrics.add(key, value)
+			r.includeMetrics.add(keyAt, raw, at)
 			// The last one counts, as in the engine's parser: a bad value
 			// followed by a good one is fine.
 			r.HasIncludeMetrics, r.IncludeMetrics, r.InvalidIncludeMetrics = false, false, false
@@ -88,7 +89,7 @@ func InspectRequest(body []byte) Request {
 				r.InvalidIncludeMetrics = true
 			}
 		case "stream":
-			r.stream.add(key, value)
+			r.stream.add(keyAt, raw, at)
 			r.Stream = value.Type == gjson.True
 			if !value.IsBool() && value.Type != gjson.Null {
 				r.Understood = false
@@ -96,11 +97,10 @@ func InspectRequest(body []byte) Request {
 		case "model":
 			r.Model = ""
 			if value.Type == gjson.String {
-				// A copy: the body's memory is reused after the request.
-				r.Model = strings.Clone(value.Str)
+				r.Model = stringPrefix(raw, MaxModelBytes)
 			}
 		case "stream_options":
-			r.streamOptions.add(key, value)
+			r.streamOptions.add(keyAt, raw, at)
 			r.IncludeUsage, r.ContinuousUsage = false, false
 			switch {
 			case value.IsObject():
@@ -108,12 +108,13 @@ func InspectRequest(body []byte) Request {
 				// only an explicit false or null turns usage off. The
 				// last copy of a key counts here too.
 				r.IncludeUsage = true
-				value.ForEach(func(k, v gjson.Result) bool {
-					switch k.Str {
+				eachMember(raw, func(k string, _ int, v string, _ int) bool {
+					switch k {
 					case "include_usage":
-						r.IncludeUsage = v.Type != gjson.False && v.Type != gjson.Null
+						t := shallow(v).Type
+						r.IncludeUsage = t != gjson.False && t != gjson.Null
 					case "continuous_usage_stats":
-						r.ContinuousUsage = v.Type == gjson.True
+						r.ContinuousUsage = shallow(v).Type == gjson.True
 					}
 					return true
 				})
@@ -123,13 +124,13 @@ func InspectRequest(body []byte) Request {
 		case "n":
 			switch value.Type {
 			case gjson.Number:
-				r.MultipleChoices = r.MultipleChoices || value.Int() > 1
+				r.MultipleChoices = r.MultipleChoices || gjson.Parse(raw).Int() > 1
 			case gjson.Null:
 			default:
 				r.Understood = false
 			}
 		case "prompt":
-			r.MultipleChoices = r.MultipleChoices || multiplePrompts(value)
+			r.MultipleChoices = r.MultipleChoices || multiplePrompts(raw)
 		}
 		return r.Understood
 	})
@@ -142,6 +143,48 @@ func InspectRequest(body []byte) Request {
 	r.Upgradable = r.Upgradable && !r.Stream && !r.MultipleChoices
 	return r
 }
+
+// shallow is the gjson result of a raw value without reading into it:
+// its type, and a number's value; a string's text and a container's
+// members are not parsed, so that a value of megabytes costs nothing.
+func shallow(raw string) gjson.Result {
+	switch raw[0] {
+	case '"':
+		return gjson.Result{Type: gjson.String, Raw: raw}
+	case '{', '[':
+		return gjson.Result{Type: gjson.JSON, Raw: raw}
+	}
+	return gjson.Parse(raw)
+}
+
+// stringPrefix is the text of the raw JSON string, cut to at most limit
+// bytes of its escaped form before unescaping: a copy of no more than
+// limit however long the string. The cut falls between escapes.
+func stringPrefix(raw string, limit int) string {
+	if len(raw) <= limit+2 {
+		// A copy: raw is the body's memory, which is reused.
+		return strings.Clone(gjson.Parse(raw).Str)
+	}
+	i := 1
+	for {
+		step := 1
+		if raw[i] == '\\' {
+			step = 2
+			if raw[i+1] == 'u' {
+				step = 6
+			}
+		}
+		if i+step > 1+limit {
+			break
+		}
+		i += step
+	}
+	return gjson.Parse(raw[:i] + `"`).Str
+}
+
+// MaxModelBytes is as much of "model" as Request keeps: telemetry's cut
+// of every recorded string (256 bytes) and room for a character cut there.
+const MaxModelBytes = 256 + 4
 
 // upgradableField tells whether a request field's effect is the same in a
 // streamed response reassembled as in a non-streaming one. Fields that only
@@ -177,14 +220,14 @@ func upgradableField(key string, v gjson.Result) bool {
 // multiplePrompts tells whether a completions prompt holds several prompts:
 // an array of strings or of token arrays with more than one element. An
 // array of numbers is one tokenised prompt.
-func multiplePrompts(p gjson.Result) bool {
-	if !p.IsArray() {
+func multiplePrompts(raw string) bool {
+	if raw[0] != '[' {
 		return false
 	}
 	n, several := 0, false
-	p.ForEach(func(_, v gjson.Result) bool {
+	eachMember(raw, func(_ string, _ int, v string, _ int) bool {
 		n++
-		several = n > 1 && (v.Type == gjson.String || v.IsArray())
+		several = n > 1 && (v[0] == '"' || v[0] == '[')
 		return !several
 	})
 	return several
@@ -194,103 +237,98 @@ func multiplePrompts(p gjson.Result) bool {
 // understand: the offsets and fields the edit relies on are not there.
 var errNotUnderstood = errors.New("the request body was not understood")
 
-// UpgradedBody returns the body to send upstream for a request the sidecar
-// upgrades to a stream: include_metrics removed (unless r says there is
-// none to remove), "stream": true and "stream_options":
+// UpgradedBody sets e to the body to send upstream for a request the
+// sidecar upgrades to a stream: include_metrics removed (unless r says
+// there is none to remove), "stream": true and "stream_options":
 // {"include_usage": true}. Every copy of those keys goes and the new
 // members end the object, where a parser that takes the last copy reads
-// them. r must be InspectRequest(body), Upgradable.
-func UpgradedBody(body []byte, r Request) ([]byte, error) {
+// them. r must be InspectRequest(body), Upgradable. On error e is the body
+// as it came.
+func UpgradedBody(e *Edit, body []byte, r Request) error {
+	e.Reset(body)
 	if !r.Understood {
-		return body, errNotUnderstood
+		return errNotUnderstood
 	}
 	cutMetrics := r.HasIncludeMetrics && r.includeMetrics.count > 0
-	if r.stream.count > 1 || r.streamOptions.count > 1 || cutMetrics && r.includeMetrics.count > 1 {
-		// A key repeated: sjson reaches only its first copy, and the
-		// engine reads the last. One pass cuts every copy and ends the
-		// object with the sidecar's own.
-		e := newObjectEdit(nil, body)
-		e.cutKeys(func(key string) bool {
-			return key == "stream" || key == "stream_options" || key == "include_metrics" && r.HasIncludeMetrics
-		})
-		e.toEnd()
-		e.dst = append(e.dst, `"stream":true,"stream_options":{"include_usage":true}`...)
-		return e.done(), nil
-	}
-	// Each key at most once: sjson's edits, into a new body (the client's
-	// stays as it came). Once per upgraded request, off the per-event path.
-	out := body
-	var err error
+	ed := newBodyEdit(e)
+	var metrics members
 	if cutMetrics {
-		if out, err = sjson.DeleteBytes(out, "include_metrics"); err != nil {
-			return body, err
-		}
+		metrics = r.includeMetrics
 	}
-	if out, err = sjson.SetRawBytesOptions(out, "stream", []byte("true"), &editOptions); err != nil {
-		return body, err
-	}
-	if out, err = sjson.SetRawBytesOptions(out, "stream_options", []byte(`{"include_usage":true}`), &editOptions); err != nil {
-		return body, err
-	}
-	return out, nil
+	cutMembers(&ed, func(key string) bool {
+		return key == "stream" || key == "stream_options" || key == "include_metrics" && cutMetrics
+	}, metrics, r.stream, r.streamOptions)
+	ed.toEnd()
+	ed.add(upgradeMembers)
+	ed.done()
+	return nil
 }
 
-// editOptions are the options of the sidecar's sjson edits. Optimistic
-// stays off: it only pays when the key exists, and these keys are usually
-// absent. ReplaceInPlace stays off: it writes into the input, which is the
-// client's body, and with some string values silently sets nothing.
-var editOptions = sjson.Options{}
+var upgradeMembers = []byte(`"stream":true,"stream_options":{"include_usage":true}`)
 
-// UpstreamBody returns the body to send upstream, appended to dst when it
-// differs from body. It removes the sidecar's "include_metrics" field
-// (strict OpenAI-compatible servers reject unknown fields) and, with
-// askUsage, for a stream that did not ask for usage, sets
-// stream_options.include_usage so the engine reports exact token counts.
-// The client's other stream_options are kept; the edited stream_options
-// ends the object and is the only copy, so that a parser that takes the
-// last copy of a key reads it. r must be InspectRequest(body). body is not
-// modified.
-func UpstreamBody(dst, body []byte, r Request, askUsage bool) ([]byte, error) {
+// cutMembers cuts the members ms, each the last copy of a key InspectRequest
+// found, by their offsets: the common case, each key at most once, needs no
+// second parse. A key that repeats sends it to one pass that cuts every
+// copy drop selects. A member with count 0 is not there.
+func cutMembers(e *objectEdit, drop func(key string) bool, ms ...members) {
+	for _, m := range ms {
+		if m.count > 1 {
+			e.cutKeys(drop)
+			return
+		}
+	}
+	// In the order they lie (at most three: an insertion sort).
+	for i := 1; i < len(ms); i++ {
+		for j := i; j > 0 && ms[j].key < ms[j-1].key; j-- {
+			ms[j], ms[j-1] = ms[j-1], ms[j]
+		}
+	}
+	for _, m := range ms {
+		if m.count > 0 {
+			e.cut(m.key, m.end)
+		}
+	}
+}
+
+// UpstreamBody sets e to the body to send upstream. It removes the
+// sidecar's "include_metrics" field (strict OpenAI-compatible servers
+// reject unknown fields) and, with askUsage, for a stream that did not ask
+// for usage, sets stream_options.include_usage so the engine reports exact
+// token counts. The client's other stream_options are kept; the edited
+// stream_options ends the object and is the only copy, so that a parser
+// that takes the last copy of a key reads it. r must be
+// InspectRequest(body). body is not modified, and not copied: e refers to
+// it. On error e is the body as it came.
+func UpstreamBody(e *Edit, body []byte, r Request, askUsage bool) error {
+	e.Reset(body)
 	cutMetrics := r.HasIncludeMetrics
 	setUsage := askUsage && r.Stream && !r.IncludeUsage
 	if !cutMetrics && !setUsage {
-		return body, nil
+		return nil
 	}
 	if !r.Understood {
-		return body, errNotUnderstood
+		return errNotUnderstood
 	}
-	e := newObjectEdit(dst, body)
-	if cutMetrics && r.includeMetrics.count > 1 || setUsage && r.streamOptions.count > 1 {
-		// Repeated keys: one pass, however many copies.
-		e.cutKeys(func(key string) bool {
-			return cutMetrics && key == "include_metrics" || setUsage && key == "stream_options"
-		})
-	} else {
-		// The common case: each key at most once, cut where InspectRequest
-		// found it, without a second parse. Cuts go in order; a key not
-		// there (or not cut) has count 0 and sorts first.
-		var a, b members
-		if cutMetrics {
-			a = r.includeMetrics
-		}
-		if setUsage {
-			b = r.streamOptions
-		}
-		if b.key < a.key {
-			a, b = b, a
-		}
-		for _, m := range [2]members{a, b} {
-			if m.count > 0 {
-				e.cut(m.key, m.end)
-			}
-		}
+	ed := newBodyEdit(e)
+	var metrics, options members
+	if cutMetrics {
+		metrics = r.includeMetrics
 	}
 	if setUsage {
-		e.toEnd()
-		e.dst = append(e.dst, `"stream_options":`...)
-		e.dst = appendWithUsage(e.dst, body[r.streamOptions.value:r.streamOptions.end])
+		options = r.streamOptions
 	}
-	return e.done(), nil
+	cutMembers(&ed, func(key string) bool {
+		return cutMetrics && key == "include_metrics" || setUsage && key == "stream_options"
+	}, metrics, options)
+	if setUsage {
+		ed.toEnd()
+		from := len(e.own)
+		e.own = append(e.own, `"stream_options":`...)
+		e.own = appendWithUsage(e.own, body[r.streamOptions.value:r.streamOptions.end])
+		e.added(from)
+	}
+	ed.done()
+	return nil
 }
 
 // appendWithUsage appends the client's stream_options (a JSON object, null,

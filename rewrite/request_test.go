@@ -82,7 +82,7 @@ func TestUpgradable(t *testing.T) {
 
 func TestUpgradedBody(t *testing.T) {
 	body := []byte(`{"model":"m","include_metrics":true,"messages":[{"role":"user","content":"hi"}],"stream":false}`)
-	got, err := UpgradedBody(body, InspectRequest(body))
+	got, err := upgradedBody(body, InspectRequest(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +121,7 @@ func TestUpstreamBody(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			body := []byte(tt.body)
-			got, err := UpstreamBody(nil, body, InspectRequest(body), tt.measured)
+			got, err := upstreamBody(body, InspectRequest(body), tt.measured)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -139,7 +139,7 @@ func TestUpstreamBodyManyDuplicatesIsLinear(t *testing.T) {
 	// An attacker's body with the key repeated: one pass, not one per copy.
 	body := []byte("{" + strings.Repeat(`"include_metrics":true,`, 50000) + `"model":"m"}`)
 	start := time.Now()
-	got, err := UpstreamBody(nil, body, InspectRequest(body), false)
+	got, err := upstreamBody(body, InspectRequest(body), false)
 	if err != nil || string(got) != `{"model":"m"}` {
 		t.Fatalf("UpstreamBody = %.100s, %v", got, err)
 	}
@@ -149,20 +149,36 @@ func TestUpstreamBodyManyDuplicatesIsLinear(t *testing.T) {
 }
 
 func TestUpstreamBodyAllocatesNothing(t *testing.T) {
-	// Each key once, the common case: edited by offsets into dst's room.
+	// Each key once, the common case: edited by offsets, into a reused
+	// Edit's room.
 	body := []byte(`{"model":"m","stream":true,"include_metrics":true,"stream_options":{"include_usage":false,"continuous_usage_stats":false},"max_tokens":5}`)
-	r, buf := InspectRequest(body), make([]byte, 0, 1024)
-	if allocs := testing.AllocsPerRun(100, func() { buf, _ = UpstreamBody(buf[:0], body, r, true) }); allocs != 0 {
+	r := InspectRequest(body)
+	var e Edit
+	UpstreamBody(&e, body, r, true)
+	if allocs := testing.AllocsPerRun(100, func() { UpstreamBody(&e, body, r, true) }); allocs != 0 {
 		t.Fatalf("UpstreamBody allocates %v times, want 0", allocs)
 	}
 }
 
 func TestUpstreamBodyUntouchedIsSameBytes(t *testing.T) {
 	body := []byte(`{ "model" : "m",  "stream": true }`)
-	got, err := UpstreamBody(nil, body, InspectRequest(body), false)
-	if err != nil || string(got) != string(body) {
-		t.Fatalf("UpstreamBody = %q, %v; want the input bytes", got, err)
+	var e Edit
+	if err := UpstreamBody(&e, body, InspectRequest(body), false); err != nil || !e.Unchanged() {
+		t.Fatalf("UpstreamBody = %q, %v; want the input unchanged", e.AppendTo(nil), err)
 	}
+}
+
+// upstreamBody and upgradedBody are the edits as bytes.
+func upstreamBody(body []byte, r Request, askUsage bool) ([]byte, error) {
+	var e Edit
+	err := UpstreamBody(&e, body, r, askUsage)
+	return e.AppendTo(nil), err
+}
+
+func upgradedBody(body []byte, r Request) ([]byte, error) {
+	var e Edit
+	err := UpgradedBody(&e, body, r)
+	return e.AppendTo(nil), err
 }
 
 func jsonEqual(t *testing.T, a, b []byte) bool {
@@ -203,7 +219,7 @@ func TestInspectRequestDeepNesting(t *testing.T) {
 // parser that takes the last copy (Python's json, as the engine does)
 // reads the sidecar's value; the other members are as the client sent them.
 func TestRequestEditsLastCopy(t *testing.T) {
-	usage := func(body []byte) ([]byte, error) { return UpstreamBody(nil, body, InspectRequest(body), true) }
+	usage := func(body []byte) ([]byte, error) { return upstreamBody(body, InspectRequest(body), true) }
 	tests := []struct {
 		name string
 		edit func([]byte) ([]byte, error)
@@ -235,14 +251,14 @@ func TestRequestEditsLastCopy(t *testing.T) {
 		{"include_metrics and stream_options the only two", func(body []byte) ([]byte, error) {
 			r := InspectRequest(body)
 			r.Stream = true // the edit on its own, however it came to be asked for
-			return UpstreamBody(nil, body, r, true)
+			return upstreamBody(body, r, true)
 		}, `{"stream_options":null,"include_metrics":true}`, "stream_options", `{"include_usage":true}`},
 		{"stream_options absent", usage,
 			`{"model":"m","stream":true}`, "stream_options", `{"include_usage":true}`},
-		{"upgrade with stream repeated", func(body []byte) ([]byte, error) { return UpgradedBody(body, InspectRequest(body)) },
+		{"upgrade with stream repeated", func(body []byte) ([]byte, error) { return upgradedBody(body, InspectRequest(body)) },
 			`{"stream":false,"model":"m","stream":false,"include_metrics":true,"stream_options":null,"messages":[]}`,
 			"stream", `true`},
-		{"upgrade sets stream_options", func(body []byte) ([]byte, error) { return UpgradedBody(body, InspectRequest(body)) },
+		{"upgrade sets stream_options", func(body []byte) ([]byte, error) { return upgradedBody(body, InspectRequest(body)) },
 			`{"stream_options":null,"model":"m","stream":null,"stream_options":null}`,
 			"stream_options", `{"include_usage":true}`},
 	}
@@ -284,7 +300,7 @@ func TestUpgradedBodyKeepsForwardedIncludeMetrics(t *testing.T) {
 	body := []byte(`{"model":"m","include_metrics":true,"messages":[]}`)
 	r := InspectRequest(body)
 	r.HasIncludeMetrics = false // --forward-include-metrics: the engine gets it
-	got, err := UpgradedBody(body, r)
+	got, err := upgradedBody(body, r)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -296,10 +312,10 @@ func TestUpgradedBodyKeepsForwardedIncludeMetrics(t *testing.T) {
 func TestRequestEditsRefuseWhatWasNotUnderstood(t *testing.T) {
 	body := []byte(`[1]`)
 	r := Request{Stream: true, HasIncludeMetrics: true}
-	if got, err := UpstreamBody(nil, body, r, true); err == nil || string(got) != `[1]` {
+	if got, err := upstreamBody(body, r, true); err == nil || string(got) != `[1]` {
 		t.Errorf("UpstreamBody = %s, %v; want the body and an error", got, err)
 	}
-	if got, err := UpgradedBody(body, r); err == nil || string(got) != `[1]` {
+	if got, err := upgradedBody(body, r); err == nil || string(got) != `[1]` {
 		t.Errorf("UpgradedBody = %s, %v; want the body and an error", got, err)
 	}
 }

@@ -63,6 +63,7 @@ func configFrom(c *cli.Context) proxy.Config {
 		ClientIdleTimeout:      c.Duration("client-idle-timeout"),
 		ClientWriteTimeout:     c.Duration("client-write-timeout"),
 		MaxRequestBodySize:     c.Int("max-request-body-size"),
+		MaxBodyMemory:          c.Int("max-body-memory"),
 		MaxRequestHeaderSize:   c.Int("max-request-header-size"),
 		MaxResponseHeaderSize:  c.Int("max-response-header-size"),
 		MaxBufferedResponse:    c.Int("max-buffered-response-size"),

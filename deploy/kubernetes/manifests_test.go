@@ -22,6 +22,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
@@ -188,10 +189,23 @@ func checkSidecar(t *testing.T, spec *corev1.PodSpec) *corev1.Container {
 		if strings.HasPrefix(e.Name, "OTEL_") || strings.HasPrefix(e.Name, "POD_") {
 			continue
 		}
+		if e.Name == "GOMEMLIMIT" {
+			// The Go runtime's: below the container's limit, with room for
+			// what is not heap (deploy/README.md, "Memory").
+			limit := sc.Resources.Limits.Memory().Value()
+			if v, err := resource.ParseQuantity(strings.TrimSuffix(e.Value, "B")); err != nil || v.Value() > limit*7/8 {
+				t.Errorf("GOMEMLIMIT %s is not well under the memory limit %d", e.Value, limit)
+			}
+			env[e.Name] = e.Value
+			continue
+		}
 		if !known[e.Name] {
 			t.Errorf("env %s is not a setting the binary accepts", e.Name)
 		}
 		env[e.Name] = e.Value
+	}
+	if env["GOMEMLIMIT"] == "" {
+		t.Error("no GOMEMLIMIT: the Go runtime would let the heap reach twice what is live")
 	}
 	if env["TIMING_SIDECAR_PER_REQUEST_METRICS"] == "" {
 		t.Error("per-request metrics is not one env var away")

@@ -1,0 +1,102 @@
+package e2e
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/timing-sidecar/timing-sidecar/e2e/emulator"
+)
+
+// manifestMemoryLimit is the sidecar container's memory limit in
+// deploy/kubernetes, and manifestGoMemLimit the GOMEMLIMIT set beside it.
+const (
+	manifestMemoryLimit = 256 << 20
+	manifestGoMemLimit  = "200MiB"
+)
+
+// TestLargeUploadsStayWithinTheMemoryLimit: three 60 MB requests at once,
+// against the release binary with the manifests' settings, each asking for
+// metrics on a stream (so each body is read and edited), all get their
+// answer, and the process's peak resident memory stays well under the
+// container's limit. Before the body budget, two such requests took the
+// container past it.
+func TestLargeUploadsStayWithinTheMemoryLimit(t *testing.T) {
+	engine := startEngine(t, emulator.Config{MaxModelLen: 1 << 30})
+	sc := startSidecar(t, []string{"--upstream", engine.URL(), "--access-log=false", "--admin-pprof"}, "GOMEMLIMIT="+manifestGoMemLimit)
+	// 60 MB of prompt, with escapes all through it (a parser that
+	// unescapes to skip a value copies it).
+	content := strings.Repeat(`line \"quoted\" text\n`, 60<<20/22)
+	var wg sync.WaitGroup
+	errs := make(chan error, 3)
+	for i := range 3 {
+		wg.Go(func() {
+			body := []byte(fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"%s"}],"max_tokens":4,"stream":true,"include_metrics":true,"user":"u%d"}`, content, i))
+			resp, err := http.Post(sc.base+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+			if err != nil {
+				errs <- err
+				return
+			}
+			events, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 || !bytes.Contains(events, []byte("data: [DONE]")) {
+				errs <- fmt.Errorf("request %d: status %d, %.200s", i, resp.StatusCode, events)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	peak := peakRSS(t, sc.cmd.Process.Pid)
+	t.Logf("peak RSS with three 60 MB requests: %.1f MiB (limit %d MiB)", float64(peak)/(1<<20), manifestMemoryLimit>>20)
+	if peak > manifestMemoryLimit*3/4 {
+		t.Fatalf("peak RSS %.1f MiB: not well under the container's %d MiB", float64(peak)/(1<<20), manifestMemoryLimit>>20)
+	}
+	// The memory goes back to the system once the bodies are sent on,
+	// without a collection asked from outside.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		g := readGauges(t, sc.admin)
+		if g.rss < 64<<20 {
+			t.Logf("after the requests: heap in use %.1f MiB, RSS %.1f MiB", g.heapInuse/(1<<20), g.rss/(1<<20))
+			break
+		}
+		if time.Now().After(deadline) {
+			if resp, err := http.Get(sc.admin + "/debug/pprof/heap"); err == nil {
+				b, _ := io.ReadAll(resp.Body)
+				os.WriteFile("/tmp/heap.pprof", b, 0o644)
+			}
+			t.Fatalf("RSS %.1f MiB 20 s after the requests (heap in use %.1f MiB): the bodies' memory was kept", g.rss/(1<<20), g.heapInuse/(1<<20))
+		}
+		time.Sleep(100 * time.Millisecond) // polling a gauge: there is no event to await
+	}
+}
+
+// peakRSS is the process's peak resident set (VmHWM), in bytes.
+func peakRSS(t *testing.T, pid int) int64 {
+	t.Helper()
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Skipf("no /proc: %v", err)
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return kb << 10
+		}
+	}
+	t.Fatal("no VmHWM in /proc status")
+	return 0
+}

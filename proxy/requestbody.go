@@ -1,0 +1,158 @@
+package proxy
+
+import (
+	"bytes"
+	"errors"
+	"io"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/timing-sidecar/timing-sidecar/rewrite"
+)
+
+// outgoing is the request body the engine gets: an edit of the body the
+// sidecar read (edit), or the client's body passed on as it arrives,
+// unread (stream, of size bytes; -1 for chunked).
+type outgoing struct {
+	edit   *rewrite.Edit
+	stream *clientBody
+	size   int
+}
+
+// clientBody is a client's body streamed to the engine unread. A read
+// error is the client's (it left, or stopped sending): kept apart from the
+// engine's, so that it is not counted as an engine failure.
+type clientBody struct {
+	r   io.Reader
+	err error
+}
+
+func (c *clientBody) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	if err != nil && err != io.EOF {
+		c.err = err
+	}
+	return n, err
+}
+
+// maxBodyRoom: room grown past this for a large body is left to the
+// garbage collector rather than kept with the pooled flight.
+const maxBodyRoom = 64 << 10
+
+// readBody reads the request's body for inspection when the budget has
+// room for it, or leaves it to stream through unread. It returns the body
+// read (nil when it streams through) and false when it has answered the
+// client itself: a body over --max-request-body-size, or a client that
+// failed while sending it.
+func (p *Proxy) readBody(ctx *fasthttp.RequestCtx, f *flight) ([]byte, bool) {
+	n := ctx.Request.Header.ContentLength()
+	if n > p.cfg.MaxRequestBodySize {
+		p.refuseBody(ctx, f, fasthttp.ErrBodyTooLarge)
+		return nil, false
+	}
+	if !ctx.Request.IsBodyStream() || (n >= 0 && n <= bodyPrefetch) {
+		// Read with the headers, or nothing to read: the connection's own
+		// buffer holds it.
+		body := ctx.Request.Body()
+		f.rec.BytesIn = len(body)
+		return body, true
+	}
+	stream := ctx.RequestBodyStream()
+	if n >= 0 {
+		f.rec.BytesIn = n
+		if !p.bodies.take(n, bodyBudgetWait) {
+			p.streamUnread(f, &clientBody{r: stream}, n)
+			return nil, true
+		}
+		f.bodyTaken = n
+		body := f.bodyRoom(n)
+		if _, err := io.ReadFull(stream, body); err != nil {
+			p.refuseBody(ctx, f, err)
+			return nil, false
+		}
+		return body, true
+	}
+	// Chunked: the length is known at the end. The room grows by halves
+	// (not doubling: less left for the collector), each step taken from
+	// the budget first; a step the budget has no room for now streams
+	// what was read and the rest through.
+	body := f.body[:0]
+	for {
+		if len(body) == cap(body) {
+			grow := max(cap(body)/2, 16<<10)
+			if len(body)+grow > p.cfg.MaxRequestBodySize {
+				grow = p.cfg.MaxRequestBodySize + 1 - len(body)
+			}
+			wait := bodyBudgetWait
+			if len(body) > 0 {
+				wait = 0 // holding room already: never wait holding it
+			}
+			if !p.bodies.take(grow, wait) {
+				p.streamUnread(f, &clientBody{r: io.MultiReader(bytes.NewReader(body), stream)}, -1)
+				return nil, true
+			}
+			f.bodyTaken += grow
+			body = append(body[:cap(body)], make([]byte, grow)...)[:len(body)]
+		}
+		m, err := stream.Read(body[len(body):cap(body)])
+		body = body[:len(body)+m]
+		f.rec.BytesIn = len(body)
+		if len(body) > p.cfg.MaxRequestBodySize {
+			p.refuseBody(ctx, f, fasthttp.ErrBodyTooLarge)
+			return nil, false
+		}
+		if err == io.EOF {
+			if cap(body) <= maxBodyRoom {
+				f.body = body[:0]
+			}
+			return body, true
+		}
+		if err != nil {
+			p.refuseBody(ctx, f, err)
+			return nil, false
+		}
+	}
+}
+
+// streamUnread sends a body the budget has no room for to the engine as it
+// arrives, unread: the request is answered, without the metrics object.
+func (p *Proxy) streamUnread(f *flight, body *clientBody, size int) {
+	f.out.stream, f.out.size = body, size
+	p.log.Warn("no room in --max-body-memory for the request body; it goes to the engine unread, and is answered without metrics",
+		"request_id", f.rec.ID, "content_length", size, "max_body_memory", p.cfg.MaxBodyMemory)
+}
+
+// bodyRoom is room for a body of n bytes: the flight's own when it is
+// big enough, else new memory of exactly n.
+func (f *flight) bodyRoom(n int) []byte {
+	if n <= cap(f.body) {
+		return f.body[:n]
+	}
+	b := make([]byte, n)
+	if n <= maxBodyRoom {
+		f.body = b[:0]
+	}
+	return b
+}
+
+// refuseBody answers a request whose body could not be read as fasthttp
+// answers one it reads itself (413, 408, 400), and ends the connection.
+func (p *Proxy) refuseBody(ctx *fasthttp.RequestCtx, f *flight, err error) {
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+		err = fasthttp.ErrConnectionClosed
+	}
+	e := requestError(err)
+	e.write(ctx)
+	setResponseID(ctx, f)
+	f.rec.Status = e.Status
+	closeAfterError(ctx)
+}
+
+// sent gives back the budget a request's body held, once the engine has
+// it: the body is not read again, and a large one is let go (the edit
+// refers to it).
+func (p *Proxy) sent(f *flight) {
+	p.bodies.give(f.bodyTaken)
+	f.bodyTaken = 0
+	f.edit.Reset(nil)
+}
