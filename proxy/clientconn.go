@@ -17,6 +17,7 @@ type clientListener struct {
 	kernelStamps bool
 	writeTimeout time.Duration
 	hold         func() // tests only: runs before each read
+	blocked      func() // tests only: runs when a write first waits on the client
 }
 
 func (l clientListener) Accept() (net.Conn, error) {
@@ -26,7 +27,11 @@ func (l clientListener) Accept() (net.Conn, error) {
 	}
 	recv := newRecvConn(c, l.kernelStamps)
 	recv.hold = l.hold
-	return &clientConn{Conn: recv, recv: recv, writeTimeout: l.writeTimeout}, nil
+	sender := newSocketWriter(c)
+	if sender != nil && l.blocked != nil {
+		sender.onBlock = l.blocked
+	}
+	return &clientConn{Conn: recv, recv: recv, writeTimeout: l.writeTimeout, sender: sender}, nil
 }
 
 // clientConn notices a client that goes away while nothing is being written
@@ -57,6 +62,11 @@ type clientConn struct {
 	// writing goroutine touches it.
 	writeTimeout     time.Duration
 	writeDeadlineSet time.Time
+	// sender writes and sees a full send buffer (nil where it cannot:
+	// then writes go as net.Conn's); stalled is how long the current
+	// response's writes waited on it. Only the writing goroutine.
+	sender  *socketWriter
+	stalled time.Duration
 
 	mu    sync.Mutex
 	ahead chan struct{} // non-nil while a read-ahead runs; closed when it ends
@@ -201,7 +211,17 @@ func (c *clientConn) ended(now time.Time) { c.free = now }
 // after between 1 and 1⅛ times the timeout.
 func (c *clientConn) Write(p []byte) (int, error) {
 	c.extendWriteDeadline()
-	return c.Conn.Write(p)
+	return c.send(p)
+}
+
+// send writes p, adding to stalled the time it waited on the client.
+func (c *clientConn) send(p []byte) (int, error) {
+	if c.sender == nil {
+		return c.Conn.Write(p)
+	}
+	n, waited, err := c.sender.write(p)
+	c.stalled += waited
+	return n, err
 }
 
 func (c *clientConn) extendWriteDeadline() {
@@ -218,7 +238,7 @@ func (c *clientConn) extendWriteDeadline() {
 
 // newResponse starts a response's writes: the server clears the write
 // deadline for each request, so the next write sets it again.
-func (c *clientConn) newResponse() { c.writeDeadlineSet = time.Time{} }
+func (c *clientConn) newResponse() { c.writeDeadlineSet, c.stalled = time.Time{}, 0 }
 
 // ReadFrom writes what r returns to the client as each read returns, with
 // no buffer between. fasthttp's response writer hands a body of known
@@ -233,7 +253,7 @@ func (c *clientConn) ReadFrom(r io.Reader) (int64, error) {
 		n, err := r.Read(*bp)
 		if n > 0 {
 			c.extendWriteDeadline()
-			m, werr := c.Conn.Write((*bp)[:n])
+			m, werr := c.send((*bp)[:n])
 			written += int64(m)
 			if werr != nil {
 				return written, werr

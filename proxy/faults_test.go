@@ -2,11 +2,13 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
@@ -294,4 +296,98 @@ func TestClientThatStopsReadingIsCut(t *testing.T) {
 	if got := counterValue(t, p, "timing_sidecar_client_disconnects_total", nil); got != 1 {
 		t.Errorf("client disconnects %v, want 1", got)
 	}
+}
+
+// TestClientThatPausesIsCountedApart: a client that stops reading
+// mid-stream, long enough for the relay to wait on it, then reads on, gets
+// every event; the relay's wait is recorded (client_stall_ms) and the
+// request counted as paced by its client, kept out of the latency
+// histograms, as its marks after the pause carry the client's pace. A
+// client that keeps up is not.
+func TestClientThatPausesIsCountedApart(t *testing.T) {
+	engine := newFakeEngine(t)
+	var log syncBuffer
+	cfg := DefaultConfig()
+	cfg.Upstream = engine.URL()
+	p, err := New(cfg, slog.New(slog.DiscardHandler), &log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocked := make(chan struct{}, 1)
+	p.clientBlocked = func() {
+		select {
+		case blocked <- struct{}{}:
+		default:
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go p.Serve(ln)                                         //nolint:errcheck
+	t.Cleanup(func() { p.Shutdown(context.Background()) }) //nolint:errcheck
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	body := `{"model":"m","stream":true,"messages":[]}`
+	// 150,000 events of ~150 bytes: more than the sockets between the
+	// engine and this client hold (a few MB each way on loopback), so the
+	// relay has to wait.
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Fake-Tokens: 150000\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	select {
+	case <-blocked:
+	case <-time.After(time.Minute):
+		t.Fatal("the relay never waited on a client that did not read")
+	}
+	time.Sleep(50 * time.Millisecond) // the pause under test, past the relay's first wait
+	rest, err := io.ReadAll(c)
+	if err != nil || !bytes.Contains(rest, []byte("data: [DONE]")) {
+		t.Fatalf("the stream did not end whole after the pause: %v", err)
+	}
+	// A client that keeps up; not streamed, so its line is written before
+	// its answer.
+	resp := post(t, "http://"+ln.Addr().String()+"/v1/chat/completions", `{"model":"m","messages":[]}`, nil)
+	io.ReadAll(resp.Body)
+	resp.Body.Close()
+	p.telemetry.Flush()
+	lines := log.lines()
+	if len(lines) != 2 {
+		t.Fatalf("%d access-log lines, want 2", len(lines))
+	}
+	var paused, steady struct {
+		Stall float64 `json:"client_stall_ms"`
+	}
+	json.Unmarshal([]byte(lines[0]), &paused)
+	json.Unmarshal([]byte(lines[1]), &steady)
+	if paused.Stall < 50 {
+		t.Errorf("client_stall_ms %v after a pause of 50 ms past the first wait", paused.Stall)
+	}
+	if steady.Stall != 0 {
+		t.Errorf("client_stall_ms %v for a client that kept up", steady.Stall)
+	}
+	if got := counterValue(t, p, "timing_sidecar_client_paced_requests_total", nil); got != 1 {
+		t.Errorf("client-paced requests %v, want 1", got)
+	}
+	if got := histogramSamples(t, p, "timing_sidecar_e2e_request_latency_seconds"); got != 1 {
+		t.Errorf("%d end-to-end latencies observed, want the steady client's 1", got)
+	}
+}
+
+func histogramSamples(t *testing.T, p *Proxy, name string) uint64 {
+	t.Helper()
+	families, err := p.registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, f := range families {
+		if f.GetName() == name {
+			for _, m := range f.GetMetric() {
+				n += m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	return n
 }

@@ -131,6 +131,9 @@ func (p *Proxy) record(f *flight) (ok bool) {
 		f.client.ended(now)
 	}
 	f.rec.Elapsed = now.Sub(f.clock.Arrival)
+	if f.client != nil {
+		f.rec.ClientStall = f.client.stalled
+	}
 	if f.measured {
 		if f.clock.Done.IsZero() {
 			f.markDone(now)

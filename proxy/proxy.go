@@ -42,6 +42,9 @@ type Proxy struct {
 	// clientHold, when set (tests only), runs before each read from a
 	// client.
 	clientHold func()
+	// clientBlocked, when set (tests only), runs when a write to a client
+	// first waits for room in its socket.
+	clientBlocked func()
 	// idle are the client connections waiting for their next request,
 	// closed when the drain begins.
 	idle idleClients
@@ -224,7 +227,7 @@ func (p *Proxy) refuse(ctx *fasthttp.RequestCtx, e apiError) {
 
 // Serve answers requests on ln until Shutdown.
 func (p *Proxy) Serve(ln net.Listener) error {
-	return p.server.Serve(clientListener{Listener: ln, kernelStamps: p.up.kernelStamps, writeTimeout: p.cfg.ClientWriteTimeout, hold: p.clientHold})
+	return p.server.Serve(clientListener{Listener: ln, kernelStamps: p.up.kernelStamps, writeTimeout: p.cfg.ClientWriteTimeout, hold: p.clientHold, blocked: p.clientBlocked})
 }
 
 // Shutdown fails readiness, stops accepting connections and waits, until

@@ -65,6 +65,7 @@ type Recorder struct {
 	promptTokens, outputTokens          *prometheus.CounterVec
 	upstreamErrors                      *prometheus.CounterVec
 	clientDisconnects                   prometheus.Counter
+	clientPaced                         prometheus.Counter
 	panics                              prometheus.Counter
 	inFlight                            prometheus.Gauge
 	slo                                 *prometheus.CounterVec
@@ -188,6 +189,8 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 		Help: "Engine failures by kind: connect, timeout, closed (before headers), bad_response (headers too large, or a stream that cannot be reassembled), interrupted or idle_timeout (mid-body)."}, []string{"kind"})
 	r.clientDisconnects = prometheus.NewCounter(prometheus.CounterOpts{Name: "timing_sidecar_client_disconnects_total",
 		Help: "Requests whose client left before the response was complete; the engine's request was aborted."})
+	r.clientPaced = prometheus.NewCounter(prometheus.CounterOpts{Name: "timing_sidecar_client_paced_requests_total",
+		Help: "Requests whose client read slower than the engine sent, so that writes to it waited 10 ms or more in all: their tokens count, their latencies stay out of the histograms and goodput."})
 	r.panics = prometheus.NewCounter(prometheus.CounterOpts{Name: "timing_sidecar_panics_total",
 		Help: "Panics caught while serving a request; each answered that request with a 500 or cut its response, and was logged with its stack."})
 	r.inFlight = prometheus.NewGauge(prometheus.GaugeOpts{Name: "timing_sidecar_in_flight_requests",
@@ -211,7 +214,7 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 		r.access = newAccessLog(opts.AccessLog, opts.Log, reg, r.Panic)
 	}
 	reg.MustRegister(r.queue, r.ttft, r.ttfc, r.itl, r.maxITL, r.e2e, r.requests, r.promptTokens, r.outputTokens,
-		r.upstreamErrors, r.clientDisconnects, r.panics, r.inFlight, r.slo, r.engineReady, r.relayDelay, r.kernelTimestamps)
+		r.upstreamErrors, r.clientDisconnects, r.clientPaced, r.panics, r.inFlight, r.slo, r.engineReady, r.relayDelay, r.kernelTimestamps)
 	return r
 }
 
@@ -271,6 +274,9 @@ func (r *Recorder) Finish(req *Record) {
 	if req.ClientGone {
 		r.clientDisconnects.Inc()
 	}
+	if req.ClientPaced() {
+		r.clientPaced.Inc()
+	}
 	if req.Measured {
 		r.observe(req, model, tenant)
 	}
@@ -290,6 +296,15 @@ func (r *Recorder) Finish(req *Record) {
 func (r *Recorder) observe(req *Record, model, tenant string) {
 	m := &req.Metrics
 	s := r.seriesFor(req.Endpoint, model, tenant)
+	if m.PromptTokens.Set {
+		s.promptTokens.Add(float64(m.PromptTokens.Value))
+	}
+	if m.CompletionTokens.Set {
+		s.outputTokens.Add(float64(m.CompletionTokens.Value))
+	}
+	if req.ClientPaced() {
+		return // the latencies are the client's pace as much as the engine's
+	}
 	if ttft, ok := req.timeToFirstToken(); ok {
 		s.ttft.Observe(ttft / 1000)
 	}
@@ -300,12 +315,6 @@ func (r *Recorder) observe(req *Record, model, tenant string) {
 	observeMillis(s.itl, m.MeanITL)
 	observeMillis(s.maxITL, m.MaxITL)
 	observeMillis(s.e2e, m.E2ELatency)
-	if m.PromptTokens.Set {
-		s.promptTokens.Add(float64(m.PromptTokens.Value))
-	}
-	if m.CompletionTokens.Set {
-		s.outputTokens.Add(float64(m.CompletionTokens.Value))
-	}
 }
 
 // observeMillis observes a figure in milliseconds, if known, in seconds.

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -157,4 +158,53 @@ func TestAccessLogLine(t *testing.T) {
 	if line["time_to_first_token_ms"] != nil || line["status"] != 499.0 || line["client_gone"] != true {
 		t.Errorf("unmeasured request logged as %v", line)
 	}
+}
+
+// TestClientPacedRequestsAreCountedApart: a request whose client held the
+// stream back has its tokens counted, its stall in the access log, and
+// its latencies kept out of the histograms and goodput; a stall under
+// ClientPacedAfter changes nothing.
+func TestClientPacedRequestsAreCountedApart(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	var log bytes.Buffer
+	r := NewRecorder(reg, Options{MaxModels: 8, AccessLog: &log, Objectives: Objectives{E2E: time.Second}})
+	for _, stall := range []time.Duration{ClientPacedAfter - time.Millisecond, 8 * time.Second} {
+		rec := Record{Endpoint: EndpointChat, Model: "m", Status: 200, Stream: true, Measured: true, ClientStall: stall,
+			Metrics: timing.Metrics{E2ELatency: num(100), PromptTokens: cnt(3), CompletionTokens: cnt(5)}}
+		r.Begin()
+		r.Finish(&rec)
+	}
+	r.Close(context.Background())
+	if got := testutil.ToFloat64(r.clientPaced); got != 1 {
+		t.Errorf("client-paced requests %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(r.seriesFor(EndpointChat, "m", "").outputTokens); got != 10 {
+		t.Errorf("generated tokens %v, want both requests' 10", got)
+	}
+	if got := histogramCount(t, reg, "timing_sidecar_e2e_request_latency_seconds"); got != 1 {
+		t.Errorf("%d end-to-end latencies observed, want the unpaced request's 1", got)
+	}
+	if got := testutil.ToFloat64(r.slo.WithLabelValues(EndpointChat, "m", "met")); got != 1 {
+		t.Errorf("goodput counted %v met, want 1 (the paced request undecided)", got)
+	}
+	if !strings.Contains(log.String(), `"client_stall_ms":9,`) || !strings.Contains(log.String(), `"client_stall_ms":8000,`) {
+		t.Errorf("access log without the stalls: %s", log.String())
+	}
+}
+
+func histogramCount(t *testing.T, reg *prometheus.Registry, name string) uint64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, f := range families {
+		if f.GetName() == name {
+			for _, m := range f.GetMetric() {
+				n += m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	return n
 }

@@ -146,6 +146,10 @@ func serverAttributes(a []attribute.KeyValue, r *Record) []attribute.KeyValue {
 		a = append(a, attribute.Float64(attrPrefix+"relay_delay_p50_ms", roundMilli(d.Median())),
 			attribute.Float64(attrPrefix+"relay_delay_max_ms", roundMilli(d.Max())))
 	}
+	if r.ClientStall > 0 {
+		// The client's pace, which the marks after it carry too.
+		a = append(a, attribute.Float64(attrPrefix+"client_stall_ms", roundMilli(r.ClientStall)))
+	}
 	return a
 }
 

@@ -1,0 +1,86 @@
+//go:build unix
+
+package proxy
+
+import (
+	"net"
+	"syscall"
+	"time"
+)
+
+// socketWriter writes to a client's socket and tells how long a write
+// waited because the socket's send buffer was full: the client was not
+// reading (or its network was slower than the stream). The kernel says so
+// exactly (EAGAIN), where the time a write took would also count a thread
+// the scheduler set aside. Its state lives with the connection and its
+// callback is bound once, so a write allocates nothing.
+type socketWriter struct {
+	raw     syscall.RawConn
+	p       []byte
+	n       int
+	errno   syscall.Errno
+	blocked time.Time // when the write in progress first found no room
+	writeFD func(fd uintptr) bool
+	// onBlock, when set (tests only), runs when a write first finds no
+	// room; it must not block.
+	onBlock func()
+}
+
+// newSocketWriter returns nil when c is not a socket it can write raw.
+func newSocketWriter(c net.Conn) *socketWriter {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	w := &socketWriter{raw: raw}
+	w.writeFD = w.writeRaw
+	return w
+}
+
+// write writes p whole, within the connection's write deadline, and
+// returns how long it waited for room in the send buffer.
+func (w *socketWriter) write(p []byte) (int, time.Duration, error) {
+	w.p, w.n, w.errno, w.blocked = p, 0, 0, time.Time{}
+	err := w.raw.Write(w.writeFD)
+	w.p = nil // the caller's buffer is not kept
+	var waited time.Duration
+	if !w.blocked.IsZero() {
+		waited = time.Since(w.blocked)
+	}
+	switch {
+	case err != nil:
+		// Closed, or past the write deadline: the poller's error.
+		return w.n, waited, &net.OpError{Op: "write", Net: "tcp", Err: err}
+	case w.errno != 0:
+		return w.n, waited, &net.OpError{Op: "write", Net: "tcp", Err: w.errno}
+	}
+	return w.n, waited, nil
+}
+
+// writeRaw is the raw write: false asks the poller to wait for room.
+func (w *socketWriter) writeRaw(fd uintptr) bool {
+	for w.n < len(w.p) {
+		n, err := syscall.Write(int(fd), w.p[w.n:])
+		switch err {
+		case nil:
+			w.n += n
+		case syscall.EINTR:
+		case syscall.EAGAIN:
+			if w.blocked.IsZero() {
+				w.blocked = time.Now()
+				if w.onBlock != nil {
+					w.onBlock()
+				}
+			}
+			return false
+		default:
+			w.errno = err.(syscall.Errno)
+			return true
+		}
+	}
+	return true
+}
