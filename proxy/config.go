@@ -45,6 +45,10 @@ const (
 	DefaultClientIdleTimeout = 120 * time.Second
 	// nginx's send_timeout.
 	DefaultClientWriteTimeout = 60 * time.Second
+	// vLLM sends the usage event right after the finishing one, in the
+	// same loop iteration: microseconds apart. 100 ms covers any engine
+	// under load and is under what a person notices.
+	DefaultMaxEventHold       = 100 * time.Millisecond
 	DefaultMaxRequestBodySize = 64 << 20
 	// Room for one body at the size limit and a half more: with the
 	// runtime and the connections it fits the manifests' 256Mi limit
@@ -109,6 +113,9 @@ type Config struct {
 	// client that stops reading is cut, and its engine request aborted;
 	// 0 disables it.
 	ClientWriteTimeout time.Duration
+	// MaxEventHold bounds how long an event that finishes the choices
+	// waits for the usage that decides its metrics (--max-event-hold).
+	MaxEventHold time.Duration
 	// MaxRequestBodySize is the largest request body accepted (413 above).
 	MaxRequestBodySize int
 	// MaxBodyMemory bounds the request bodies held in memory at once; a
@@ -195,6 +202,7 @@ func DefaultConfig() Config {
 		ClientReadTimeout:      DefaultClientReadTimeout,
 		ClientIdleTimeout:      DefaultClientIdleTimeout,
 		ClientWriteTimeout:     DefaultClientWriteTimeout,
+		MaxEventHold:           DefaultMaxEventHold,
 		MaxRequestBodySize:     DefaultMaxRequestBodySize,
 		MaxBodyMemory:          DefaultMaxBodyMemory,
 		MaxRequestHeaderSize:   DefaultMaxRequestHeaderSize,
@@ -266,6 +274,7 @@ func (c *Config) Validate() error {
 		{"client read timeout", c.ClientReadTimeout},
 		{"client idle timeout", c.ClientIdleTimeout},
 		{"client write timeout", c.ClientWriteTimeout},
+		{"max event hold", c.MaxEventHold},
 	} {
 		if d.v < 0 {
 			errs = append(errs, fmt.Errorf("%s %v: must not be negative", d.name, d.v))

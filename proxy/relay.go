@@ -361,6 +361,14 @@ func (r *eventRelay) fill() error {
 			// chunk, so the client sees a truncated stream, not a clean end.
 			return r.readErr
 		}
+		if r.held != nil && !r.events.Ready() && !r.x.awaitBytes(r.p.cfg.MaxEventHold-time.Since(r.heldAt)) {
+			// The engine has sent nothing more within the hold's bound:
+			// the held event goes with the metrics measured so far (counts
+			// not yet sent are null), and a usage event that comes later
+			// is still the sidecar's to remove.
+			r.pending, r.pendingAt = r.releaseHeld(true, r.heldAt), r.heldAt
+			continue
+		}
 		piece, whole, err := r.events.Next()
 		// Whatever Next returns was completed by the latest read.
 		at := r.x.received()

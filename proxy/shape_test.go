@@ -1,13 +1,16 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"io"
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
@@ -315,5 +318,64 @@ func TestUnterminatedUsageAtTheEndStaysHidden(t *testing.T) {
 	}
 	if m := metricsOf(t, strings.TrimPrefix(strings.Split(s[strings.LastIndex(s[:i], "data: "):], "\n")[0], "data: ")); m["completion_tokens"] == nil || *m["completion_tokens"] != 2 {
 		t.Fatalf("the tail's counts are not in the metrics:\n%s", s)
+	}
+}
+
+// TestHeldFinishWaitsOnlyTheBound: an engine that sends the usage long
+// after the finishing event (here: not until the client has the finish)
+// does not hold the client's last token: past --max-event-hold the
+// finishing event goes with the metrics measured so far, the counts the
+// engine has not sent null. The usage, when it comes, is still removed,
+// and its counts reach the record. The hold is the sidecar's own delay.
+func TestHeldFinishWaitsOnlyTheBound(t *testing.T) {
+	const hold = 50 * time.Millisecond
+	usage := `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[]` + shapeUsage + "}\n\n"
+	release := make(chan struct{})
+	var once sync.Once
+	releaseUsage := func() { once.Do(func() { close(release) }) }
+	// Without the bound, the finish would come only after the usage:
+	// the engine sends it after 10 s anyway, so the test fails, not hangs.
+	time.AfterFunc(10*time.Second, releaseUsage)
+	engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, _ []byte) {
+		defer c.Close()
+		io.WriteString(c, sseHead+chunk(roleEvent)+chunk(tokenEvent("a"))+chunk(shapeEvent(0, `{}`, "", "stop", "")))
+		<-release
+		io.WriteString(c, chunk(usage)+chunk("data: [DONE]\n\n")+"0\r\n\r\n")
+	})
+	var log syncBuffer
+	p, base := startSidecar(t, engine.URL(), func(c *Config) { c.MaxEventHold = hold }, &log)
+	resp := post(t, base+"/v1/chat/completions", `{"stream":true,"include_metrics":true}`, nil)
+	defer resp.Body.Close()
+	lines := bufio.NewReader(resp.Body)
+	for {
+		line, err := lines.ReadString('\n')
+		if err != nil {
+			t.Fatalf("the stream ended without the finishing event: %v", err)
+		}
+		if strings.Contains(line, `"finish_reason":"stop"`) {
+			m := metricsOf(t, strings.TrimPrefix(strings.TrimSpace(line), "data: "))
+			if m["completion_tokens"] != nil || m["time_to_first_token_ms"] == nil {
+				t.Errorf("want the metrics so far, the counts null, before the engine sent the usage: %s", line)
+			}
+			break
+		}
+	}
+	releaseUsage()
+	rest, _ := io.ReadAll(lines)
+	if strings.Contains(string(rest), `"choices":[]`) || !strings.Contains(string(rest), "[DONE]") {
+		t.Fatalf("after the finish, want [DONE] and no usage event:\n%s", rest)
+	}
+	p.telemetry.Flush()
+	var rec struct {
+		Completion *int     `json:"completion_tokens"`
+		RelayMax   *float64 `json:"relay_delay_max_ms"`
+	}
+	all := log.lines()
+	json.Unmarshal([]byte(all[len(all)-1]), &rec)
+	if rec.Completion == nil || *rec.Completion != 2 {
+		t.Errorf("the record lacks the late usage's counts: %s", all[len(all)-1])
+	}
+	if rec.RelayMax == nil || *rec.RelayMax < float64(hold/time.Millisecond) {
+		t.Errorf("the hold is not the sidecar's own delay: %s", all[len(all)-1])
 	}
 }

@@ -424,6 +424,25 @@ func (x *exchange) send(c *upstreamConn, req *fasthttp.Request, resp *fasthttp.R
 	return nil
 }
 
+// awaitBytes waits up to d (at least a millisecond, so that bytes the
+// kernel holds are seen) for the engine's next bytes, and tells whether
+// any are there. It reads them into the connection's buffer, below the
+// body's parser, whose state a timeout therefore never cuts.
+func (x *exchange) awaitBytes(d time.Duration) bool {
+	x.mu.Lock()
+	c := x.conn
+	x.mu.Unlock()
+	if c == nil || c.br.Buffered() > 0 {
+		return true
+	}
+	c.SetReadDeadline(time.Now().Add(max(d, time.Millisecond))) //nolint:errcheck // a closed conn fails the peek
+	_, err := c.br.Peek(1)
+	c.SetReadDeadline(time.Time{}) //nolint:errcheck
+	x.deadlineSet = time.Time{}    // the idle timeout is set again at the next read
+	var ne net.Error
+	return !errors.As(err, &ne) || !ne.Timeout()
+}
+
 // buffered is how many bytes of the response the connection has read
 // past its headers.
 func (x *exchange) buffered() int {

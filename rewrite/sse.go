@@ -47,6 +47,12 @@ func (r *EventReader) Reset(src io.Reader) {
 // drop (WHATWG).
 func (r *EventReader) Ended() bool { return r.err != nil && r.start == r.end }
 
+// Ready tells whether Next would return without reading: an event, or a
+// piece, is buffered, or the stream has ended.
+func (r *EventReader) Ready() bool {
+	return r.err != nil || r.end-r.start == len(r.buf) || eventEnd(r.buf[r.start:r.end], r.scan) >= 0
+}
+
 // Next returns the next event, terminator included, with whole == true; or,
 // for an event larger than the buffer or bytes left unterminated when the
 // stream ended, a piece of one with whole == false. The slice is valid until

@@ -193,3 +193,26 @@ func TestEventReaderGrowsForEventsUpToTheLimit(t *testing.T) {
 		t.Fatal("large event not classified as a token")
 	}
 }
+
+// TestEventReaderReady: Ready says whether Next would return without
+// reading from the source.
+func TestEventReaderReady(t *testing.T) {
+	src := iotest.OneByteReader(strings.NewReader("data: a\n\ndata: b\n\n"))
+	r := NewEventReader(src, 1024)
+	if r.Ready() {
+		t.Fatal("ready before anything was read")
+	}
+	if ev, _, _ := r.Next(); string(ev) != "data: a\n\n" || r.Ready() {
+		t.Fatalf("after the first event: %q, ready %v (one byte read at a time: nothing more buffered)", ev, r.Ready())
+	}
+	r = NewEventReader(strings.NewReader("data: a\n\ndata: b\n\n"), 1024)
+	r.Next()
+	if !r.Ready() {
+		t.Fatal("the second event is buffered, but not ready")
+	}
+	r.Next()
+	r.Next() // the end
+	if !r.Ready() {
+		t.Fatal("not ready at the end of the stream")
+	}
+}

@@ -30,6 +30,8 @@ func serveFlags() []cli.Flag {
 			Usage: "How long an idle client keep-alive connection waits for its next request."},
 		&cli.DurationFlag{Name: "client-write-timeout", EnvVars: env("client-write-timeout"), Value: proxy.DefaultClientWriteTimeout,
 			Usage: "Longest a write to a client may wait, like nginx's send_timeout: a client that stops reading for longer is cut, its engine request aborted and the request counted as the client's leaving, so its pause never holds the engine. 0 disables it."},
+		&cli.DurationFlag{Name: "max-event-hold", EnvVars: env("max-event-hold"), Value: proxy.DefaultMaxEventHold,
+			Usage: "Longest an event that finishes a stream's choices is held for the usage event that follows it, to carry the metrics with exact token counts; past it, it goes with the metrics measured so far (the counts null). Counted as the sidecar's own delay. 0 waits only for bytes already arriving (1 ms)."},
 		&cli.IntFlag{Name: "max-request-body-size", EnvVars: env("max-request-body-size"), Value: proxy.DefaultMaxRequestBodySize,
 			Usage: "Largest request body accepted, in bytes (413 above it)."},
 		&cli.IntFlag{Name: "max-body-memory", EnvVars: env("max-body-memory"), Value: proxy.DefaultMaxBodyMemory,

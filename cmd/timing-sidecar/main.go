@@ -62,6 +62,7 @@ func configFrom(c *cli.Context) proxy.Config {
 		ClientReadTimeout:      c.Duration("client-read-timeout"),
 		ClientIdleTimeout:      c.Duration("client-idle-timeout"),
 		ClientWriteTimeout:     c.Duration("client-write-timeout"),
+		MaxEventHold:           c.Duration("max-event-hold"),
 		MaxRequestBodySize:     c.Int("max-request-body-size"),
 		MaxBodyMemory:          c.Int("max-body-memory"),
 		MaxRequestHeaderSize:   c.Int("max-request-header-size"),
