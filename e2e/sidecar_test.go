@@ -60,6 +60,26 @@ type sidecar struct {
 
 	waitOnce sync.Once
 	exitErr  error
+
+	mu sync.Mutex
+	// logs are the operational log's lines (stderr), and logged is closed
+	// once the last has come (the process has exited).
+	logs   []string
+	logged chan struct{}
+}
+
+// logLines returns the operational log's lines once the process has
+// exited and written its last.
+func (s *sidecar) logLines(t *testing.T) []string {
+	t.Helper()
+	select {
+	case <-s.logged:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the sidecar's log did not end")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.logs...)
 }
 
 // wait waits for the process to exit, once, and returns how it exited.
@@ -111,6 +131,7 @@ func startSidecar(t *testing.T, args []string, env ...string) *sidecar {
 	// logged is closed when the sidecar's last log line has been logged:
 	// the test must not end before, or the logging races with its end.
 	logged := make(chan struct{})
+	s.logged = logged
 	t.Cleanup(func() {
 		cmd.Process.Signal(syscall.SIGTERM)
 		if err := s.wait(t, 10*time.Second); err != nil {
@@ -132,6 +153,9 @@ func startSidecar(t *testing.T, args []string, env ...string) *sidecar {
 			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "timing-sidecar listening" {
 				listening <- line
 			}
+			s.mu.Lock()
+			s.logs = append(s.logs, sc.Text())
+			s.mu.Unlock()
 			t.Logf("sidecar: %s", sc.Text())
 		}
 	}()

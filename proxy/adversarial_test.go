@@ -663,3 +663,84 @@ func TestBodiesPastTheMemoryBudgetStreamThrough(t *testing.T) {
 	}
 	stillServes(t, base)
 }
+
+// TestEngineTrailersAreDropped: a trailer section from the engine with
+// fields forbidden in trailers (Content-Type, Set-Cookie) or malformed
+// comes after the body's last chunk: the body is whole, the client gets
+// all of it and a clean end, and nothing counts as an engine failure.
+func TestEngineTrailersAreDropped(t *testing.T) {
+	for _, trailer := range []string{"Set-Cookie: a=b\r\nX-Ok: 1\r\n", "Content-Type: text/plain\r\n", "X Bad: 1\r\n"} {
+		for _, stream := range []bool{true, false} {
+			engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, _ []byte) {
+				defer c.Close()
+				if stream {
+					io.WriteString(c, sseHead+chunk(roleEvent)+chunk(tokenEvent("a"))+chunk(shapeEvent(0, `{}`, "", "stop", ""))+chunk("data: [DONE]\n\n")+"0\r\n"+trailer+"\r\n")
+					return
+				}
+				body := `{"id":"c","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}`
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"+chunk(body)+"0\r\n"+trailer+"\r\n")
+			})
+			p, base := startSidecar(t, engine.URL(), nil, nil)
+			resp := post(t, base+"/v1/chat/completions", fmt.Sprintf(`{"stream":%v,"include_metrics":true}`, stream), nil)
+			got, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil || resp.StatusCode != 200 || !strings.Contains(string(got), `"metrics":{`) {
+				t.Fatalf("trailer %q, stream %v: status %d, %v:\n%s", trailer, stream, resp.StatusCode, err, got)
+			}
+			if stream && !strings.HasSuffix(string(got), "data: [DONE]\n\n") {
+				t.Fatalf("trailer %q: the stream did not end whole:\n%s", trailer, got)
+			}
+			if n := counterValue(t, p, "timing_sidecar_upstream_errors_total", map[string]string{"kind": "interrupted"}); n != 0 {
+				t.Fatalf("trailer %q: counted as an engine failure", trailer)
+			}
+		}
+	}
+}
+
+// TestEarlyAnswersFromTheEngineAreRelayed: an engine that answers before
+// it has read the whole body (a 413 over its own size limit, as llama.cpp's
+// server does) and closes: the client gets that answer as the engine sent
+// it, whether the sidecar read the body first or streamed it through, and
+// it is no engine failure.
+func TestEarlyAnswersFromTheEngineAreRelayed(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	answer := `{"error":{"code":413,"message":"request too large","type":"invalid_request_error"}}`
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					line, err := br.ReadString('\n')
+					if err != nil || line == "\r\n" {
+						break
+					}
+				}
+				fmt.Fprintf(c, "HTTP/1.1 413 Payload Too Large\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(answer), answer)
+			}()
+		}
+	}()
+	p, base := startSidecar(t, "http://"+ln.Addr().String(), func(c *Config) { c.MaxBodyMemory = 16 << 20 }, nil)
+	for _, size := range []int{8 << 20, 30 << 20} { // read first; streamed through (over the budget)
+		body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("a", size) + `"}]}`
+		resp := post(t, base+"/v1/chat/completions", body, nil)
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 413 || string(got) != answer {
+			t.Fatalf("%d MB: status %d, %.200s; want the engine's 413", size>>20, resp.StatusCode, got)
+		}
+	}
+	for _, kind := range []string{"closed", "connect", "interrupted"} {
+		if n := counterValue(t, p, "timing_sidecar_upstream_errors_total", map[string]string{"kind": kind}); n != 0 {
+			t.Errorf("an early answer counted as an engine failure (%s)", kind)
+		}
+	}
+}

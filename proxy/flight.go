@@ -82,7 +82,8 @@ func (p *Proxy) begin(ctx *fasthttp.RequestCtx, arrival time.Time) *flight {
 	if p.cfg.TenantHeader != "" {
 		f.rec.Tenant = string(ctx.Request.Header.Peek(p.cfg.TenantHeader))
 	}
-	f.trailers = bytes.Contains(ctx.Request.Header.Peek("Te"), []byte("trailers"))
+	// HTTP/1.0 has no trailers (nor chunks to end with them).
+	f.trailers = ctx.Request.Header.IsHTTP11() && bytes.Contains(ctx.Request.Header.Peek("Te"), []byte("trailers"))
 	p.telemetry.Begin()
 	return f
 }

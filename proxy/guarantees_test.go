@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -659,5 +660,22 @@ func TestTwoFinishingEventsWithUsageInARow(t *testing.T) {
 	}
 	if len(events) != 5 || !strings.Contains(events[1].data, `"index":0`) || !strings.Contains(events[2].data, `"index":1`) {
 		t.Fatalf("events reordered or lost:\n%s", strings.Join(idx, "\n"))
+	}
+}
+
+// TestHTTP10ClientsGetNoChunks: HTTP/1.0 has no chunked encoding and no
+// trailers. A stream to an HTTP/1.0 client goes as it comes, ended by the
+// connection's close, with the metrics in it as for any client.
+func TestHTTP10ClientsGetNoChunks(t *testing.T) {
+	engine := newFakeEngine(t)
+	base := startProxy(t, engine.URL(), nil)
+	body := `{"model":"m","stream":true,"include_metrics":true,"messages":[]}`
+	resp, got := rawExchange(t, base, fmt.Sprintf("POST /v1/chat/completions HTTP/1.0\r\nHost: x\r\nTE: trailers\r\nContent-Type: application/json\r\nX-Fake-Tokens: 3\r\nContent-Length: %d\r\n\r\n%s", len(body), body))
+	if len(resp.TransferEncoding) != 0 || resp.Header.Get("Trailer") != "" || !resp.Close {
+		t.Fatalf("an HTTP/1.0 client got Transfer-Encoding %v, Trailer %q, close %v", resp.TransferEncoding, resp.Header.Get("Trailer"), resp.Close)
+	}
+	s := string(got)
+	if !strings.HasPrefix(s, "data: ") || !strings.HasSuffix(s, "data: [DONE]\n\n") || !strings.Contains(s, `"metrics":{`) {
+		t.Fatalf("want the events as the engine sent them, with the metrics:\n%s", s)
 	}
 }

@@ -205,6 +205,12 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, f *flight, identity bool) (*ex
 	p.sent(f)
 	if err == nil {
 		x.client = cc
+		if x.early && f.out.stream != nil {
+			// The rest of the client's body was never read: the
+			// connection ends after the answer, lingering so that the
+			// client reads it rather than a reset.
+			closeAfterError(ctx)
+		}
 		f.clock.Accepted = x.headersRead
 		f.rec.Trace.EngineStatus = resp.StatusCode()
 		return x, resp, true

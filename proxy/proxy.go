@@ -240,13 +240,46 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 	// "shutting down", /healthz keeps the pod alive, /metrics counts the
 	// last requests.
 	err := p.server.ShutdownWithContext(ctx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		err = errInFlightAtGrace
+	}
 	// Requests have ended (or the grace has: then the ones still open
 	// lose their log lines, counted, and their spans): the access log's
 	// last lines, and the queued spans, go out in what is left of it.
 	p.telemetry.Close(ctx)
-	err = errors.Join(err, p.tracer.Shutdown(ctx))
+	if terr := p.tracer.Shutdown(ctx); errors.Is(terr, context.DeadlineExceeded) {
+		err = errors.Join(err, errSpansAtGrace)
+	} else if terr != nil {
+		err = errors.Join(err, fmt.Errorf("export the last spans: %w", terr))
+	}
 	return errors.Join(err, p.admin.Shutdown(ctx))
 }
+
+// withoutGraceEnds is err without the grace's ends, which are warnings.
+func withoutGraceEnds(err error) error {
+	joined, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		if errors.Is(err, errInFlightAtGrace) || errors.Is(err, errSpansAtGrace) {
+			return nil
+		}
+		return err
+	}
+	var rest []error
+	for _, e := range joined.Unwrap() {
+		if e = withoutGraceEnds(e); e != nil {
+			rest = append(rest, e)
+		}
+	}
+	return errors.Join(rest...)
+}
+
+// The shutdown grace ran out with requests still in flight, or before the
+// last spans were exported (a collector that hangs): each is said as
+// what it is, and neither is a failure of the process.
+var (
+	errInFlightAtGrace = errors.New("shutdown grace over with requests in flight")
+	errSpansAtGrace    = errors.New("shutdown grace over before the last spans were exported")
+)
 
 // Run listens on cfg.Listen and cfg.AdminListen and serves until ctx is
 // cancelled (SIGTERM), then shuts down gracefully: /readyz fails at once;
@@ -287,11 +320,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, accessLog io.Writer)
 	shutdownCtx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	err = p.Shutdown(shutdownCtx)
-	if errors.Is(err, context.DeadlineExceeded) {
+	if errors.Is(err, errInFlightAtGrace) {
 		log.Warn("shutdown grace over; closing the requests still in flight")
-		err = nil
 	}
-	if err != nil {
+	if errors.Is(err, errSpansAtGrace) {
+		log.Warn("shutdown grace over before the last spans reached the collector; they are dropped")
+	}
+	if err = withoutGraceEnds(err); err != nil {
 		return fmt.Errorf("shut down: %w", err)
 	}
 	log.Info("timing-sidecar stopped")

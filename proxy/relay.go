@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"io"
+	"net"
 	"runtime/debug"
 	"slices"
 	"sync"
@@ -50,8 +51,39 @@ func (p *Proxy) relayBody(ctx *fasthttp.RequestCtx, f *flight, x *exchange, resp
 		b.capture = p.pools.buffer()
 		b.capture.B = append(b.capture.B, prefix...)
 	}
+	startStream(ctx, f, b, size)
+}
+
+// streamBody is a response body the client gets as it is read: fasthttp
+// calls CloseWithError once it is written, or its write failed.
+type streamBody interface {
+	io.Reader
+	CloseWithError(error) error
+}
+
+// startStream sends body to the client after the handler, size bytes or,
+// with size -1, until it ends: chunked to an HTTP/1.1 client. HTTP/1.0 has
+// no chunked encoding (fasthttp would send it anyway), so an HTTP/1.0
+// client gets such a body as it is read and the end of the connection
+// ends it, as nginx does; no trailer.
+func startStream(ctx *fasthttp.RequestCtx, f *flight, body streamBody, size int) {
 	f.streaming = true
-	ctx.SetBodyStream(b, size)
+	if size >= 0 || ctx.Request.Header.IsHTTP11() {
+		ctx.SetBodyStream(body, size)
+		return
+	}
+	h := &ctx.Response.Header
+	h.SetContentLength(-2) // no framing header; the connection closes
+	h.Del("Trailer")
+	head := append([]byte(nil), h.Header()...)
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(func(c net.Conn) {
+		_, err := c.Write(head)
+		if err == nil {
+			_, err = io.Copy(c, body)
+		}
+		body.CloseWithError(err) //nolint:errcheck // it records, and fails nothing
+	})
 }
 
 // bodyRelay is the client's body stream for a response passed through.
@@ -254,8 +286,7 @@ func (p *Proxy) relayEvents(ctx *fasthttp.RequestCtx, f *flight, x *exchange, re
 		r.trailer = &ctx.Response.Header
 	}
 	ctx.Response.ImmediateHeaderFlush = true
-	f.streaming = true
-	ctx.SetBodyStream(r, -1)
+	startStream(ctx, f, r, -1)
 }
 
 // eventRelay is the client's body stream for a measured event stream. Each

@@ -379,3 +379,48 @@ func TestHeldFinishWaitsOnlyTheBound(t *testing.T) {
 		t.Errorf("the hold is not the sidecar's own delay: %s", all[len(all)-1])
 	}
 }
+
+// TestLoneCRStreamsAreRelayedEventByEvent: an engine whose SSE lines end
+// in a lone CR (WHATWG allows it) gets each event to the client when it is
+// sent, not when 64 KiB have gathered, and its stream measured as any.
+func TestLoneCRStreamsAreRelayedEventByEvent(t *testing.T) {
+	cr := func(ev string) string { return strings.ReplaceAll(ev, "\n", "\r") }
+	usage := `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[]` + shapeUsage + "}\n\n"
+	delivered := make(chan struct{})
+	var once sync.Once
+	deliver := func() { once.Do(func() { close(delivered) }) }
+	time.AfterFunc(10*time.Second, deliver) // held events: the test fails, not hangs
+	engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, _ []byte) {
+		defer c.Close()
+		io.WriteString(c, sseHead+chunk(cr(roleEvent))+chunk(cr(tokenEvent("a"))))
+		<-delivered
+		io.WriteString(c, chunk(cr(shapeEvent(0, `{}`, "", "stop", "")))+chunk(cr(usage))+chunk("data: [DONE]\r\r")+"0\r\n\r\n")
+	})
+	base := startProxy(t, engine.URL(), nil)
+	resp := post(t, base+"/v1/chat/completions", `{"stream":true,"include_metrics":true}`, nil)
+	defer resp.Body.Close()
+	var got []byte
+	buf := make([]byte, 4096)
+	for !strings.Contains(string(got), `"content":"a"`) {
+		n, err := resp.Body.Read(buf)
+		got = append(got, buf[:n]...)
+		if err != nil {
+			t.Fatalf("the stream ended before the token event: %v", err)
+		}
+		select {
+		case <-delivered:
+			t.Fatalf("the token event was held until the engine sent more:\n%q", got)
+		default:
+		}
+	}
+	deliver()
+	rest, _ := io.ReadAll(resp.Body)
+	s := string(got) + string(rest)
+	if strings.Contains(s, `"choices":[]`) || !strings.Contains(s, "[DONE]") {
+		t.Fatalf("want the engine's events, the usage removed:\n%q", s)
+	}
+	i := strings.Index(s, `"finish_reason":"stop"`)
+	if m := strings.Index(s, `"metrics":{`); i < 0 || m < i {
+		t.Fatalf("no metrics on the finishing event:\n%q", s)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -268,6 +269,9 @@ type exchange struct {
 	// time of the bytes read last; set with the headers and only used by
 	// the response's reader.
 	recv *recvConn
+	// early: the engine answered before it took the whole request, so
+	// its connection is not reused.
+	early bool
 }
 
 // abort closes the exchange's connection, so a blocked write or read returns
@@ -323,7 +327,7 @@ func (x *exchange) finish(resp *fasthttp.Response, readToEnd bool) {
 	if x.client != nil {
 		x.client.unwatch()
 	}
-	reusable := readToEnd && !resp.ConnectionClose() && resp.Header.ContentLength() != -2
+	reusable := readToEnd && !resp.ConnectionClose() && resp.Header.ContentLength() != -2 && !x.early
 	resp.CloseBodyStream() //nolint:errcheck // only releases the stream
 	fasthttp.ReleaseResponse(resp)
 	x.release(reusable)
@@ -391,7 +395,14 @@ func (x *exchange) send(c *upstreamConn, req *fasthttp.Request, resp *fasthttp.R
 	bw.Reset(nil)
 	x.up.writers.Put(bw)
 	if err != nil {
-		return err
+		// An engine may answer before it has read the whole body (an
+		// early 413 over its size limit, as llama.cpp's server does) and
+		// close: the write fails, and its answer is what the client gets.
+		if !x.readEarlyAnswer(c, resp) {
+			return err
+		}
+		x.early = true
+		return nil
 	}
 	if x.watcher != nil {
 		x.watcher.watch(x.abort)
@@ -443,6 +454,23 @@ func (x *exchange) awaitBytes(d time.Duration) bool {
 	return !errors.As(err, &ne) || !ne.Timeout()
 }
 
+// earlyAnswerWait bounds the wait for an engine's answer after writing
+// the request to it failed: an early answer is already there.
+const earlyAnswerWait = time.Second
+
+// readEarlyAnswer reads the engine's response headers after the request's
+// write failed, if the engine sent any before it closed.
+func (x *exchange) readEarlyAnswer(c *upstreamConn, resp *fasthttp.Response) bool {
+	c.SetDeadline(time.Now().Add(earlyAnswerWait)) //nolint:errcheck // a closed conn fails the read
+	resp.StreamBody = true
+	if resp.Read(c.br) != nil || resp.StatusCode() < 200 || resp.StatusCode() > 599 {
+		return false
+	}
+	x.headersRead, x.recv = c.recv.received, c.recv
+	c.SetDeadline(time.Time{}) //nolint:errcheck
+	return true
+}
+
 // buffered is how many bytes of the response the connection has read
 // past its headers.
 func (x *exchange) buffered() int {
@@ -491,7 +519,24 @@ func (r idleReader) Read(p []byte) (int, error) {
 			r.x.mu.Unlock()
 		}
 	}
-	return r.r.Read(p)
+	n, err := r.r.Read(p)
+	if err != nil && isTrailerError(err) {
+		// The body's last chunk came; the trailer after it is dropped.
+		// Its bytes stay unread, so the connection is not reused.
+		err = io.EOF
+	}
+	return n, err
+}
+
+// isTrailerError tells an error of fasthttp's refusing the engine's
+// trailer section, after the body's last chunk: a field RFC 9110 forbids
+// in trailers (Content-Type, Set-Cookie, ...) or one it cannot parse. The
+// body is whole, so this is its end, not a failure: the trailer is
+// dropped, as a request's is. fasthttp has no sentinel for it; its
+// messages name the trailer (TestEngineTrailersAreDropped pins them).
+func isTrailerError(err error) bool {
+	var ne net.Error
+	return !errors.As(err, &ne) && !errors.Is(err, io.ErrUnexpectedEOF) && strings.Contains(err.Error(), "trailer")
 }
 
 // isConnGone reports an error of a connection the peer had already closed.

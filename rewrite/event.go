@@ -74,7 +74,7 @@ func HasDataField(raw []byte) bool {
 	raw = bytes.TrimPrefix(raw, utf8BOM)
 	for len(raw) > 0 {
 		line := raw
-		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
+		if i := bytes.IndexAny(raw, "\r\n"); i >= 0 {
 			line, raw = raw[:i], raw[i+1:]
 		} else {
 			raw = nil
@@ -240,6 +240,9 @@ func dataLine(raw []byte) (int, []byte) {
 		next := len(raw)
 		if i := bytes.IndexByte(line, '\n'); i >= 0 {
 			line, next = line[:i], pos+i+1
+		}
+		if i := bytes.IndexByte(line, '\r'); i >= 0 && i < len(line)-1 {
+			line, next = line[:i], pos+i+1 // a lone CR ends the line
 		}
 		line = bytes.TrimSuffix(line, []byte{'\r'})
 		if bytes.HasPrefix(line, dataField) {

@@ -19,6 +19,7 @@ func FuzzEventReader(f *testing.F) {
 	f.Add([]byte("data: "+chatFinish+"\r\n\r\n"+sse(errorEvent)), uint8(1))
 	f.Add([]byte(": ping\n\ndata:"+cmplText+"\n\ndata: {\"cho"), uint8(64))
 	f.Add([]byte("\n\n\r\n\n\r\r\ndata:\n\n"), uint8(2))
+	f.Add([]byte("data: "+chatContent+"\r\rdata: [DONE]\r\r"), uint8(3))
 	f.Fuzz(func(t *testing.T, stream []byte, chunk uint8) {
 		src := &chunkReader{}
 		for s, n := stream, int(chunk)+1; len(s) > 0; {
@@ -37,7 +38,7 @@ func FuzzEventReader(f *testing.F) {
 				t.Fatal(err)
 			}
 			if whole {
-				if !bytes.HasSuffix(p, []byte("\n\n")) && !bytes.HasSuffix(p, []byte("\n\r\n")) {
+				if !bytes.HasSuffix(p, []byte("\n\n")) && !bytes.HasSuffix(p, []byte("\n\r\n")) && !bytes.HasSuffix(p, []byte("\r\r")) {
 					t.Fatalf("whole event without a blank line: %q", p)
 				}
 				ClassifyEvent(p)

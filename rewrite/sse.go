@@ -10,9 +10,10 @@ import (
 // only once its terminating blank line has arrived, and it never blocks on
 // the underlying reader while a complete event is buffered.
 //
-// Lines may end in LF or CRLF. A lone CR as a line ending (allowed by the
-// SSE specification, sent by no LLM engine) is not recognised; such a stream
-// still passes through intact, as pieces.
+// Lines may end in LF, CRLF or a lone CR (WHATWG): a stream with CR line
+// endings is framed event by event too. A stream that mixes a lone CR with
+// LF endings has its lone-CR events framed with the next LF event: late,
+// never lost or reordered.
 type EventReader struct {
 	src   io.Reader
 	buf   []byte // grows on demand up to limit
@@ -108,6 +109,8 @@ func (r *EventReader) Next() (piece []byte, whole bool, err error) {
 	}
 }
 
+var crPair = []byte("\r\r")
+
 // eventEnd returns the length of the first event in b (through the blank
 // line that ends it), or -1 if b holds no complete event. Searching starts
 // at from.
@@ -115,6 +118,14 @@ func eventEnd(b []byte, from int) int {
 	for i := from; i < len(b); {
 		j := bytes.IndexByte(b[i:], '\n')
 		if j < 0 {
+			// No LF: a stream with lone CR line endings ends an event
+			// with two of them. (A CRLF stream has no CR pair: its CRs
+			// are each before an LF.) An LF that follows such a pair in
+			// a later read begins the next event with an empty line,
+			// which dispatches nothing.
+			if k := bytes.Index(b[i:], crPair); k >= 0 {
+				return i + k + 2
+			}
 			return -1
 		}
 		k := i + j + 1

@@ -216,3 +216,35 @@ func TestEventReaderReady(t *testing.T) {
 		t.Fatal("not ready at the end of the stream")
 	}
 }
+
+// TestLoneCRLineEndings: a stream whose lines end in a lone CR (WHATWG
+// allows it) is framed event by event, however it is split into reads,
+// and its events classify as their LF twins do.
+func TestLoneCRLineEndings(t *testing.T) {
+	token := `data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}`
+	stream := token + "\r\r" + ": ping\r\r" + "data: [DONE]\r\r"
+	want := []string{token + "\r\r", ": ping\r\r", "data: [DONE]\r\r"}
+	for split := 1; split < len(stream); split++ {
+		r := NewEventReader(&chunkReader{chunks: [][]byte{[]byte(stream[:split]), []byte(stream[split:])}}, 1024)
+		var got []string
+		for {
+			ev, whole, err := r.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil || !whole {
+				t.Fatalf("split at %d: %q whole %v, %v", split, ev, whole, err)
+			}
+			got = append(got, string(ev))
+		}
+		if strings.Join(got, "|") != strings.Join(want, "|") {
+			t.Fatalf("split at %d: events %q", split, got)
+		}
+	}
+	if ev := ClassifyEvent([]byte(want[0])); ev.Kind != EventToken || !HasDataField([]byte(want[0])) {
+		t.Fatalf("a lone-CR token event classifies as %v", ev.Kind)
+	}
+	if ev := ClassifyEvent([]byte("event: x\rdata: [DONE]\r\r")); ev.Kind != EventDone {
+		t.Fatalf("[DONE] after a lone-CR line classifies as %v", ev.Kind)
+	}
+}
