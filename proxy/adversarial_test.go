@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -742,5 +743,53 @@ func TestEarlyAnswersFromTheEngineAreRelayed(t *testing.T) {
 		if n := counterValue(t, p, "timing_sidecar_upstream_errors_total", map[string]string{"kind": kind}); n != 0 {
 			t.Errorf("an early answer counted as an engine failure (%s)", kind)
 		}
+	}
+}
+
+// TestHeldResponsesShareTheMemoryBudget: a non-streaming response held to
+// splice the metrics in takes room in --max-body-memory past its first
+// 64 KiB; one the budget has no room for passes through as the engine
+// sent it, without metrics, as one over --max-buffered-response-size.
+func TestHeldResponsesShareTheMemoryBudget(t *testing.T) {
+	answer := func(size int) string {
+		return `{"id":"c","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"` +
+			strings.Repeat("x", size) + `"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`
+	}
+	engine := newScriptedEngine(t, func(c net.Conn, req *http.Request, _ []byte) {
+		defer c.Close()
+		size, _ := strconv.Atoi(req.Header.Get("X-Size"))
+		body := answer(size)
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	})
+	p, base := startSidecar(t, engine.URL(), func(c *Config) { c.MaxBodyMemory = 128 << 10 }, nil)
+	// One connection: each request is served once the one before it has
+	// ended, its budget given back.
+	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	body := `{"model":"m","include_metrics":true}`
+	for _, tc := range []struct {
+		size    int
+		metrics bool
+	}{{300 << 10, false}, {100 << 10, true}} {
+		fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Size: %d\r\nContent-Length: %d\r\n\r\n%s", tc.size, len(body), body)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || strings.Contains(string(got), `"metrics":{`) != tc.metrics {
+			t.Fatalf("%d KB: status %d, metrics %v, want %v", tc.size>>10, resp.StatusCode, !tc.metrics, tc.metrics)
+		}
+		if !tc.metrics && string(got) != answer(tc.size) {
+			t.Fatalf("%d KB: not the engine's answer as sent", tc.size>>10)
+		}
+	}
+	if used := p.bodies.used.Load(); used != 0 {
+		t.Fatalf("%d bytes of the budget still held", used)
 	}
 }

@@ -26,7 +26,7 @@ func (p *Proxy) relayAssembled(ctx *fasthttp.RequestCtx, f *flight, x *exchange,
 	}()
 	r.events.Reset(x.body(resp))
 	a := rewrite.NewAssembly(p.cfg.MaxBufferedResponse)
-	engine, err := assemble(r.events, a, f, x)
+	engine, err := p.assemble(r.events, a, f, x)
 	done := x.received() // the read that ended the stream
 	f.markDone(done)
 
@@ -104,7 +104,7 @@ var errStreamCut = errors.New("the stream ended before its choices finished")
 // assemble reads events to the end of the stream into a, marking f's clock
 // and taking the engine's usage; it returns the engine's own timing report
 // if the stream carried one.
-func assemble(events *rewrite.EventReader, a *rewrite.Assembly, f *flight, x *exchange) (timing.EngineTiming, error) {
+func (p *Proxy) assemble(events *rewrite.EventReader, a *rewrite.Assembly, f *flight, x *exchange) (timing.EngineTiming, error) {
 	var engine timing.EngineTiming
 	done := false
 	for {
@@ -157,6 +157,9 @@ func assemble(events *rewrite.EventReader, a *rewrite.Assembly, f *flight, x *ex
 		}
 		if err := a.Add(ev.Data); err != nil {
 			return engine, err
+		}
+		if !p.holdResponse(f, a.Size()) {
+			return engine, rewrite.ErrAssemblyTooLarge
 		}
 	}
 }

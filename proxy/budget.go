@@ -95,3 +95,25 @@ const (
 	returnMemoryAfter = 8 << 20
 	returnMemoryDelay = time.Second
 )
+
+// responseFree is what a held response may take without the budget: the
+// usual non-streaming answer, counted per request in deploy/README.md's
+// formula, so that the budget is touched only by large ones.
+const responseFree = 64 << 10
+
+// holdResponse makes sure the budget covers n bytes of response held for
+// f (to splice the metrics in, to read its usage, or reassembled), taking
+// more in steps of responseFree and never waiting; false when it has no
+// room. The caller then passes the response through without metrics, as
+// one over --max-buffered-response-size. finish gives it back.
+func (p *Proxy) holdResponse(f *flight, n int) bool {
+	if n <= responseFree || n <= f.responseTaken {
+		return true
+	}
+	step := max(n-f.responseTaken, responseFree)
+	if !p.bodies.take(step, 0) {
+		return false
+	}
+	f.responseTaken += step
+	return true
+}

@@ -49,8 +49,9 @@ type flight struct {
 	// request allocates nothing for them.
 	body []byte
 	edit rewrite.Edit
-	// bodyTaken is what the body holds of the budget until it is sent.
-	bodyTaken int
+	// bodyTaken is what the body holds of the budget until it is sent,
+	// and responseTaken what a held response holds until the end.
+	bodyTaken, responseTaken int
 	// out is what the engine gets as the body.
 	out outgoing
 	// client is the connection the request came on; nil for one that is
@@ -108,6 +109,8 @@ func (p *Proxy) relayed(f *flight, delay time.Duration) {
 // finish records the flight. It runs once, when the response is complete
 // (or failed): at the end of the handler, or when a body stream closes.
 func (p *Proxy) finish(f *flight) {
+	p.bodies.give(f.responseTaken)
+	f.responseTaken = 0
 	if p.record(f) {
 		// Nothing holds the flight after this: it is reused.
 		p.pools.flights.Put(f)

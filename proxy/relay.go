@@ -113,7 +113,7 @@ func (b *bodyRelay) Read(p []byte) (n int, err error) {
 	n, err = b.body.Read(p)
 	b.f.rec.BytesOut += n
 	if b.capture != nil {
-		if len(b.capture.B)+n <= b.p.cfg.MaxBufferedResponse {
+		if len(b.capture.B)+n <= b.p.cfg.MaxBufferedResponse && b.p.holdResponse(b.f, len(b.capture.B)+n) {
 			b.capture.B = append(b.capture.B, p[:n]...)
 		} else {
 			// Too large to read the usage from: stop keeping a copy.
@@ -190,7 +190,7 @@ func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *exchang
 	}
 	buf := p.pools.buffer()
 	defer p.pools.release(buf)
-	complete, err := readUpTo(buf, x.body(resp), limit)
+	complete, err := readUpTo(buf, x.body(resp), limit, func(n int) bool { return p.holdResponse(f, n) })
 	done := x.received() // the engine's whole body
 	if err != nil {
 		x.finish(resp, false)
@@ -244,8 +244,9 @@ func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *exchang
 }
 
 // readUpTo reads r to its end into buf, unless that is more than limit
-// bytes: then it stops with complete == false and what it read in buf.
-func readUpTo(buf *buffer, r io.Reader, limit int) (complete bool, err error) {
+// bytes or hold refuses room for it: then it stops with complete == false
+// and what it read in buf.
+func readUpTo(buf *buffer, r io.Reader, limit int, hold func(n int) bool) (complete bool, err error) {
 	for {
 		// Read straight into the pooled buffer's spare room: no chunk
 		// buffer per request.
@@ -259,7 +260,7 @@ func readUpTo(buf *buffer, r io.Reader, limit int) (complete bool, err error) {
 			return true, nil
 		case err != nil:
 			return false, err
-		case len(buf.B) > limit:
+		case len(buf.B) > limit || !hold(len(buf.B)):
 			return false, nil
 		}
 	}

@@ -424,3 +424,32 @@ func TestLoneCRStreamsAreRelayedEventByEvent(t *testing.T) {
 		t.Fatalf("no metrics on the finishing event:\n%q", s)
 	}
 }
+
+// TestFinishingEventTooLargeToInspect: in always mode, a finishing event
+// larger than --max-event-size passes in pieces, uninspected, so the
+// metrics cannot ride on it. The shape wins: the client gets the engine's
+// events whole and in order, and no usage event it did not ask for; the
+// stream carries no metrics object, as one whose engine sends no finish
+// reason, and the record still has the request's counts.
+func TestFinishingEventTooLargeToInspect(t *testing.T) {
+	usage := `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[]` + shapeUsage + "}\n\n"
+	large := shapeEvent(0, `{"content":"`+strings.Repeat("x", 3000)+`"}`, "", "stop", "")
+	engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, _ []byte) {
+		defer c.Close()
+		io.WriteString(c, sseHead+chunk(roleEvent)+chunk(tokenEvent("a"))+chunk(large)+chunk(usage)+chunk("data: [DONE]\n\n")+"0\r\n\r\n")
+	})
+	var log syncBuffer
+	p, base := startSidecar(t, engine.URL(), func(c *Config) { c.Mode, c.MaxEventSize = ModeAlways, 1024 }, &log)
+	resp := post(t, base+"/v1/chat/completions", `{"stream":true}`, nil)
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	want := roleEvent + tokenEvent("a") + large + "data: [DONE]\n\n"
+	if err != nil || string(got) != want {
+		t.Fatalf("want the engine's events without the usage, unchanged (%v):\n%s", err, got)
+	}
+	p.telemetry.Flush()
+	all := log.lines()
+	if !strings.Contains(all[len(all)-1], `"completion_tokens":2`) {
+		t.Errorf("the record lacks the usage's counts: %s", all[len(all)-1])
+	}
+}

@@ -74,6 +74,9 @@ func NewAssembly(limit int) *Assembly { return &Assembly{limit: limit} }
 
 // Add takes the data of one event (not [DONE]). An in-stream error is kept
 // whole: see Error.
+// Size is how much the assembly holds, in bytes of the events' data.
+func (a *Assembly) Size() int { return a.size }
+
 func (a *Assembly) Add(data []byte) error {
 	// Not validated here: AppendBody validates what it builds, once, which
 	// costs a fraction of checking every event.
