@@ -69,7 +69,9 @@ type sidecar struct {
 }
 
 // logLines returns the operational log's lines once the process has
-// exited and written its last.
+// exited and its log has been read to the end. Call it before wait, which
+// closes the pipe the log is read from (os/exec: reads must be done
+// before Wait).
 func (s *sidecar) logLines(t *testing.T) []string {
 	t.Helper()
 	select {

@@ -311,10 +311,10 @@ func TestTracesInJaeger(t *testing.T) {
 				// At SIGTERM no request is in flight; the hung export is
 				// what the grace cuts, and the log says so.
 				s.cmd.Process.Signal(syscall.SIGTERM)
+				logs := strings.Join(s.logLines(t), "\n")
 				if err := s.wait(t, 20*time.Second); err != nil {
 					t.Fatalf("sidecar exited with %v", err)
 				}
-				logs := strings.Join(s.logLines(t), "\n")
 				if strings.Contains(logs, "requests still in flight") || !strings.Contains(logs, "before the last spans reached the collector") {
 					t.Errorf("the shutdown log misnames a hung collector:\n%s", logs)
 				}
