@@ -18,6 +18,7 @@ type clientListener struct {
 	writeTimeout time.Duration
 	hold         func() // tests only: runs before each read
 	blocked      func() // tests only: runs when a write first waits on the client
+	sendBuffer   int    // tests only: SO_SNDBUF for each connection, so it fills soon
 }
 
 func (l clientListener) Accept() (net.Conn, error) {
@@ -25,13 +26,16 @@ func (l clientListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	if tc, ok := c.(*net.TCPConn); ok && l.sendBuffer > 0 {
+		tc.SetWriteBuffer(l.sendBuffer) //nolint:errcheck // tests only
+	}
 	recv := newRecvConn(c, l.kernelStamps)
 	recv.hold = l.hold
-	sender := newSocketWriter(c)
-	if sender != nil && l.blocked != nil {
-		sender.onBlock = l.blocked
+	cc := &clientConn{Conn: recv, recv: recv, writeTimeout: l.writeTimeout, sender: newSocketWriter(c), testBlocked: l.blocked}
+	if cc.sender != nil {
+		cc.sender.onBlock = cc.blocked // bound once: a write allocates nothing
 	}
-	return &clientConn{Conn: recv, recv: recv, writeTimeout: l.writeTimeout, sender: sender}, nil
+	return cc, nil
 }
 
 // clientConn notices a client that goes away while nothing is being written
@@ -67,6 +71,13 @@ type clientConn struct {
 	// response's writes waited on it. Only the writing goroutine.
 	sender  *socketWriter
 	stalled time.Duration
+	// stallEnded is when the latest wait on the client ended.
+	stallEnded time.Time
+	// onStall, set for a response's duration, runs when a write to the
+	// client first waits (a stream's read-ahead starts); testBlocked is
+	// the tests' own hook. Both on the writing goroutine, inside the
+	// write: they must not block.
+	onStall, testBlocked func()
 
 	mu    sync.Mutex
 	ahead chan struct{} // non-nil while a read-ahead runs; closed when it ends
@@ -214,13 +225,26 @@ func (c *clientConn) Write(p []byte) (int, error) {
 	return c.send(p)
 }
 
+// blocked runs when a write first finds the client's socket full.
+func (c *clientConn) blocked() {
+	if c.testBlocked != nil {
+		c.testBlocked()
+	}
+	if c.onStall != nil {
+		c.onStall()
+	}
+}
+
 // send writes p, adding to stalled the time it waited on the client.
 func (c *clientConn) send(p []byte) (int, error) {
 	if c.sender == nil {
 		return c.Conn.Write(p)
 	}
 	n, waited, err := c.sender.write(p)
-	c.stalled += waited
+	if waited > 0 {
+		c.stalled += waited
+		c.stallEnded = time.Now()
+	}
 	return n, err
 }
 
@@ -238,7 +262,9 @@ func (c *clientConn) extendWriteDeadline() {
 
 // newResponse starts a response's writes: the server clears the write
 // deadline for each request, so the next write sets it again.
-func (c *clientConn) newResponse() { c.writeDeadlineSet, c.stalled = time.Time{}, 0 }
+func (c *clientConn) newResponse() {
+	c.writeDeadlineSet, c.stalled, c.stallEnded = time.Time{}, 0, time.Time{}
+}
 
 // ReadFrom writes what r returns to the client as each read returns, with
 // no buffer between. fasthttp's response writer hands a body of known

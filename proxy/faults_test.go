@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -390,4 +391,98 @@ func histogramSamples(t *testing.T, p *Proxy, name string) uint64 {
 		}
 	}
 	return n
+}
+
+// TestReadAheadKeepsTheEnginesMarksThroughAPause: a client that pauses
+// for a second and a half mid-stream, while the engine sends its last
+// events 20 ms apart: the stream is read ahead of the client, so the
+// marks are the engine's (its largest gap far under the pause), the
+// request is not counted as paced, and its latencies are observed. The
+// client gets every event.
+func TestReadAheadKeepsTheEnginesMarksThroughAPause(t *testing.T) {
+	const pause = 1500 * time.Millisecond
+	engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, _ []byte) {
+		defer c.Close()
+		// Enough at once to fill a small client window and the
+		// sidecar's send buffer, then events at the engine's own pace.
+		var burst strings.Builder
+		burst.WriteString(sseHead + chunk(roleEvent))
+		for range 600 {
+			burst.WriteString(chunk(tokenEvent("b")))
+		}
+		io.WriteString(c, burst.String())
+		for range 10 {
+			time.Sleep(20 * time.Millisecond) // the engine's pace, under test
+			io.WriteString(c, chunk(tokenEvent("s")))
+		}
+		io.WriteString(c, chunk(shapeEvent(0, `{}`, "", "stop", ""))+chunk("data: [DONE]\n\n")+"0\r\n\r\n")
+	})
+	var log syncBuffer
+	cfg := DefaultConfig()
+	cfg.Upstream = engine.URL()
+	p, err := New(cfg, slog.New(slog.DiscardHandler), &log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocked := make(chan struct{}, 1)
+	p.clientBlocked = func() {
+		select {
+		case blocked <- struct{}{}:
+		default:
+		}
+	}
+	// Small socket buffers both ways, so that the burst fills them.
+	p.clientSendBuffer = 4 << 10
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go p.Serve(ln)                                         //nolint:errcheck
+	t.Cleanup(func() { p.Shutdown(context.Background()) }) //nolint:errcheck
+	// A small receive window, set before the connection is made.
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4<<10) })
+	}}
+	c, err := d.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	body := `{"model":"m","stream":true,"messages":[]}`
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	select {
+	case <-blocked:
+	case <-time.After(time.Minute):
+		t.Fatal("the relay never waited on a client that did not read")
+	}
+	time.Sleep(pause) // the client's pause, under test
+	rest, err := io.ReadAll(c)
+	if err != nil || !bytes.Contains(rest, []byte("data: [DONE]")) || bytes.Count(rest, []byte(`"content":"s"`)) != 10 {
+		t.Fatalf("the stream did not end whole after the pause: %v", err)
+	}
+	p.telemetry.Flush()
+	lines := log.lines()
+	if len(lines) != 1 {
+		t.Fatalf("%d access-log lines, want 1", len(lines))
+	}
+	var rec struct {
+		MaxITL float64 `json:"max_itl_ms"`
+		Stall  float64 `json:"client_stall_ms"`
+	}
+	json.Unmarshal([]byte(lines[0]), &rec)
+	if rec.Stall < float64(pause/time.Millisecond) {
+		t.Errorf("client_stall_ms %v, want the pause of %v at least", rec.Stall, pause)
+	}
+	if rec.MaxITL >= float64(pause/time.Millisecond)*2/3 {
+		t.Errorf("max_itl_ms %v: the client's pause of %v reads as the engine's", rec.MaxITL, pause)
+	}
+	if got := counterValue(t, p, "timing_sidecar_client_paced_requests_total", nil); got != 0 {
+		t.Errorf("counted as paced by its client, though the read-ahead held the pause")
+	}
+	if got := histogramSamples(t, p, "timing_sidecar_max_inter_token_latency_seconds"); got != 1 {
+		t.Errorf("%d largest gaps observed, want 1", got)
+	}
+	if used := p.bodies.used.Load(); used != 0 {
+		t.Errorf("%d bytes of the budget still held", used)
+	}
 }

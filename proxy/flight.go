@@ -54,6 +54,10 @@ type flight struct {
 	bodyTaken, responseTaken int
 	// out is what the engine gets as the body.
 	out outgoing
+	// readAhead: the stream was read ahead of a stalled client, and
+	// aheadWaited is how long the engine waited on it even so.
+	readAhead   bool
+	aheadWaited time.Duration
 	// client is the connection the request came on; nil for one that is
 	// not a clientConn.
 	client *clientConn
@@ -137,6 +141,12 @@ func (p *Proxy) record(f *flight) (ok bool) {
 	f.rec.Elapsed = now.Sub(f.clock.Arrival)
 	if f.client != nil {
 		f.rec.ClientStall = f.client.stalled
+	}
+	// The client held the engine back: past the read-ahead, or with none.
+	if f.readAhead {
+		f.rec.ClientPaced = f.aheadWaited >= clientPacedAfter
+	} else {
+		f.rec.ClientPaced = f.rec.ClientStall >= clientPacedAfter
 	}
 	if f.measured {
 		if f.clock.Done.IsZero() {

@@ -43,8 +43,10 @@ type Proxy struct {
 	// client.
 	clientHold func()
 	// clientBlocked, when set (tests only), runs when a write to a client
-	// first waits for room in its socket.
-	clientBlocked func()
+	// first waits for room in its socket; clientSendBuffer, when set
+	// (tests only), sizes client sockets' send buffers.
+	clientBlocked    func()
+	clientSendBuffer int
 	// idle are the client connections waiting for their next request,
 	// closed when the drain begins.
 	idle idleClients
@@ -227,7 +229,7 @@ func (p *Proxy) refuse(ctx *fasthttp.RequestCtx, e apiError) {
 
 // Serve answers requests on ln until Shutdown.
 func (p *Proxy) Serve(ln net.Listener) error {
-	return p.server.Serve(clientListener{Listener: ln, kernelStamps: p.up.kernelStamps, writeTimeout: p.cfg.ClientWriteTimeout, hold: p.clientHold, blocked: p.clientBlocked})
+	return p.server.Serve(clientListener{Listener: ln, kernelStamps: p.up.kernelStamps, writeTimeout: p.cfg.ClientWriteTimeout, hold: p.clientHold, blocked: p.clientBlocked, sendBuffer: p.clientSendBuffer})
 }
 
 // Shutdown fails readiness, stops accepting connections and waits, until

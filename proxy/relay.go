@@ -280,7 +280,11 @@ func (p *Proxy) relayEvents(ctx *fasthttp.RequestCtx, f *flight, x *exchange, re
 	}
 	r := p.pools.relay.Get().(*eventRelay)
 	r.p, r.f, r.x, r.resp = p, f, x, resp
-	r.events.Reset(x.body(resp))
+	r.src.reset(p, x, x.body(resp))
+	r.events.Reset(&r.src)
+	if f.client != nil {
+		f.client.onStall = r.clientBlocked
+	}
 	if f.wantMetrics && f.trailers {
 		// Announced now, filled in when the stream ends.
 		ctx.Response.Header.SetTrailer("Server-Timing") //nolint:errcheck
@@ -327,6 +331,10 @@ type eventRelay struct {
 	// engine is the engine's own timing from a usage event removed
 	// before the client (metricsOnFinish).
 	engine timing.EngineTiming
+	// src is the engine's side, read ahead of a client that stalls;
+	// clientBlocked is src's hook for that, bound once per pooled relay.
+	src           streamSource
+	clientBlocked func()
 }
 
 // fasthttp frames the stream through WriteTo only for a BodyWriterTo.
@@ -347,6 +355,10 @@ func (r *eventRelay) WriteTo(w io.Writer) (written int64, err error) {
 			}
 			return written, err
 		}
+		// The sidecar's own delay on the event: until it is handed to the
+		// client's socket. Not how long the client then takes to take
+		// it, and not for an event that waited behind a client's stall.
+		delay := time.Since(r.pendingAt)
 		n, werr := w.Write(r.pending)
 		r.pending = r.pending[n:]
 		r.f.rec.BytesOut += n
@@ -354,9 +366,8 @@ func (r *eventRelay) WriteTo(w io.Writer) (written int64, err error) {
 		if werr != nil {
 			return written, werr
 		}
-		if len(r.pending) == 0 {
-			// In the client's socket: the sidecar's own delay on it.
-			r.p.relayed(r.f, time.Since(r.pendingAt))
+		if c := r.f.client; len(r.pending) == 0 && (c == nil || !r.pendingAt.Before(c.stallEnded)) {
+			r.p.relayed(r.f, delay)
 		}
 	}
 }
@@ -393,7 +404,7 @@ func (r *eventRelay) fill() error {
 			// chunk, so the client sees a truncated stream, not a clean end.
 			return r.readErr
 		}
-		if r.held != nil && !r.events.Ready() && !r.x.awaitBytes(r.p.cfg.MaxEventHold-time.Since(r.heldAt)) {
+		if r.held != nil && !r.events.Ready() && !r.src.await(r.p.cfg.MaxEventHold-time.Since(r.heldAt)) {
 			// The engine has sent nothing more within the hold's bound:
 			// the held event goes with the metrics measured so far (counts
 			// not yet sent are null), and a usage event that comes later
@@ -403,7 +414,7 @@ func (r *eventRelay) fill() error {
 		}
 		piece, whole, err := r.events.Next()
 		// Whatever Next returns was completed by the latest read.
-		at := r.x.received()
+		at := r.src.received()
 		switch {
 		case err == io.EOF:
 			r.eof = true
@@ -574,11 +585,18 @@ func (r *eventRelay) fillTrailer() {
 
 func (r *eventRelay) CloseWithError(writeErr error) error {
 	noteEnd(r.f, r.x, r.readErr, writeErr)
+	if c := r.f.client; c != nil {
+		c.onStall = nil
+	}
+	// The read-ahead's goroutine is done with the engine before the
+	// engine's connection and response are let go.
+	r.f.readAhead, r.f.aheadWaited = r.src.close(r.x.abort)
 	r.x.finish(r.resp, r.eof)
 	r.p.finish(r.f)
 	pools := r.p.pools
 	r.events.Reset(nil)
-	*r = eventRelay{events: r.events, spliced: r.spliced[:0], heldBuf: r.heldBuf[:0], heldOut: r.heldOut[:0], metrics: r.metrics[:0]}
+	*r = eventRelay{events: r.events, spliced: r.spliced[:0], heldBuf: r.heldBuf[:0], heldOut: r.heldOut[:0], metrics: r.metrics[:0],
+		clientBlocked: r.clientBlocked}
 	pools.relay.Put(r)
 	return nil
 }
@@ -619,7 +637,9 @@ func newPools(maxEvent int) *pools {
 		// at a stream's end, when it is needed, and kept with the pooled
 		// relay: thousands of open streams do not each hold 1.5 KiB for
 		// their last event.
-		return &eventRelay{events: rewrite.NewEventReader(nil, maxEvent)}
+		r := &eventRelay{events: rewrite.NewEventReader(nil, maxEvent)}
+		r.clientBlocked = r.src.clientBlocked
+		return r
 	}
 	return p
 }

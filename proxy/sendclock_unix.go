@@ -21,8 +21,8 @@ type socketWriter struct {
 	errno   syscall.Errno
 	blocked time.Time // when the write in progress first found no room
 	writeFD func(fd uintptr) bool
-	// onBlock, when set (tests only), runs when a write first finds no
-	// room; it must not block.
+	// onBlock, when set, runs when a write first finds no room, inside
+	// the write; it must not block.
 	onBlock func()
 }
 

@@ -56,21 +56,16 @@ type Record struct {
 	// ClientStall is how long writes to the client waited for room in
 	// its socket: the client did not read as fast as the engine sent.
 	ClientStall time.Duration
+	// ClientPaced says the client held the engine's stream back: the
+	// engine waited for it (past the stream's read-ahead, or with none),
+	// so the marks after that carry the client's pace as much as the
+	// engine's. Such a request stays out of the latency histograms and
+	// goodput, and is counted apart
+	// (timing_sidecar_client_paced_requests_total).
+	ClientPaced bool
 	// Trace is the request's spans, when it is traced.
 	Trace Trace
 }
-
-// ClientPacedAfter is the wait on the client past which a request counts
-// as paced by its client (ClientPaced).
-const ClientPacedAfter = 10 * time.Millisecond
-
-// ClientPaced says the client held the stream back: while the relay
-// waited to write to it, the engine's events queued behind, so the marks
-// after that describe the client's pace as much as the engine's. Such a
-// request stays out of the latency histograms and goodput, and is
-// counted apart (timing_sidecar_client_paced_requests_total); its record
-// says how long it waited (client_stall_ms).
-func (r *Record) ClientPaced() bool { return r.ClientStall >= ClientPacedAfter }
 
 // timeToFirstToken is arrival to first token: the Prometheus definition,
 // shared with vLLM's histogram and OpenTelemetry's GenAI metric. The body

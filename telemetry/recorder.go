@@ -274,7 +274,7 @@ func (r *Recorder) Finish(req *Record) {
 	if req.ClientGone {
 		r.clientDisconnects.Inc()
 	}
-	if req.ClientPaced() {
+	if req.ClientPaced {
 		r.clientPaced.Inc()
 	}
 	if req.Measured {
@@ -302,7 +302,7 @@ func (r *Recorder) observe(req *Record, model, tenant string) {
 	if m.CompletionTokens.Set {
 		s.outputTokens.Add(float64(m.CompletionTokens.Value))
 	}
-	if req.ClientPaced() {
+	if req.ClientPaced {
 		return // the latencies are the client's pace as much as the engine's
 	}
 	if ttft, ok := req.timeToFirstToken(); ok {

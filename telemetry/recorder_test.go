@@ -161,15 +161,15 @@ func TestAccessLogLine(t *testing.T) {
 }
 
 // TestClientPacedRequestsAreCountedApart: a request whose client held the
-// stream back has its tokens counted, its stall in the access log, and
-// its latencies kept out of the histograms and goodput; a stall under
-// ClientPacedAfter changes nothing.
+// engine back has its tokens counted, its stall in the access log, and
+// its latencies kept out of the histograms and goodput; a stall that held
+// nothing back (a read-ahead took it) changes nothing.
 func TestClientPacedRequestsAreCountedApart(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	var log bytes.Buffer
 	r := NewRecorder(reg, Options{MaxModels: 8, AccessLog: &log, Objectives: Objectives{E2E: time.Second}})
-	for _, stall := range []time.Duration{ClientPacedAfter - time.Millisecond, 8 * time.Second} {
-		rec := Record{Endpoint: EndpointChat, Model: "m", Status: 200, Stream: true, Measured: true, ClientStall: stall,
+	for _, stall := range []time.Duration{9 * time.Millisecond, 8 * time.Second} {
+		rec := Record{Endpoint: EndpointChat, Model: "m", Status: 200, Stream: true, Measured: true, ClientStall: stall, ClientPaced: stall > time.Second,
 			Metrics: timing.Metrics{E2ELatency: num(100), PromptTokens: cnt(3), CompletionTokens: cnt(5)}}
 		r.Begin()
 		r.Finish(&rec)

@@ -73,7 +73,7 @@ func (o Objectives) Judge(r *Record) (Verdict, string) {
 		// for a first token that never came: the worst service of all.
 		return Missed, missedTTFT
 	}
-	if r.Status >= 400 && r.Status < 500 || !r.Measured || r.ClientPaced() {
+	if r.Status >= 400 && r.Status < 500 || !r.Measured || r.ClientPaced {
 		return Undecided, ""
 	}
 	var missed []string
