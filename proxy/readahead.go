@@ -37,7 +37,10 @@ const clientPacedAfter = 10 * time.Millisecond
 // stream's pace).
 const (
 	readAheadBytes = 256 << 10
-	readAheadReads = 4096
+	readAheadReads = 2048
+	// readAheadMemory is what a read-ahead takes from the budget: the
+	// ring and its marks (32 bytes each).
+	readAheadMemory = readAheadBytes + readAheadReads*32
 )
 
 // readAhead is a ring of the engine's bytes, written by the read-ahead's
@@ -103,12 +106,12 @@ func (s *streamSource) await(d time.Duration) bool {
 }
 
 // clientBlocked starts the read-ahead, when a write to the client first
-// waits. It runs on the relay's goroutine, inside that write: the relay
+// waits; it stays for the rest of the stream. It runs on the relay's goroutine, inside that write: the relay
 // is not reading the engine, and reads it only through the read-ahead
 // from now on. Without room in the budget there is none, and the engine
 // waits for the client as before.
 func (s *streamSource) clientBlocked() {
-	if s.ahead != nil || s.ended || !s.p.bodies.take(readAheadBytes, 0) {
+	if s.ahead != nil || s.ended || !s.p.bodies.take(readAheadMemory, 0) {
 		return
 	}
 	a := &readAhead{buf: make([]byte, readAheadBytes), marks: make([]aheadMark, readAheadReads),
@@ -226,6 +229,6 @@ func (s *streamSource) close(abort func()) (ran bool, waited time.Duration) {
 	}
 	<-a.done
 	s.ahead = nil
-	s.p.bodies.give(readAheadBytes)
+	s.p.bodies.give(readAheadMemory)
 	return true, a.waited
 }
