@@ -1,32 +1,43 @@
 package proxy
 
 import (
-	"context"
 	"runtime/debug"
+	"sync"
 	"sync/atomic"
 	"time"
-
-	"golang.org/x/sync/semaphore"
 )
 
-// bodyBudget bounds the bytes of request bodies the sidecar holds at once
-// (--max-body-memory). A body is read whole to be inspected and edited, and
-// a pod's memory limit is shared by every request in it: without a bound,
-// two uploads at the body size limit took the container past its limit and
-// every stream in the pod died with it. What the budget does not cover
-// streams through: a request whose body cannot have room in time goes to
-// the engine as it arrives, unread, and is answered unmeasured for the
-// metrics object (its timing is still recorded), as a body the sidecar
-// does not understand is. Nothing is refused for memory, so nothing the
-// engine would serve fails because of the sidecar.
+// bodyBudget bounds the bytes the sidecar holds at once for requests'
+// bodies (--max-body-memory): request bodies read to be inspected and
+// edited, responses held past their first 64 KiB, and the read-aheads of
+// streams whose client stalled. A pod's memory limit is shared by every
+// request in it: without a bound, two uploads at the body size limit took
+// the container past its limit and every stream in the pod died with it.
+// What the budget does not cover passes through: a request body with no
+// room in time goes to the engine as it arrives, unread, and is answered
+// unmeasured for the metrics object (its timing is still recorded), as a
+// body the sidecar does not understand is; a held response with no room
+// passes through without metrics; a stream without room for a read-ahead
+// waits on its client as before. Nothing is refused for memory, so
+// nothing the engine would serve fails because of the sidecar.
+//
+// Room is taken as it is needed (a body as its bytes arrive), and only a
+// request body's first take waits: one that holds room never waits for
+// more, so two cannot wait on each other. A take that does not wait
+// never queues behind one that does.
 //
 // Bodies that fasthttp read with the headers (bodyPrefetch) are the
 // connection's own buffer, counted per connection in deploy/README.md's
 // formula, not here.
 type bodyBudget struct {
-	sem  *semaphore.Weighted
-	size int64
-	used atomic.Int64 // for the gauge
+	size  int64
+	used  atomic.Int64
+	ahead atomic.Int64 // the part of used that read-aheads hold
+	// waiting counts the takes that wait; freed is closed, and replaced,
+	// when room is given back while any does.
+	waiting atomic.Int32
+	mu      sync.Mutex
+	freed   chan struct{}
 	// returning: memory is to go back to the system soon.
 	returning atomic.Bool
 }
@@ -43,7 +54,20 @@ const bodyBudgetWait = 2 * time.Second
 const bodyPrefetch = 8 << 10
 
 func newBodyBudget(size int) *bodyBudget {
-	return &bodyBudget{sem: semaphore.NewWeighted(int64(size)), size: int64(size)}
+	return &bodyBudget{size: int64(size), freed: make(chan struct{})}
+}
+
+// tryTake takes n bytes if there is room now.
+func (b *bodyBudget) tryTake(n int64) bool {
+	for {
+		u := b.used.Load()
+		if u+n > b.size {
+			return false
+		}
+		if b.used.CompareAndSwap(u, u+n) {
+			return true
+		}
+	}
 }
 
 // take reserves n bytes, waiting up to wait for them; false when they
@@ -55,30 +79,51 @@ func (b *bodyBudget) take(n int, wait time.Duration) bool {
 	if int64(n) > b.size {
 		return false
 	}
-	ok := b.sem.TryAcquire(int64(n))
-	if !ok && wait > 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), wait)
-		ok = b.sem.Acquire(ctx, int64(n)) == nil
-		cancel()
+	if b.tryTake(int64(n)) {
+		return true
 	}
-	if ok {
-		b.used.Add(int64(n))
+	if wait <= 0 {
+		return false
 	}
-	return ok
+	b.waiting.Add(1)
+	defer b.waiting.Add(-1)
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for {
+		b.mu.Lock()
+		freed := b.freed
+		b.mu.Unlock()
+		// After taking hold of freed: room given back from here on
+		// closes it.
+		if b.tryTake(int64(n)) {
+			return true
+		}
+		select {
+		case <-freed:
+		case <-t.C:
+			return false
+		}
+	}
 }
 
-// give returns n bytes taken before. Once a large body is let go, its
-// memory goes back to the system: the runtime would otherwise keep the
-// peak until its next collection, which an idle sidecar may not run for
-// minutes, and the pod's RSS is what the kubelet and dashboards see. The
-// return waits a moment, for the request's last reference to the body
-// (its handler) to be gone, and is one for all the bodies freed then.
+// give returns n bytes taken before, and wakes the takes that wait. Once
+// a large body is let go, its memory goes back to the system: the runtime
+// would otherwise keep the peak until its next collection, which an idle
+// sidecar may not run for minutes, and the pod's RSS is what the kubelet
+// and dashboards see. The return waits a moment, for the request's last
+// reference to the body (its handler) to be gone, and is one for all the
+// bodies freed then.
 func (b *bodyBudget) give(n int) {
 	if n <= 0 {
 		return
 	}
 	b.used.Add(-int64(n))
-	b.sem.Release(int64(n))
+	if b.waiting.Load() > 0 {
+		b.mu.Lock()
+		close(b.freed)
+		b.freed = make(chan struct{})
+		b.mu.Unlock()
+	}
 	if n >= returnMemoryAfter && b.returning.CompareAndSwap(false, true) {
 		time.AfterFunc(returnMemoryDelay, func() {
 			b.returning.Store(false)
@@ -87,14 +132,32 @@ func (b *bodyBudget) give(n int) {
 	}
 }
 
-// returnMemoryAfter is the body size past which its memory goes back to
-// the system once free, returnMemoryDelay how long after: at most one
-// forced collection per delay, a few milliseconds of CPU on the sidecar's
-// small heap.
+// returnMemoryAfter is the size past which memory given back goes back to
+// the system, returnMemoryDelay how long after: at most one forced
+// collection per delay, a few milliseconds of CPU on the sidecar's small
+// heap.
 const (
 	returnMemoryAfter = 8 << 20
 	returnMemoryDelay = time.Second
 )
+
+// takeAhead reserves room for a stream's read-ahead, without waiting:
+// read-aheads together hold at most a quarter of the budget, so that
+// streams whose clients stalled once cannot take the room request bodies
+// and held responses need.
+func (b *bodyBudget) takeAhead(n int) bool {
+	if b.ahead.Add(int64(n)) > b.size/4 || !b.tryTake(int64(n)) {
+		b.ahead.Add(-int64(n))
+		return false
+	}
+	return true
+}
+
+// giveAhead returns a read-ahead's room.
+func (b *bodyBudget) giveAhead(n int) {
+	b.ahead.Add(-int64(n))
+	b.give(n)
+}
 
 // responseFree is what a held response may take without the budget: the
 // usual non-streaming answer, counted per request in deploy/README.md's

@@ -93,6 +93,8 @@ type clientConn struct {
 	// linger: the server answered an error and closes the connection
 	// with the client's request maybe still arriving (see Close).
 	linger atomic.Bool
+	// closed, when set, runs once when the connection closes (under mu).
+	closed func()
 }
 
 // watchDelay is how long a watched request runs before the read-ahead
@@ -329,6 +331,13 @@ func closeAfterError(ctx *fasthttp.RequestCtx) {
 // once (the response is written) and discards input in the background
 // before closing.
 func (c *clientConn) Close() error {
+	c.mu.Lock()
+	closed := c.closed
+	c.closed = nil
+	c.mu.Unlock()
+	if closed != nil {
+		defer closed()
+	}
 	_, tcp := c.recv.Conn.(*net.TCPConn)
 	if !c.linger.CompareAndSwap(true, false) || !tcp {
 		return c.Conn.Close()

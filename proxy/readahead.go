@@ -111,7 +111,7 @@ func (s *streamSource) await(d time.Duration) bool {
 // from now on. Without room in the budget there is none, and the engine
 // waits for the client as before.
 func (s *streamSource) clientBlocked() {
-	if s.ahead != nil || s.ended || !s.p.bodies.take(readAheadMemory, 0) {
+	if s.ahead != nil || s.ended || !s.p.bodies.takeAhead(readAheadMemory) {
 		return
 	}
 	a := &readAhead{buf: make([]byte, readAheadBytes), marks: make([]aheadMark, readAheadReads),
@@ -168,7 +168,10 @@ func (a *readAhead) read(b []byte, at *time.Time) (int, error) {
 	for {
 		a.mu.Lock()
 		if a.n > 0 {
-			k := min(len(b), a.n, len(a.buf)-a.r)
+			// No further than the end of one engine read, so that each
+			// read here carries that read's own receive time: events the
+			// engine sent apart stay apart.
+			k := min(len(b), a.n, len(a.buf)-a.r, int(a.marks[a.mr].end-a.taken))
 			copy(b, a.buf[a.r:a.r+k])
 			a.r, a.n = (a.r+k)%len(a.buf), a.n-k
 			a.taken += int64(k)
@@ -229,6 +232,6 @@ func (s *streamSource) close(abort func()) (ran bool, waited time.Duration) {
 	}
 	<-a.done
 	s.ahead = nil
-	s.p.bodies.give(readAheadMemory)
+	s.p.bodies.giveAhead(readAheadMemory)
 	return true, a.waited
 }

@@ -32,8 +32,8 @@ func (s *stampedChunks) Read(p []byte) (int, error) {
 
 // TestReadAheadKeepsBytesAndStamps: through the read-ahead's ring, which
 // wraps and fills many times over, the relay reads the engine's bytes
-// unchanged and in order, each read stamped with the receive time of the
-// engine read its last byte came in; and the budget is given back.
+// unchanged and in order, each read within one engine read and stamped
+// with its receive time; and the budget is given back.
 func TestReadAheadKeepsBytesAndStamps(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	t0 := time.Now()
@@ -71,6 +71,9 @@ func TestReadAheadKeepsBytesAndStamps(t *testing.T) {
 			}
 			if s.received() != at[k] {
 				t.Fatalf("after %d bytes: stamp of read %d, want %d", len(got), int(s.received().Sub(t0)/time.Millisecond), k)
+			}
+			if k > 0 && len(got)-n < ends[k-1] {
+				t.Fatalf("a read took bytes of engine reads %d and %d: they would share one stamp", k-1, k)
 			}
 		}
 		if err == io.EOF {

@@ -76,13 +76,23 @@ func startStream(ctx *fasthttp.RequestCtx, f *flight, body streamBody, size int)
 	h.SetContentLength(-2) // no framing header; the connection closes
 	h.Del("Trailer")
 	head := append([]byte(nil), h.Header()...)
+	// The body is closed once: after it is written, or, if fasthttp
+	// closes the connection without running the hijack (a failed flush
+	// of an earlier response), when the connection closes.
+	var once sync.Once
+	end := func(err error) { once.Do(func() { body.CloseWithError(err) }) } //nolint:errcheck // it records, and fails nothing
+	if cc := f.client; cc != nil {
+		cc.mu.Lock()
+		cc.closed = func() { end(net.ErrClosed) }
+		cc.mu.Unlock()
+	}
 	ctx.HijackSetNoResponse(true)
 	ctx.Hijack(func(c net.Conn) {
 		_, err := c.Write(head)
 		if err == nil {
 			_, err = io.Copy(c, body)
 		}
-		body.CloseWithError(err) //nolint:errcheck // it records, and fails nothing
+		end(err)
 	})
 }
 

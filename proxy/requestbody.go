@@ -35,6 +35,10 @@ func (c *clientBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// bodyStepUp is how far a body of known length grows by doubling before
+// it takes the rest of its length at once.
+const bodyStepUp = 1 << 20
+
 // maxBodyRoom: room grown past this for a large body is left to the
 // garbage collector rather than kept with the pooled flight.
 const maxBodyRoom = 64 << 10
@@ -60,54 +64,53 @@ func (p *Proxy) readBody(ctx *fasthttp.RequestCtx, f *flight) ([]byte, bool) {
 	stream := ctx.RequestBodyStream()
 	if n >= 0 {
 		f.rec.BytesIn = n
-		if !p.bodies.take(n, bodyBudgetWait) {
-			p.streamUnread(f, &clientBody{r: stream}, n)
-			return nil, true
-		}
-		f.bodyTaken = n
-		body := f.bodyRoom(n)
-		if _, err := io.ReadFull(stream, body); err != nil {
-			p.refuseBody(ctx, f, err)
-			return nil, false
-		}
-		return body, true
 	}
-	// Chunked: the length is known at the end. The room grows by halves
-	// (not doubling: less left for the collector), each step taken from
-	// the budget first; a step the budget has no room for now streams
-	// what was read and the rest through.
-	body := f.body[:0]
+	// The room grows as the bytes arrive, each step taken from the budget
+	// first: a client that declares 60 MB and sends little holds little.
+	// It doubles up to bodyStepUp, then a body of known length gets the
+	// rest at once (each doubling leaves the old room to the collector:
+	// up to the body's size again, for a large one), and a chunked one
+	// goes on doubling. Only the first step waits for room; a body
+	// holding room that finds none for its next step sends what it has
+	// and the rest through unread, so that two bodies never wait on each
+	// other.
+	limit := n
+	if n < 0 {
+		limit = p.cfg.MaxRequestBodySize + 1 // one past: a chunked body over the limit shows
+	}
+	body, wait := f.body[:0], bodyBudgetWait
 	for {
 		if len(body) == cap(body) {
-			grow := max(cap(body)/2, 16<<10)
-			if len(body)+grow > p.cfg.MaxRequestBodySize {
-				grow = p.cfg.MaxRequestBodySize + 1 - len(body)
+			grown := min(limit, max(2*cap(body), 16<<10))
+			if n >= 0 && cap(body) >= bodyStepUp {
+				grown = n
 			}
-			wait := bodyBudgetWait
-			if len(body) > 0 {
-				wait = 0 // holding room already: never wait holding it
-			}
-			if !p.bodies.take(grow, wait) {
-				p.streamUnread(f, &clientBody{r: io.MultiReader(bytes.NewReader(body), stream)}, -1)
+			if !p.bodies.take(grown-cap(body), wait) {
+				p.streamUnread(f, &clientBody{r: io.MultiReader(bytes.NewReader(body), stream)}, n)
 				return nil, true
 			}
-			f.bodyTaken += grow
-			body = append(body[:cap(body)], make([]byte, grow)...)[:len(body)]
+			f.bodyTaken += grown - cap(body)
+			wait = 0
+			room := make([]byte, len(body), grown)
+			copy(room, body)
+			body = room
 		}
 		m, err := stream.Read(body[len(body):cap(body)])
 		body = body[:len(body)+m]
-		f.rec.BytesIn = len(body)
-		if len(body) > p.cfg.MaxRequestBodySize {
+		switch {
+		case len(body) > p.cfg.MaxRequestBodySize:
 			p.refuseBody(ctx, f, fasthttp.ErrBodyTooLarge)
 			return nil, false
-		}
-		if err == io.EOF {
+		case len(body) == n, err == io.EOF && n < 0:
+			f.rec.BytesIn = len(body)
 			if cap(body) <= maxBodyRoom {
 				f.body = body[:0]
 			}
 			return body, true
-		}
-		if err != nil {
+		case err == io.EOF:
+			err = io.ErrUnexpectedEOF // shorter than its length
+			fallthrough
+		case err != nil:
 			p.refuseBody(ctx, f, err)
 			return nil, false
 		}
@@ -120,19 +123,6 @@ func (p *Proxy) streamUnread(f *flight, body *clientBody, size int) {
 	f.out.stream, f.out.size = body, size
 	p.log.Warn("no room in --max-body-memory for the request body; it goes to the engine unread, and is answered without metrics",
 		"request_id", f.rec.ID, "content_length", size, "max_body_memory", p.cfg.MaxBodyMemory)
-}
-
-// bodyRoom is room for a body of n bytes: the flight's own when it is
-// big enough, else new memory of exactly n.
-func (f *flight) bodyRoom(n int) []byte {
-	if n <= cap(f.body) {
-		return f.body[:n]
-	}
-	b := make([]byte, n)
-	if n <= maxBodyRoom {
-		f.body = b[:0]
-	}
-	return b
 }
 
 // refuseBody answers a request whose body could not be read as fasthttp

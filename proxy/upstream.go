@@ -398,7 +398,12 @@ func (x *exchange) send(c *upstreamConn, req *fasthttp.Request, resp *fasthttp.R
 		// An engine may answer before it has read the whole body (an
 		// early 413 over its size limit, as llama.cpp's server does) and
 		// close: the write fails, and its answer is what the client gets.
-		if !x.readEarlyAnswer(c, resp) {
+		// (Not when it was the client's body that failed.)
+		if x.out.stream != nil && x.out.stream.err != nil {
+			return err
+		}
+		c.SetDeadline(time.Now().Add(earlyAnswerWait)) //nolint:errcheck // a closed conn fails the read
+		if x.readHead(c, resp) != nil {
 			return err
 		}
 		x.early = true
@@ -408,6 +413,12 @@ func (x *exchange) send(c *upstreamConn, req *fasthttp.Request, resp *fasthttp.R
 		x.watcher.watch(x.abort)
 		x.client, x.watcher = x.watcher, nil // unwatched as any
 	}
+	return x.readHead(c, resp)
+}
+
+// readHead reads the response's status and headers, checked as a
+// request's are.
+func (x *exchange) readHead(c *upstreamConn, resp *fasthttp.Response) error {
 	resp.StreamBody = true
 	// fasthttp reads a status of 000 as 200, and a header block some
 	// parsers read differently from others: both are checked first.
@@ -457,19 +468,6 @@ func (x *exchange) awaitBytes(d time.Duration) bool {
 // earlyAnswerWait bounds the wait for an engine's answer after writing
 // the request to it failed: an early answer is already there.
 const earlyAnswerWait = time.Second
-
-// readEarlyAnswer reads the engine's response headers after the request's
-// write failed, if the engine sent any before it closed.
-func (x *exchange) readEarlyAnswer(c *upstreamConn, resp *fasthttp.Response) bool {
-	c.SetDeadline(time.Now().Add(earlyAnswerWait)) //nolint:errcheck // a closed conn fails the read
-	resp.StreamBody = true
-	if resp.Read(c.br) != nil || resp.StatusCode() < 200 || resp.StatusCode() > 599 {
-		return false
-	}
-	x.headersRead, x.recv = c.recv.received, c.recv
-	c.SetDeadline(time.Time{}) //nolint:errcheck
-	return true
-}
 
 // buffered is how many bytes of the response the connection has read
 // past its headers.

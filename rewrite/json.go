@@ -181,6 +181,7 @@ func eachMember(s string, fn func(key string, keyAt int, raw string, at int) boo
 type objectEdit struct {
 	dst   []byte
 	out   *Edit
+	base  int // where obj begins in out's body
 	obj   []byte
 	from  int  // obj[from:] is not written yet
 	close int  // obj's closing brace
@@ -197,6 +198,13 @@ func newBodyEdit(out *Edit) objectEdit {
 	return objectEdit{out: out, obj: out.src, close: lastNonSpace(out.src)}
 }
 
+// newMemberEdit starts an edit of the object out's body holds at
+// [from, to) (a member's value), written to out after what is there.
+func newMemberEdit(out *Edit, from, to int) objectEdit {
+	obj := out.src[from:to]
+	return objectEdit{out: out, base: from, obj: obj, close: lastNonSpace(obj)}
+}
+
 // keep writes obj[from:to] and moves past it.
 func (e *objectEdit) keep(to int) {
 	seg := e.obj[e.from:to]
@@ -204,7 +212,7 @@ func (e *objectEdit) keep(to int) {
 		e.last = seg[i]
 	}
 	if e.out != nil {
-		e.out.keep(e.from, to)
+		e.out.keep(e.base+e.from, e.base+to)
 	} else {
 		e.dst = append(e.dst, seg...)
 	}

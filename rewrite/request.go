@@ -321,25 +321,28 @@ func UpstreamBody(e *Edit, body []byte, r Request, askUsage bool) error {
 		return cutMetrics && key == "include_metrics" || setUsage && key == "stream_options"
 	}, metrics, options)
 	if setUsage {
+		// The edited stream_options ends the object: the client's own
+		// (a JSON object), referred to where it lies, with include_usage
+		// true as its only include_usage; or, for none or null, the
+		// sidecar's.
 		ed.toEnd()
-		from := len(e.own)
-		e.own = append(e.own, `"stream_options":`...)
-		e.own = appendWithUsage(e.own, body[r.streamOptions.value:r.streamOptions.end])
-		e.added(from)
+		e.add(streamOptionsKey)
+		if v, end := r.streamOptions.value, r.streamOptions.end; end > v && body[v] == '{' {
+			opts := newMemberEdit(e, v, end)
+			opts.cutKeys(func(key string) bool { return key == "include_usage" })
+			opts.toEnd()
+			opts.add(includeUsage)
+			opts.done()
+		} else {
+			e.add(usageOptions)
+		}
 	}
 	ed.done()
 	return nil
 }
 
-// appendWithUsage appends the client's stream_options (a JSON object, null,
-// or empty when absent) with include_usage true as its only include_usage.
-func appendWithUsage(dst, opts []byte) []byte {
-	if len(opts) == 0 || opts[0] != '{' {
-		return append(dst, `{"include_usage":true}`...)
-	}
-	e := newObjectEdit(dst, opts)
-	e.cutKeys(func(key string) bool { return key == "include_usage" })
-	e.toEnd()
-	e.dst = append(e.dst, `"include_usage":true`...)
-	return e.done()
-}
+var (
+	streamOptionsKey = []byte(`"stream_options":`)
+	includeUsage     = []byte(`"include_usage":true`)
+	usageOptions     = []byte(`{"include_usage":true}`)
+)
