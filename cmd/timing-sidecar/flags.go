@@ -35,7 +35,7 @@ func serveFlags() []cli.Flag {
 		&cli.IntFlag{Name: "max-request-body-size", EnvVars: env("max-request-body-size"), Value: proxy.DefaultMaxRequestBodySize,
 			Usage: "Largest request body accepted, in bytes (413 above it)."},
 		&cli.IntFlag{Name: "max-body-memory", EnvVars: env("max-body-memory"), Value: proxy.DefaultMaxBodyMemory,
-			Usage: "Most memory, in bytes, held at once in request bodies read to inspect and edit them, and in responses past their first 64 KiB held to add metrics; a body with no room within 2 s goes to the engine unread, and a response with no room passes through, both without the metrics object."},
+			Usage: "Most memory, in bytes, held at once in request bodies read to inspect and edit them, in responses past their first 64 KiB held to add metrics, and in the read-ahead of streams whose client stalls (a quarter of it at most); a body with no room within 2 s goes to the engine unread, and a response with no room passes through, both without the metrics object."},
 		&cli.IntFlag{Name: "max-request-header-size", EnvVars: env("max-request-header-size"), Value: proxy.DefaultMaxRequestHeaderSize,
 			Usage: "Largest request header block accepted, in bytes (431 above it)."},
 		&cli.IntFlag{Name: "max-response-header-size", EnvVars: env("max-response-header-size"), Value: proxy.DefaultMaxResponseHeaderSize,
