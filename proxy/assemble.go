@@ -22,11 +22,12 @@ func (p *Proxy) relayAssembled(ctx *fasthttp.RequestCtx, f *flight, x *exchange,
 	r := p.pools.relay.Get().(*eventRelay)
 	defer func() {
 		r.events.Reset(nil)
+		r.engineMetrics = r.engineMetrics[:0]
 		p.pools.relay.Put(r)
 	}()
 	r.events.Reset(x.body(resp))
 	a := rewrite.NewAssembly(p.cfg.MaxBufferedResponse)
-	engine, err := p.assemble(r.events, a, f, x)
+	engine, err := p.assemble(r.events, a, f, x, &r.engineMetrics)
 	done := x.received() // the read that ended the stream
 	f.markDone(done)
 
@@ -85,6 +86,7 @@ func (p *Proxy) relayAssembled(ctx *fasthttp.RequestCtx, f *flight, x *exchange,
 		defer p.pools.release(mb)
 		var m timing.Metrics
 		mb.B, m = f.metricsJSON(mb.B[:0], done, engine)
+		mb.B = rewrite.AppendEngineMembers(mb.B, r.engineMetrics)
 		spliced := p.pools.buffer()
 		defer p.pools.release(spliced)
 		if withMetrics, ok := rewrite.AppendWithMetrics(spliced.B[:0], body, mb.B); ok {
@@ -104,7 +106,7 @@ var errStreamCut = errors.New("the stream ended before its choices finished")
 // assemble reads events to the end of the stream into a, marking f's clock
 // and taking the engine's usage; it returns the engine's own timing report
 // if the stream carried one.
-func (p *Proxy) assemble(events *rewrite.EventReader, a *rewrite.Assembly, f *flight, x *exchange) (timing.EngineTiming, error) {
+func (p *Proxy) assemble(events *rewrite.EventReader, a *rewrite.Assembly, f *flight, x *exchange, engineMetrics *[]byte) (timing.EngineTiming, error) {
 	var engine timing.EngineTiming
 	done := false
 	for {
@@ -143,7 +145,11 @@ func (p *Proxy) assemble(events *rewrite.EventReader, a *rewrite.Assembly, f *fl
 		}
 		if ev.Kind == rewrite.EventUsage || ev.UsageOnChoices {
 			f.usage = f.usage.Merge(ev.Usage)
-			if e := rewrite.EngineTimingOf(ev.Target()); e.Reported {
+			if m := rewrite.EngineMetrics(ev.Target()); m != nil {
+				// A copy: the event's bytes are reused by the next read.
+				*engineMetrics = append((*engineMetrics)[:0], m...)
+			}
+			if e := rewrite.EngineTimingOf(ev.Target()); e.Reported || e.AcceptanceLength.Set {
 				engine = e
 			}
 		}

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"fmt"
 	"io"
 	"math"
 	"net"
@@ -8,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tidwall/gjson"
 
 	"github.com/timing-sidecar/timing-sidecar/e2e/emulator"
 )
@@ -86,5 +89,77 @@ func TestLlamaCppTimingsBesideOurs(t *testing.T) {
 	}
 	if m["overhead_ms"] == nil || math.Abs(*m["overhead_ms"]-(*m["e2e_latency_ms"]-60.6)) > 0.002 {
 		t.Errorf("overhead_ms %v, e2e %v", m["overhead_ms"], *m["e2e_latency_ms"])
+	}
+}
+
+// TestEnginesOwnMetricsMembersStay: vLLM's metrics object is a shared
+// namespace (speculative_decoding since 0.28, alone or beside its timing).
+// For streams (usage asked or not) and non-streaming bodies, opted in or
+// not, with or without --forward-include-metrics, what the engine put
+// there arrives unchanged beside the sidecar's figures, and an object
+// without the engine's timing gets no "engine" member.
+func TestEnginesOwnMetricsMembersStay(t *testing.T) {
+	const spec = `{"mean_acceptance_length":1.23,"draft_acceptance_rate":0.077,"acceptance_histogram":[39,1,0,3],"num_spec_steps":43,"num_accepted_draft_tokens":10,"num_draft_tokens":129,"num_spec_tokens":3}`
+	for _, engineMetrics := range []string{
+		`{"speculative_decoding":` + spec + `}`,
+		`{"time_to_first_token_ms":12.5,"generation_time_ms":30,"queue_time_ms":1,"mean_itl_ms":10,"tokens_per_second":66.7,"speculative_decoding":` + spec + `}`,
+	} {
+		timed := strings.Contains(engineMetrics, "queue_time_ms")
+		usageWithMetrics := `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5},"metrics":` + engineMetrics + "}\n\n"
+		body := `{"id":"c","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5},"metrics":` + engineMetrics + `}`
+		engine := newScriptedEngine(t, func(c net.Conn, req *http.Request, _ []byte) {
+			defer c.Close()
+			if req.Header.Get("X-Stream") == "" {
+				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+				return
+			}
+			io.WriteString(c, sseHead+chunk(roleEvent)+chunk(tokenEvent("a"))+chunk(shapeEvent(0, `{}`, "", "stop", ""))+chunk(usageWithMetrics)+chunk("data: [DONE]\n\n")+"0\r\n\r\n")
+		})
+		for _, forward := range []bool{false, true} {
+			base := startProxy(t, engine.URL(), func(c *Config) { c.ForwardIncludeMetrics = forward })
+			for _, tc := range []struct{ name, req, stream string }{
+				{"non-streaming", `{"include_metrics":true}`, ""},
+				{"stream, usage asked", `{"stream":true,"stream_options":{"include_usage":true},"include_metrics":true}`, "1"},
+				{"stream, usage not asked", `{"stream":true,"include_metrics":true}`, "1"},
+				{"stream, not opted in", `{"stream":true,"stream_options":{"include_usage":true}}`, "1"},
+			} {
+				resp := post(t, base+"/v1/chat/completions", tc.req, map[string]string{"X-Stream": tc.stream})
+				got, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				var doc string
+				for _, line := range strings.Split(string(got), "\n") {
+					if strings.Contains(line, `"metrics":`) {
+						doc = strings.TrimPrefix(line, "data: ")
+					}
+				}
+				m := gjson.Get(doc, "metrics")
+				if m.Get("speculative_decoding").Raw != spec {
+					t.Errorf("%s, forward %v, timed %v: speculative_decoding %q in %s", tc.name, forward, timed, m.Get("speculative_decoding").Raw, got)
+				}
+				if m.Get("engine").Exists() != (timed && !strings.Contains(tc.name, "not opted in")) {
+					t.Errorf("%s, forward %v, timed %v: engine member %s", tc.name, forward, timed, m.Get("engine").Raw)
+				}
+			}
+		}
+	}
+}
+
+// TestSpeculativeDecodingInTheRecord: the engine's acceptance length and
+// rate reach the access log, for the operators who look there.
+func TestSpeculativeDecodingInTheRecord(t *testing.T) {
+	body := `{"id":"c","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5},"metrics":{"speculative_decoding":{"mean_acceptance_length":1.23,"draft_acceptance_rate":0.077}}}`
+	engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, _ []byte) {
+		defer c.Close()
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	})
+	var log syncBuffer
+	p, base := startSidecar(t, engine.URL(), nil, &log)
+	resp := post(t, base+"/v1/chat/completions", `{"include_metrics":true}`, nil)
+	io.ReadAll(resp.Body)
+	resp.Body.Close()
+	p.telemetry.Flush()
+	line := log.lines()[0]
+	if !strings.Contains(line, `"spec_acceptance_length":1.23,"spec_acceptance_rate":0.077`) {
+		t.Fatalf("the record lacks the engine's speculative decoding: %s", line)
 	}
 }

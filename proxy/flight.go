@@ -54,6 +54,9 @@ type flight struct {
 	bodyTaken, responseTaken int
 	// out is what the engine gets as the body.
 	out outgoing
+	// engine is the engine's own report, as the metrics the client got
+	// carried it.
+	engine timing.EngineTiming
 	// readAhead: the stream was read ahead of a stalled client, and
 	// aheadWaited is how long the engine waited on it even so.
 	readAhead   bool
@@ -153,7 +156,7 @@ func (p *Proxy) record(f *flight) (ok bool) {
 			f.markDone(now)
 		}
 		f.rec.Measured = true
-		f.rec.Metrics = f.metrics(timing.EngineTiming{})
+		f.rec.Metrics = f.metrics(f.engine)
 	}
 	if f.rec.Trace.On() {
 		f.rec.Trace.Clock = f.clock

@@ -30,6 +30,7 @@ func (f *flight) metrics(engine timing.EngineTiming) timing.Metrics {
 // describe several choices (as vLLM does). It returns the metrics too.
 func (f *flight) metricsJSON(dst []byte, done time.Time, engine timing.EngineTiming) ([]byte, timing.Metrics) {
 	f.markDone(done)
+	f.engine = engine // for the record
 	m := f.metrics(engine)
 	if f.multiple {
 		return append(dst, "null"...), m

@@ -339,8 +339,10 @@ type eventRelay struct {
 	// (metricsOnFinish), not an event carrying usage itself.
 	heldForFinish bool
 	// engine is the engine's own timing from a usage event removed
-	// before the client (metricsOnFinish).
-	engine timing.EngineTiming
+	// before the client (metricsOnFinish), and engineMetrics its metrics
+	// object, whose members the sidecar does not write go on with its own.
+	engine        timing.EngineTiming
+	engineMetrics []byte
 	// src is the engine's side, read ahead of a client that stalls;
 	// clientBlocked is src's hook for that, bound once per pooled relay.
 	src           streamSource
@@ -475,6 +477,9 @@ func (r *eventRelay) inspect(raw []byte, at time.Time) {
 	f.usage = f.usage.Merge(ev.Usage)
 	if ev.Kind == rewrite.EventUsage && f.metricsOnFinish {
 		r.engine = rewrite.EngineTimingOf(ev.Target())
+		// The engine's own metrics object goes with the sidecar's, on the
+		// finishing event; a copy, as this event's bytes are reused.
+		r.engineMetrics = append(r.engineMetrics[:0], rewrite.EngineMetrics(ev.Target())...)
 	}
 	var released []byte
 	var releasedAt time.Time
@@ -570,10 +575,15 @@ func (r *eventRelay) releaseHeld(withMetrics bool, done time.Time) []byte {
 	if withMetrics && !r.metricsSent {
 		ev := rewrite.ClassifyEvent(held)
 		engine := rewrite.EngineTimingOf(ev.Target())
-		if !engine.Reported {
+		if !engine.Reported && !engine.AcceptanceLength.Set {
 			engine = r.engine // from the usage event the client does not get
 		}
 		r.metrics, _ = r.f.metricsJSON(r.metrics[:0], done, engine)
+		if rewrite.EngineMetrics(ev.Target()) == nil {
+			// The engine's object came on that usage event; the splice
+			// keeps an object on this one itself.
+			r.metrics = rewrite.AppendEngineMembers(r.metrics, r.engineMetrics)
+		}
 		if out, ok := rewrite.AppendEventWithMetrics(r.heldOut[:0], held, ev, r.metrics); ok {
 			r.heldOut, r.metricsSent = out, true
 			return out
@@ -606,7 +616,7 @@ func (r *eventRelay) CloseWithError(writeErr error) error {
 	pools := r.p.pools
 	r.events.Reset(nil)
 	*r = eventRelay{events: r.events, spliced: r.spliced[:0], heldBuf: r.heldBuf[:0], heldOut: r.heldOut[:0], metrics: r.metrics[:0],
-		clientBlocked: r.clientBlocked}
+		engineMetrics: r.engineMetrics[:0], clientBlocked: r.clientBlocked}
 	pools.relay.Put(r)
 	return nil
 }

@@ -36,15 +36,26 @@ func EngineTimingOf(obj []byte) timing.EngineTiming {
 func engineTiming(m, t gjson.Result) timing.EngineTiming {
 	var e timing.EngineTiming
 	if m.IsObject() {
-		e = timing.EngineTiming{Reported: true, Source: "vllm",
-			QueueTime:        number(m.Get("queue_time_ms")),
-			TimeToFirstToken: number(m.Get("time_to_first_token_ms")),
-			GenerationTime:   number(m.Get("generation_time_ms")),
-			MeanITL:          number(m.Get("mean_itl_ms")),
-			TokensPerSecond:  number(m.Get("tokens_per_second")),
+		// vLLM's object: its timing fields, and, from 0.28, its
+		// speculative decoding statistics, which may come alone
+		// (--per-request-spec-decode-metrics without timing): then the
+		// engine reported no timing.
+		q, t, g := m.Get("queue_time_ms"), m.Get("time_to_first_token_ms"), m.Get("generation_time_ms")
+		itl, tps := m.Get("mean_itl_ms"), m.Get("tokens_per_second")
+		e = timing.EngineTiming{Source: "vllm",
+			Reported:         q.Exists() || t.Exists() || g.Exists() || itl.Exists() || tps.Exists(),
+			QueueTime:        number(q),
+			TimeToFirstToken: number(t),
+			GenerationTime:   number(g),
+			MeanITL:          number(itl),
+			TokensPerSecond:  number(tps),
 		}
 		if e.QueueTime.Set && e.TimeToFirstToken.Set && e.GenerationTime.Set {
 			e.Total = timing.Number{Value: e.QueueTime.Value + e.TimeToFirstToken.Value + e.GenerationTime.Value, Set: true}
+		}
+		if sd := m.Get("speculative_decoding"); sd.IsObject() {
+			e.AcceptanceLength = number(sd.Get("mean_acceptance_length"))
+			e.AcceptanceRate = number(sd.Get("draft_acceptance_rate"))
 		}
 		return e
 	}

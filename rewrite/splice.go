@@ -86,20 +86,80 @@ func (b Body) AppendWithMetrics(dst, body, metrics []byte) ([]byte, bool) {
 	return appendMember(dst, body, metrics, b.hasMetrics)
 }
 
-// appendMember does the splice on a valid JSON document.
+// appendMember does the splice on a valid JSON document. The engine's own
+// metrics object, if obj has one, is not the sidecar's to drop: its
+// members the sidecar does not write go on in the sidecar's object
+// (AppendEngineMembers).
 func appendMember(dst, obj, metrics []byte, hasMetrics bool) ([]byte, bool) {
 	open, close := firstNonSpace(obj), lastNonSpace(obj)
 	if open < 0 || obj[open] != '{' || obj[close] != '}' {
 		return dst, false
 	}
 	e := newObjectEdit(dst, obj)
+	var engine []byte
 	if hasMetrics {
 		e.cutKeys(func(key string) bool { return key == metricsKey })
+		eachMember(view(obj), func(key string, _ int, raw string, at int) bool {
+			if key == metricsKey {
+				engine = obj[at : at+len(raw)] // the last copy, as parsers read it
+			}
+			return true
+		})
 	}
 	e.toEnd()
 	e.dst = append(e.dst, `"`+metricsKey+`":`...)
-	e.dst = append(e.dst, metrics...)
+	e.dst = AppendEngineMembers(append(e.dst, metrics...), engine)
 	return e.done(), true
+}
+
+// AppendEngineMembers adds to metrics, a JSON object that ends dst (the
+// sidecar's metrics object), the members of the engine's own metrics
+// object engine that the sidecar does not write: vLLM's
+// speculative_decoding, and whatever an engine adds there. An engine's
+// object is a shared namespace: a client that opts in must not lose what
+// the engine reported. The sidecar's members win where both have one (the
+// engine's figures are in its "engine" member). engine may be empty, null
+// or not an object: then dst is returned as it is. Nothing is allocated
+// given room in dst.
+func AppendEngineMembers(dst, engine []byte) []byte {
+	if n := firstNonSpace(engine); n < 0 || engine[n] != '{' || len(dst) == 0 || dst[len(dst)-1] != '}' {
+		return dst
+	}
+	eachMember(view(engine), func(key string, keyAt int, raw string, at int) bool {
+		if !sidecarMetricsKey(key) {
+			dst[len(dst)-1] = ','
+			if dst[len(dst)-2] == '{' {
+				dst = dst[:len(dst)-1] // the object was empty
+			}
+			dst = append(dst, engine[keyAt:at+len(raw)]...)
+			dst = append(dst, '}')
+		}
+		return true
+	})
+	return dst
+}
+
+// sidecarMetricsKey tells the members the sidecar writes in its metrics
+// object (timing.Metrics.AppendJSON).
+func sidecarMetricsKey(key string) bool {
+	switch key {
+	case "time_to_first_token_ms", "generation_time_ms", "queue_time_ms", "mean_itl_ms", "tokens_per_second",
+		"e2e_latency_ms", "max_itl_ms", "prompt_tokens", "completion_tokens", "output_token_metrics",
+		"overhead_ms", "engine":
+		return true
+	}
+	return false
+}
+
+// EngineMetrics returns the engine's own metrics object in obj (a
+// response object, or an event's), raw, or nil: the first copy, as
+// EngineTimingOf reads it.
+func EngineMetrics(obj []byte) []byte {
+	m := gjson.GetBytes(obj, metricsKey)
+	if !m.IsObject() || m.Index <= 0 {
+		return nil
+	}
+	return obj[m.Index : m.Index+len(m.Raw)]
 }
 
 // AppendEventWithMetrics appends to dst the raw event with the metrics

@@ -292,6 +292,8 @@ func appendLine(b []byte, now time.Time, r *Record, verdict Verdict, missed stri
 	b = appendCount(b, `,"completion_tokens":`, m.CompletionTokens)
 	b = appendNumber(b, `,"relay_delay_p50_ms":`, relayDelay(&r.RelayDelays, (*timing.Delays).Median))
 	b = appendNumber(b, `,"relay_delay_max_ms":`, relayDelay(&r.RelayDelays, (*timing.Delays).Max))
+	b = appendNumber(b, `,"spec_acceptance_length":`, m.Engine.AcceptanceLength)
+	b = appendNumber(b, `,"spec_acceptance_rate":`, m.Engine.AcceptanceRate)
 	b = append(b, `,"client_stall_ms":`...)
 	b = appendMilli(b, float64(r.ClientStall)/float64(time.Millisecond))
 	b = append(b, `,"bytes_in":`...)

@@ -190,7 +190,7 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 	r.clientDisconnects = prometheus.NewCounter(prometheus.CounterOpts{Name: "timing_sidecar_client_disconnects_total",
 		Help: "Requests whose client left before the response was complete; the engine's request was aborted."})
 	r.clientPaced = prometheus.NewCounter(prometheus.CounterOpts{Name: "timing_sidecar_client_paced_requests_total",
-		Help: "Requests whose client read slower than the engine sent, so that writes to it waited 10 ms or more in all: their tokens count, their latencies stay out of the histograms and goodput."})
+		Help: "Requests whose client held the engine back 10 ms or more in all (a stalled client, past the stream's read-ahead or with none): their tokens count, their latencies stay out of the histograms and goodput."})
 	r.panics = prometheus.NewCounter(prometheus.CounterOpts{Name: "timing_sidecar_panics_total",
 		Help: "Panics caught while serving a request; each answered that request with a 500 or cut its response, and was logged with its stack."})
 	r.inFlight = prometheus.NewGauge(prometheus.GaugeOpts{Name: "timing_sidecar_in_flight_requests",
@@ -209,6 +209,12 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 		Help: "1 when timing marks are the kernel's receive times of the bytes that completed them, 0 when they are the clock at each read (no kernel stamps on this platform, or --kernel-timestamps=false)."})
 	if opts.KernelTimestamps {
 		r.kernelTimestamps.Set(1)
+	}
+	// Every kind exists from the start, at 0: a healthy system shows 0
+	// failures on the dashboard and in the recording rules, not "no
+	// data", and rate() over a first failure sees its increase.
+	for _, kind := range []string{ErrorConnect, ErrorTimeout, ErrorClosed, ErrorBadResponse, ErrorInterrupted, ErrorIdleTimeout} {
+		r.upstreamErrors.WithLabelValues(kind)
 	}
 	if opts.AccessLog != nil {
 		r.access = newAccessLog(opts.AccessLog, opts.Log, reg, r.Panic)

@@ -76,6 +76,8 @@ func newSpanQueue(exporter sdktrace.SpanExporter, reg prometheus.Registerer, log
 		Name: "timing_sidecar_trace_spans_exported_total",
 		Help: "Spans the trace backend accepted.",
 	})
+	dropped.WithLabelValues("queue_full")    // at 0 from the start, as every
+	dropped.WithLabelValues("export_failed") // reason the sidecar counts
 	reg.MustRegister(dropped, exported)
 	q := &spanQueue{
 		exporter:  exporter,

@@ -206,6 +206,10 @@ func appendMetrics(a []attribute.KeyValue, m *timing.Metrics) []attribute.KeyVal
 		num(attrPrefix+"engine.tokens_per_second", e.TokensPerSecond)
 		num(attrPrefix+"engine.total_ms", e.Total)
 	}
+	// The engine's speculative decoding, reported with or without its
+	// timing.
+	num(attrPrefix+"engine.speculative_decoding.mean_acceptance_length", m.Engine.AcceptanceLength)
+	num(attrPrefix+"engine.speculative_decoding.draft_acceptance_rate", m.Engine.AcceptanceRate)
 	return a
 }
 

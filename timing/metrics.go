@@ -119,6 +119,11 @@ type EngineTiming struct {
 	// Total is the engine's whole time for the request, when its parts
 	// are all reported.
 	Total Number
+	// AcceptanceLength and AcceptanceRate are the engine's speculative
+	// decoding statistics for the request (vLLM's mean_acceptance_length
+	// and draft_acceptance_rate), when it reported them; they may come
+	// without timing (Reported false).
+	AcceptanceLength, AcceptanceRate Number
 }
 
 // SetEngine records the engine's report and the overhead it implies.
