@@ -90,6 +90,13 @@ type Config struct {
 	Listen string
 	// Upstream is the engine's base URL (scheme and host[:port] only).
 	Upstream string
+	// UpstreamCAFile, when set, is a PEM file of the certificate
+	// authorities the engine's certificate must chain to (an https
+	// upstream), in place of the system's: an engine serving a
+	// certificate of a private CA. UpstreamServerName, when set, is the
+	// name its certificate must carry, in place of the upstream URL's host
+	// (an engine reached by IP, or by a name its certificate lacks).
+	UpstreamCAFile, UpstreamServerName string
 	// Mode selects which requests get metrics.
 	Mode Mode
 	// UpstreamConnectTimeout bounds dialing the engine.

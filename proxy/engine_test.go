@@ -163,3 +163,36 @@ func TestSpeculativeDecodingInTheRecord(t *testing.T) {
 		t.Fatalf("the record lacks the engine's speculative decoding: %s", line)
 	}
 }
+
+// TestEmulatedVLLMSpeculativeDecoding: against the emulated engine playing
+// vLLM 0.28 (--per-request-spec-decode-metrics in both forms, with and
+// without its timing), the client gets the engine's speculative_decoding,
+// per-step fields included, beside the sidecar's metrics, in streams and
+// bodies; "engine" only when the engine reported timing.
+func TestEmulatedVLLMSpeculativeDecoding(t *testing.T) {
+	for _, timed := range []bool{false, true} {
+		for _, form := range []string{"summary", "detailed"} {
+			engine := startEmulator(t, emulator.Config{PerRequestMetrics: timed, SpecDecodeMetrics: form, Strict: true,
+				Timing: emulator.Timing{OutputTokens: 8}})
+			base := startProxy(t, engine.URL(), func(c *Config) { c.ForwardIncludeMetrics = true })
+			for _, stream := range []bool{false, true} {
+				resp := post(t, base+"/v1/chat/completions", fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":%v,"include_metrics":true}`, stream), nil)
+				got, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				var m gjson.Result
+				for _, line := range strings.Split(string(got), "\n") {
+					if r := gjson.Get(strings.TrimPrefix(line, "data: "), "metrics"); r.IsObject() {
+						m = r
+					}
+				}
+				sd := m.Get("speculative_decoding")
+				if !sd.Get("mean_acceptance_length").Exists() || sd.Get("per_step_accepted_tokens").Exists() != (form == "detailed") {
+					t.Errorf("timed %v, %s, stream %v: speculative_decoding %s", timed, form, stream, sd.Raw)
+				}
+				if m.Get("engine").Exists() != timed || !m.Get("e2e_latency_ms").Exists() {
+					t.Errorf("timed %v, %s, stream %v: metrics %s", timed, form, stream, m.Raw)
+				}
+			}
+		}
+	}
+}

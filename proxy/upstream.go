@@ -5,9 +5,12 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"syscall"
@@ -69,6 +72,20 @@ func newUpstream(cfg *Config) (*upstream, error) {
 	if addr.tls {
 		host, _, _ := net.SplitHostPort(addr.host)
 		u.tls = &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}
+		if cfg.UpstreamServerName != "" {
+			u.tls.ServerName = cfg.UpstreamServerName
+		}
+		if cfg.UpstreamCAFile != "" {
+			pem, err := os.ReadFile(cfg.UpstreamCAFile)
+			if err != nil {
+				return nil, fmt.Errorf("upstream CA file: %w", err)
+			}
+			roots := x509.NewCertPool()
+			if !roots.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("upstream CA file %s: no PEM certificate in it", cfg.UpstreamCAFile)
+			}
+			u.tls.RootCAs = roots
+		}
 	}
 	return u, nil
 }

@@ -54,6 +54,8 @@ func configFrom(c *cli.Context) proxy.Config {
 	return proxy.Config{
 		Listen:                 c.String("listen"),
 		Upstream:               c.String("upstream"),
+		UpstreamCAFile:         c.String("upstream-ca-file"),
+		UpstreamServerName:     c.String("upstream-server-name"),
 		Mode:                   proxy.Mode(c.String("per-request-metrics")),
 		UpstreamConnectTimeout: c.Duration("upstream-connect-timeout"),
 		UpstreamHeaderTimeout:  c.Duration("upstream-header-timeout"),

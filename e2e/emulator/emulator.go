@@ -61,6 +61,12 @@ type Config struct {
 	// "metrics" object (on the usage event of a stream, at the top of a
 	// non-streaming body; null for several choices).
 	PerRequestMetrics bool
+	// SpecDecodeMetrics plays vLLM 0.28's --per-request-spec-decode-metrics:
+	// "summary" or "detailed" puts a "speculative_decoding" member in the
+	// same metrics object (alone without PerRequestMetrics), for a
+	// request with "include_metrics": true. The detailed form adds the
+	// per-step acceptance (per_step_accepted_tokens). Empty: none.
+	SpecDecodeMetrics string
 	// MaxModelLen is the emulated context length, as vLLM's
 	// --max-model-len: a request whose prompt and max_tokens exceed it
 	// gets vLLM's 400. Zero means DefaultMaxModelLen.

@@ -221,7 +221,7 @@ func (g *generation) parse(body []byte) string {
 	}
 	if g.s.cfg.Strict {
 		for k := range fields {
-			if !knownFields[k] && !(k == "include_metrics" && g.s.cfg.PerRequestMetrics) {
+			if !knownFields[k] && !(k == "include_metrics" && (g.s.cfg.PerRequestMetrics || g.s.cfg.SpecDecodeMetrics != "")) {
 				return fmt.Sprintf("unknown field %q", k)
 			}
 		}
@@ -469,11 +469,18 @@ func decodeString(raw []byte) string {
 // and the engine plays vLLM's per-request metrics: from scheduling
 // (headers sent) to the first and last token.
 func (g *generation) engineMetrics(scheduled, first, last time.Time, tokens int) json.RawMessage {
-	if !g.s.cfg.PerRequestMetrics || !g.req.IncludeMetrics {
+	spec := g.s.cfg.SpecDecodeMetrics
+	if !g.s.cfg.PerRequestMetrics && spec == "" || !g.req.IncludeMetrics {
 		return nil
 	}
 	if g.choices > 1 {
 		return json.RawMessage("null")
+	}
+	if !g.s.cfg.PerRequestMetrics {
+		b, _ := json.Marshal(struct {
+			Spec *specDecoding `json:"speculative_decoding"`
+		}{specDecodingOf(tokens, spec)})
+		return b
 	}
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	m := engineMetrics{
@@ -488,6 +495,32 @@ func (g *generation) engineMetrics(scheduled, first, last time.Time, tokens int)
 	if d := last.Sub(scheduled).Seconds(); d > 0 {
 		m.TokensPerSecond = float64(tokens) / d
 	}
+	m.Spec = specDecodingOf(tokens, spec)
 	b, _ := json.Marshal(m)
 	return b
+}
+
+// specDecodingOf is vLLM's speculative decoding report for tokens
+// generated with three speculative tokens a step, one accepted in three
+// steps: nil when form is empty.
+func specDecodingOf(tokens int, form string) *specDecoding {
+	if form == "" {
+		return nil
+	}
+	const k = 3
+	steps := max(1, (tokens*3+3)/4)
+	accepted := tokens - steps
+	if accepted < 0 {
+		accepted = 0
+	}
+	s := &specDecoding{NumSpecSteps: steps, NumSpecTokens: k, NumDraftTokens: steps * k, NumAcceptedDraftTokens: accepted,
+		AcceptanceHistogram: []int{steps - accepted, accepted, 0, 0}}
+	s.MeanAcceptanceLength = float64(tokens) / float64(steps)
+	s.DraftAcceptanceRate = float64(accepted) / float64(steps*k)
+	if form == "detailed" {
+		for i := range steps {
+			s.PerStep = append(s.PerStep, min(1, max(0, accepted-i)))
+		}
+	}
+	return s
 }

@@ -126,4 +126,19 @@ type engineMetrics struct {
 	QueueTime        float64  `json:"queue_time_ms"`
 	MeanITL          *float64 `json:"mean_itl_ms"`
 	TokensPerSecond  float64  `json:"tokens_per_second"`
+	// Spec is vLLM 0.28's speculative decoding report, in the same object.
+	Spec *specDecoding `json:"speculative_decoding,omitempty"`
+}
+
+// specDecoding is vLLM's per-request speculative decoding report.
+type specDecoding struct {
+	MeanAcceptanceLength   float64 `json:"mean_acceptance_length"`
+	DraftAcceptanceRate    float64 `json:"draft_acceptance_rate"`
+	AcceptanceHistogram    []int   `json:"acceptance_histogram"`
+	NumSpecSteps           int     `json:"num_spec_steps"`
+	NumAcceptedDraftTokens int     `json:"num_accepted_draft_tokens"`
+	NumDraftTokens         int     `json:"num_draft_tokens"`
+	NumSpecTokens          int     `json:"num_spec_tokens"`
+	// PerStep is the detailed form's accepted draft tokens at each step.
+	PerStep []int `json:"per_step_accepted_tokens,omitempty"`
 }
