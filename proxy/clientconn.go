@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"crypto/tls"
 	"io"
 	"net"
 	"sync"
@@ -16,9 +17,10 @@ type clientListener struct {
 	net.Listener
 	kernelStamps bool
 	writeTimeout time.Duration
-	hold         func() // tests only: runs before each read
-	blocked      func() // tests only: runs when a write first waits on the client
-	sendBuffer   int    // tests only: SO_SNDBUF for each connection, so it fills soon
+	hold         func()      // tests only: runs before each read
+	blocked      func()      // tests only: runs when a write first waits on the client
+	tls          *tls.Config // serve HTTPS, when set
+	sendBuffer   int         // tests only: SO_SNDBUF for each connection, so it fills soon
 }
 
 func (l clientListener) Accept() (net.Conn, error) {
@@ -31,9 +33,14 @@ func (l clientListener) Accept() (net.Conn, error) {
 	}
 	recv := newRecvConn(c, l.kernelStamps)
 	recv.hold = l.hold
-	cc := &clientConn{Conn: recv, recv: recv, writeTimeout: l.writeTimeout, sender: newSocketWriter(c), testBlocked: l.blocked}
-	if cc.sender != nil {
-		cc.sender.onBlock = cc.blocked // bound once: a write allocates nothing
+	cc := &clientConn{Conn: recv, recv: recv, writeTimeout: l.writeTimeout, testBlocked: l.blocked}
+	if recv.sender = newSocketWriter(c); recv.sender != nil {
+		recv.sender.onBlock = cc.blocked // bound once: a write allocates nothing
+	}
+	if l.tls != nil {
+		// TLS above the stamped, stall-seeing TCP connection: the marks
+		// and the waits are the socket's, the bytes the client's.
+		cc.Conn = tls.Server(recv, l.tls)
 	}
 	return cc, nil
 }
@@ -66,13 +73,6 @@ type clientConn struct {
 	// writing goroutine touches it.
 	writeTimeout     time.Duration
 	writeDeadlineSet time.Time
-	// sender writes and sees a full send buffer (nil where it cannot:
-	// then writes go as net.Conn's); stalled is how long the current
-	// response's writes waited on it. Only the writing goroutine.
-	sender  *socketWriter
-	stalled time.Duration
-	// stallEnded is when the latest wait on the client ended.
-	stallEnded time.Time
 	// onStall, set for a response's duration, runs when a write to the
 	// client first waits (a stream's read-ahead starts); testBlocked is
 	// the tests' own hook. Both on the writing goroutine, inside the
@@ -224,7 +224,7 @@ func (c *clientConn) ended(now time.Time) { c.free = now }
 // after between 1 and 1⅛ times the timeout.
 func (c *clientConn) Write(p []byte) (int, error) {
 	c.extendWriteDeadline()
-	return c.send(p)
+	return c.Conn.Write(p)
 }
 
 // blocked runs when a write first finds the client's socket full.
@@ -235,19 +235,6 @@ func (c *clientConn) blocked() {
 	if c.onStall != nil {
 		c.onStall()
 	}
-}
-
-// send writes p, adding to stalled the time it waited on the client.
-func (c *clientConn) send(p []byte) (int, error) {
-	if c.sender == nil {
-		return c.Conn.Write(p)
-	}
-	n, waited, err := c.sender.write(p)
-	if waited > 0 {
-		c.stalled += waited
-		c.stallEnded = time.Now()
-	}
-	return n, err
 }
 
 func (c *clientConn) extendWriteDeadline() {
@@ -265,7 +252,7 @@ func (c *clientConn) extendWriteDeadline() {
 // newResponse starts a response's writes: the server clears the write
 // deadline for each request, so the next write sets it again.
 func (c *clientConn) newResponse() {
-	c.writeDeadlineSet, c.stalled, c.stallEnded = time.Time{}, 0, time.Time{}
+	c.writeDeadlineSet, c.recv.stalled, c.recv.stallEnded = time.Time{}, 0, time.Time{}
 }
 
 // ReadFrom writes what r returns to the client as each read returns, with
@@ -281,7 +268,7 @@ func (c *clientConn) ReadFrom(r io.Reader) (int64, error) {
 		n, err := r.Read(*bp)
 		if n > 0 {
 			c.extendWriteDeadline()
-			m, werr := c.send((*bp)[:n])
+			m, werr := c.Conn.Write((*bp)[:n])
 			written += int64(m)
 			if werr != nil {
 				return written, werr

@@ -97,6 +97,12 @@ type Config struct {
 	// name its certificate must carry, in place of the upstream URL's host
 	// (an engine reached by IP, or by a name its certificate lacks).
 	UpstreamCAFile, UpstreamServerName string
+	// TLSCertFile and TLSKeyFile, when set, make the client port serve
+	// HTTPS with them (re-read when they change); TLSClientCAFile and
+	// TLSClientCerts check client certificates (ClientCertNone,
+	// ClientCertOptional, ClientCertRequired), as vLLM's --ssl-* do.
+	TLSCertFile, TLSKeyFile, TLSClientCAFile string
+	TLSClientCerts                           int
 	// Mode selects which requests get metrics.
 	Mode Mode
 	// UpstreamConnectTimeout bounds dialing the engine.
@@ -286,6 +292,15 @@ func (c *Config) Validate() error {
 		if d.v < 0 {
 			errs = append(errs, fmt.Errorf("%s %v: must not be negative", d.name, d.v))
 		}
+	}
+	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
+		errs = append(errs, errors.New("TLS needs both a certificate file and a key file"))
+	}
+	if c.TLSClientCerts < ClientCertNone || c.TLSClientCerts > ClientCertRequired {
+		errs = append(errs, fmt.Errorf("client certificate requirement %d: must be 0 (none), 1 (optional) or 2 (required)", c.TLSClientCerts))
+	}
+	if c.TLSClientCerts != ClientCertNone && (c.TLSClientCAFile == "" || c.TLSCertFile == "") {
+		errs = append(errs, errors.New("client certificates need a client CA file and the server's own certificate"))
 	}
 	if c.UpstreamConnectTimeout == 0 {
 		errs = append(errs, errors.New("upstream connect timeout must be positive"))

@@ -143,7 +143,7 @@ func (p *Proxy) record(f *flight) (ok bool) {
 	}
 	f.rec.Elapsed = now.Sub(f.clock.Arrival)
 	if f.client != nil {
-		f.rec.ClientStall = f.client.stalled
+		f.rec.ClientStall = f.client.recv.stalled
 	}
 	// The client held the engine back: past the read-ahead, or with none.
 	if f.readAhead {

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -52,6 +53,8 @@ type Proxy struct {
 	idle idleClients
 	// bodies bounds the memory request bodies hold.
 	bodies *bodyBudget
+	// tls, when set, is what the client port serves HTTPS with.
+	tls *tls.Config
 }
 
 // New checks cfg and builds a Proxy. log gets operational messages;
@@ -65,8 +68,12 @@ func New(cfg Config, log *slog.Logger, accessLog io.Writer) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
+	serveTLS, err := serverTLS(&cfg, log)
+	if err != nil {
+		return nil, err
+	}
 	p := &Proxy{cfg: cfg, log: log, up: up, pools: newPools(cfg.MaxEventSize), registry: newRegistry(), stop: make(chan struct{}),
-		bodies: newBodyBudget(cfg.MaxBodyMemory)}
+		bodies: newBodyBudget(cfg.MaxBodyMemory), tls: serveTLS}
 	opts := telemetry.Options{MaxModels: cfg.MaxModelLabels, TenantLabel: cfg.TenantLabel, MaxTenants: cfg.MaxTenantLabels,
 		Objectives:       telemetry.Objectives{TTFT: cfg.SLOTTFT, ITL: cfg.SLOITL, E2E: cfg.SLOE2E},
 		KernelTimestamps: up.kernelStamps}
@@ -229,7 +236,7 @@ func (p *Proxy) refuse(ctx *fasthttp.RequestCtx, e apiError) {
 
 // Serve answers requests on ln until Shutdown.
 func (p *Proxy) Serve(ln net.Listener) error {
-	return p.server.Serve(clientListener{Listener: ln, kernelStamps: p.up.kernelStamps, writeTimeout: p.cfg.ClientWriteTimeout, hold: p.clientHold, blocked: p.clientBlocked, sendBuffer: p.clientSendBuffer})
+	return p.server.Serve(clientListener{Listener: ln, kernelStamps: p.up.kernelStamps, writeTimeout: p.cfg.ClientWriteTimeout, hold: p.clientHold, blocked: p.clientBlocked, sendBuffer: p.clientSendBuffer, tls: p.tls})
 }
 
 // Shutdown fails readiness, stops accepting connections and waits, until
@@ -303,7 +310,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, accessLog io.Writer)
 		return fmt.Errorf("admin listen on %s: %w", cfg.AdminListen, err)
 	}
 	log.Info("timing-sidecar listening", "listen", ln.Addr().String(), "admin_listen", adminLn.Addr().String(),
-		"upstream", cfg.Upstream, "per_request_metrics", string(cfg.Mode), "mark_clock", p.markClock())
+		"upstream", cfg.Upstream, "per_request_metrics", string(cfg.Mode), "mark_clock", p.markClock(), "tls", p.tls != nil)
 	served := make(chan error, 2)
 	go func() { served <- p.Serve(ln) }()
 	go func() { served <- p.ServeAdmin(adminLn) }()

@@ -34,6 +34,27 @@ type recvConn struct {
 	// hold, when set (tests only), runs before each read: a reader that
 	// runs late, as under a CPU limit.
 	hold func()
+	// sender, set on a client's connection, writes and sees a full send
+	// buffer (see socketWriter); stalled is how long the current
+	// response's writes waited on the client, and stallEnded when the
+	// latest wait ended. Only the writing goroutine touches them.
+	sender     *socketWriter
+	stalled    time.Duration
+	stallEnded time.Time
+}
+
+// Write writes p, through sender when there is one, adding the time it
+// waited on the peer to stalled.
+func (r *recvConn) Write(p []byte) (int, error) {
+	if r.sender == nil {
+		return r.Conn.Write(p)
+	}
+	n, waited, err := r.sender.write(p)
+	if waited > 0 {
+		r.stalled += waited
+		r.stallEnded = time.Now()
+	}
+	return n, err
 }
 
 // newRecvConn wraps c; with kernel, it asks the kernel to stamp what c
