@@ -177,24 +177,12 @@ func TestDashboardAndRulesInPrometheus(t *testing.T) {
 	if t.Failed() {
 		t.FailNow()
 	}
-	// Every other panel's source: a non-streaming request, a stream the
-	// engine cuts (an upstream error), a client that leaves.
+	// A non-streaming request, the other panels' source. No failure yet:
+	// a healthy system's panels and rules must show data (0 failures),
+	// not "no data".
 	if r := send(t, s.base, false, 8, map[string]string{"X-Tenant": "beta"}); r.status != 200 {
 		t.Fatalf("unary: %d", r.status)
 	}
-	cut, err := http.NewRequest("POST", s.base+"/v1/chat/completions", strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cut.Header.Set(emulator.HeaderCutAfter, "2")
-	if resp, err := http.DefaultClient.Do(cut); err == nil {
-		io.Copy(io.Discard, resp.Body) //nolint:errcheck // the engine cuts it: the error is the point
-		resp.Body.Close()
-	}
-	if n := rawStream(t, s.base, "leaves", 2000, 2, false); n != 2 {
-		t.Fatalf("the leaving client read %d events", n)
-	}
-	prom.await(t, `sum(timing_sidecar_upstream_errors_total)`, func(v float64) bool { return v >= 1 }, "the cut stream scraped")
 	prom.await(t, `sum(timing_sidecar_time_to_first_token_seconds_count)`, func(v float64) bool { return v >= streams }, "the streams scraped")
 
 	// Every dashboard expression, variables filled in, returns data (a
@@ -249,7 +237,26 @@ func TestDashboardAndRulesInPrometheus(t *testing.T) {
 		}
 		time.Sleep(250 * time.Millisecond) // polling Prometheus, which has no event to await
 	}
-	t.Logf("%d dashboard and rule expressions return data", len(mustReturn))
+	t.Logf("%d dashboard and rule expressions return data before any failure", len(mustReturn))
+
+	// Failures now: a stream the engine cuts (an upstream error), a
+	// client that leaves.
+	cut, err := http.NewRequest("POST", s.base+"/v1/chat/completions", strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut.Header.Set(emulator.HeaderCutAfter, "2")
+	if resp, err := http.DefaultClient.Do(cut); err == nil {
+		io.Copy(io.Discard, resp.Body) //nolint:errcheck // the engine cuts it: the error is the point
+		resp.Body.Close()
+	}
+	if n := rawStream(t, s.base, "leaves", 2000, 2, false); n != 2 {
+		t.Fatalf("the leaving client read %d events", n)
+	}
+	prom.await(t, `sum(timing_sidecar_upstream_errors_total)`, func(v float64) bool { return v >= 1 }, "the cut stream scraped")
+	prom.await(t, `sum(timing_sidecar_time_to_first_token_seconds_count)`, func(v float64) bool { return v >= streams }, "the streams scraped")
+
+	prom.await(t, `sum(timing_sidecar_upstream_errors_total)`, func(v float64) bool { return v >= 1 }, "the cut stream scraped")
 
 	// The histogram's median agrees with the bodies' within its bucket.
 	slices.Sort(bodyTTFT)

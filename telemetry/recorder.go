@@ -288,10 +288,18 @@ func (r *Recorder) Finish(req *Record) {
 	}
 	verdict, missed := r.objectives.Judge(req)
 	if verdict != Undecided {
+		// The other result exists too, at 0: goodput's "missed" side
+		// reads 0 on a healthy system, not "no data".
+		other := Missed
+		if verdict == Missed {
+			other = Met
+		}
 		if r.tenantLabel {
 			r.slo.WithLabelValues(req.Endpoint, model, verdict.String(), tenant).Inc()
+			r.slo.WithLabelValues(req.Endpoint, model, other.String(), tenant)
 		} else {
 			r.slo.WithLabelValues(req.Endpoint, model, verdict.String()).Inc()
+			r.slo.WithLabelValues(req.Endpoint, model, other.String())
 		}
 	}
 	if r.access != nil {

@@ -184,6 +184,9 @@ func TestClientPacedRequestsAreCountedApart(t *testing.T) {
 	if got := histogramCount(t, reg, "timing_sidecar_e2e_request_latency_seconds"); got != 1 {
 		t.Errorf("%d end-to-end latencies observed, want the unpaced request's 1", got)
 	}
+	if n := testutil.CollectAndCount(r.slo); n != 2 {
+		t.Errorf("%d goodput series, want met and missed (at 0)", n)
+	}
 	if got := testutil.ToFloat64(r.slo.WithLabelValues(EndpointChat, "m", "met")); got != 1 {
 		t.Errorf("goodput counted %v met, want 1 (the paced request undecided)", got)
 	}

@@ -430,3 +430,41 @@ func TestPatchFilesStandAlone(t *testing.T) {
 		t.Fatalf("service patch %+v, %v", ops, err)
 	}
 }
+
+// TestTLSVariant builds the example serving HTTPS: the sidecar serves the
+// Secret's certificate, mounted read-only, and vLLM listens on loopback
+// only, its probes asking the sidecar.
+func TestTLSVariant(t *testing.T) {
+	built := build(t, "tls")
+	if len(built.deployments) != 1 {
+		t.Fatalf("built %d deployments", len(built.deployments))
+	}
+	spec := &built.deployments[0].Spec.Template.Spec
+	sc := checkSidecar(t, spec)
+	env := map[string]string{}
+	for _, e := range sc.Env {
+		env[e.Name] = e.Value
+	}
+	var mount string
+	for _, m := range sc.VolumeMounts {
+		if m.Name == "tls" && m.ReadOnly {
+			mount = m.MountPath
+		}
+	}
+	secret := false
+	for _, v := range spec.Volumes {
+		secret = secret || v.Name == "tls" && v.Secret != nil && v.Secret.SecretName != ""
+	}
+	if mount == "" || !secret || !strings.HasPrefix(env["TIMING_SIDECAR_SSL_CERTFILE"], mount+"/") || !strings.HasPrefix(env["TIMING_SIDECAR_SSL_KEYFILE"], mount+"/") {
+		t.Errorf("certificate %q and key %q not from a Secret mounted read-only (%q)", env["TIMING_SIDECAR_SSL_CERTFILE"], env["TIMING_SIDECAR_SSL_KEYFILE"], mount)
+	}
+	vllm := spec.Containers[0]
+	if args := strings.Join(vllm.Args, " "); !strings.Contains(args, "--host 127.0.0.1") {
+		t.Errorf("vLLM args %q: want it on loopback", args)
+	}
+	for _, p := range []*corev1.Probe{vllm.ReadinessProbe, vllm.StartupProbe} {
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Port.StrVal != "timing-admin" || p.HTTPGet.Path != "/readyz" {
+			t.Errorf("a vLLM probe that cannot reach it on loopback: %+v", p)
+		}
+	}
+}
