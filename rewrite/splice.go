@@ -2,6 +2,7 @@ package rewrite
 
 import (
 	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
 
 	"github.com/timing-sidecar/timing-sidecar/timing"
 )
@@ -35,6 +36,13 @@ type Body struct {
 	Engine     timing.EngineTiming
 	object     bool // a valid JSON object
 	hasMetrics bool
+	// repeated: "usage" or "metrics" comes more than once. Which copy a
+	// client reads depends on its parser, so such a body is not one to
+	// splice into: it passes through as it came, without metrics.
+	repeated bool
+	// metricsAt and metricsEnd are where the engine's metrics value lies
+	// in the body, for the members of it the sidecar keeps.
+	metricsAt, metricsEnd int
 }
 
 // InspectBody reads a non-streaming response body. Usage is read as
@@ -59,11 +67,14 @@ func InspectBody(body []byte) Body {
 			if !seenUsage && value.IsObject() {
 				b.Usage = parseUsage(value)
 			}
+			b.repeated = b.repeated || seenUsage
 			seenUsage = true
 		case metricsKey:
 			if !b.hasMetrics {
 				metrics = value
+				b.metricsAt, b.metricsEnd = value.Index, value.Index+len(value.Raw)
 			}
+			b.repeated = b.repeated || b.hasMetrics
 			b.hasMetrics = true
 		case "timings":
 			if !seenTimings {
@@ -77,14 +88,34 @@ func InspectBody(body []byte) Body {
 	return b
 }
 
-// AppendWithMetrics is the package function of the same name for a body
-// already inspected: body must be the bytes b was read from.
+// AppendWithMetrics appends to dst the non-streaming response body, which
+// b was read from, with the metrics object set as its "metrics" member:
+// the engine's own member replaced where it lies, keeping the engine's
+// members the sidecar does not write (AppendEngineMembers), or a new one
+// at the end. sjson does the edit, as the design has it: once per
+// request, where its copy of the body costs nothing that matters (the
+// per-event splice, which must not allocate, is objectEdit's). A body
+// that is not a JSON object, or repeats "usage" or "metrics", is not
+// spliced into: false, and the caller passes it on as it came.
 func (b Body) AppendWithMetrics(dst, body, metrics []byte) ([]byte, bool) {
-	if !b.object {
+	if !b.object || b.repeated {
 		return dst, false
 	}
-	return appendMember(dst, body, metrics, b.hasMetrics)
+	if b.hasMetrics {
+		metrics = AppendEngineMembers(append([]byte(nil), metrics...), body[b.metricsAt:b.metricsEnd])
+	}
+	out, err := sjson.SetRawBytesOptions(body, metricsKey, metrics, &spliceOptions)
+	if err != nil {
+		return dst, false
+	}
+	return append(dst, out...), true
 }
+
+// spliceOptions are the options of the body splice's sjson edit.
+// Optimistic stays off: it pays only when the key exists, and an engine's
+// body usually has no "metrics". ReplaceInPlace stays off: it writes into
+// the input, the engine's body, which the caller still holds.
+var spliceOptions = sjson.Options{}
 
 // appendMember does the splice on a valid JSON document. The engine's own
 // metrics object, if obj has one, is not the sidecar's to drop: its

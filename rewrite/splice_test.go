@@ -87,10 +87,10 @@ func TestInspectBody(t *testing.T) {
 		spliced string
 	}{
 		{`{"id":"x","usage":{"prompt_tokens":3,"completion_tokens":9}}`, 9, `{"id":"x","usage":{"prompt_tokens":3,"completion_tokens":9},"metrics":` + metricsJSON + `}`},
-		{`{"metrics":1,"usage":{"completion_tokens":2}}`, 2, `{"usage":{"completion_tokens":2},"metrics":` + metricsJSON + `}`},
+		{`{"metrics":1,"usage":{"completion_tokens":2}}`, 2, `{"metrics":` + metricsJSON + `,"usage":{"completion_tokens":2}}`}, // in its place
 		{`{"usage":`, -1, ""},
 		{`{"usage":{"completion_tokens":4},"x":NaN}`, 4, ""},
-		{`{"usage":null,"usage":{"completion_tokens":9}}`, 0, `{"usage":null,"usage":{"completion_tokens":9},"metrics":` + metricsJSON + `}`},
+		{`{"usage":null,"usage":{"completion_tokens":9}}`, 0, ""}, // usage twice: passed through
 		{`[{"usage":{}}]`, -1, ""},
 	} {
 		b := InspectBody([]byte(tt.body))
@@ -105,8 +105,9 @@ func TestInspectBody(t *testing.T) {
 }
 
 // TestSpliceReplacesEveryMetrics: a client takes the last copy of a key, so
-// the spliced body must have one "metrics", ours, and every other member as
-// the engine sent it.
+// the spliced event must have one "metrics", ours, and every other member as
+// the engine sent it. A non-streaming body that repeats "metrics" or
+// "usage" is not spliced into at all: it passes through as it came.
 func TestSpliceReplacesEveryMetrics(t *testing.T) {
 	for _, obj := range []string{
 		`{"metrics":{"engine":1},"a":1}`,
@@ -121,6 +122,12 @@ func TestSpliceReplacesEveryMetrics(t *testing.T) {
 			},
 		} {
 			got, ok := splice()
+			if repeated := countKey([]byte(obj), metricsKey) > 1; name == "Body.AppendWithMetrics" && repeated {
+				if ok {
+					t.Fatalf("%s(%s) = %s: a body that repeats metrics spliced", name, obj, got)
+				}
+				continue
+			}
 			if !ok {
 				t.Fatalf("%s(%s) refused", name, obj)
 			}
@@ -202,5 +209,22 @@ func TestEngineTimingRefusesNumbersWithoutJSON(t *testing.T) {
 		if e.QueueTime.Set || e.TimeToFirstToken.Set || !e.MeanITL.Set {
 			t.Errorf("%s: read %+v", body, e)
 		}
+	}
+}
+
+// TestBodySpliceKeepsItsPlace: the body splice (sjson) replaces the
+// engine's one "metrics" where it lies, keeping the engine's members the
+// sidecar does not write, and leaves every other byte as it was; a body
+// that repeats "usage" passes through.
+func TestBodySpliceKeepsItsPlace(t *testing.T) {
+	body := []byte(`{"id":"c", "metrics":{"speculative_decoding":{"num_spec_steps":4},"queue_time_ms":1}, "usage":{"prompt_tokens":1}}`)
+	got, ok := InspectBody(body).AppendWithMetrics(nil, body, []byte(`{"e2e_latency_ms":2.000}`))
+	want := `{"id":"c", "metrics":{"e2e_latency_ms":2.000,"speculative_decoding":{"num_spec_steps":4}}, "usage":{"prompt_tokens":1}}`
+	if !ok || string(got) != want {
+		t.Fatalf("spliced %s, %v; want %s", got, ok, want)
+	}
+	twice := []byte(`{"usage":{"prompt_tokens":1},"usage":{"prompt_tokens":2}}`)
+	if got, ok := InspectBody(twice).AppendWithMetrics(nil, twice, []byte(`{}`)); ok {
+		t.Fatalf("a body with usage twice spliced: %s", got)
 	}
 }
