@@ -793,3 +793,24 @@ func TestHeldResponsesShareTheMemoryBudget(t *testing.T) {
 		t.Fatalf("%d bytes of the budget still held", used)
 	}
 }
+
+// TestRepeatedMembersAreForwardedUnread: a request that repeats a member
+// the sidecar reads or edits goes to the engine exactly as it came, is
+// answered without the metrics object, and is counted.
+func TestRepeatedMembersAreForwardedUnread(t *testing.T) {
+	engine := newFakeEngine(t)
+	p, base := startSidecar(t, engine.URL(), func(c *Config) { c.Mode = ModeAlways }, nil)
+	body := `{"model":"m","stream":true,"stream_options":{"include_usage":false},"messages":[],"stream_options":{"include_usage":true}}`
+	resp := post(t, base+"/v1/chat/completions", body, nil)
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if fr := engine.next(t); string(fr.Body) != body {
+		t.Fatalf("the engine got %s, not the client's body", fr.Body)
+	}
+	if resp.StatusCode != 200 || strings.Contains(string(got), `"metrics"`) {
+		t.Fatalf("status %d, want the engine's answer without metrics:\n%s", resp.StatusCode, got)
+	}
+	if n := counterValue(t, p, "timing_sidecar_unread_requests_total", map[string]string{"reason": "repeated_member"}); n != 1 {
+		t.Fatalf("counted %v repeated-member requests, want 1", n)
+	}
+}

@@ -92,6 +92,14 @@ func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight, body []byte) 
 	if f.out.stream == nil {
 		req = rewrite.InspectRequest(body)
 	}
+	switch {
+	case f.out.stream != nil:
+		f.rec.Unread = telemetry.UnreadNoMemory
+	case req.Repeated:
+		f.rec.Unread = telemetry.UnreadRepeated
+	case !req.Understood && !req.InvalidIncludeMetrics:
+		f.rec.Unread = telemetry.UnreadInvalid
+	}
 	pl := planFor(&p.cfg, f.route, req)
 	f.rec.Model, f.rec.Stream = req.Model, req.Stream
 	if p.tracer != nil {

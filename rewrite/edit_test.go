@@ -59,7 +59,7 @@ func TestLargeBodiesAreNotCopied(t *testing.T) {
 		`{"model":"m","prompt":"` + big + `","stream":true,"include_metrics":true}`,
 		`{"model":"` + big + `","stream":true,"include_metrics":true}`,
 		`{"messages":[{"role":"user","content":"` + big + `"}],"stream":false,"include_metrics":true}`,
-		`{"prompt":"` + big + `","stream":true,"stream_options":null,"stream_options":{"x":"` + big + `"},"include_metrics":true}`,
+		`{"prompt":"` + big + `","stream":true,"stream_options":{"x":"` + big + `"},"include_metrics":true}`,
 		`{"model":"m","stream":true,"stream_options":{"x":"` + big + `","include_usage":false}}`,
 	} {
 		b := []byte(body)

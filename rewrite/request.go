@@ -18,6 +18,10 @@ type Request struct {
 	// InvalidIncludeMetrics says "include_metrics" is there but neither a
 	// boolean nor null; the request is then not Understood.
 	InvalidIncludeMetrics bool
+	// Repeated says a top-level member the sidecar reads or edits comes
+	// more than once. Which copy an engine reads depends on its parser,
+	// so the request is not Understood: forwarded unread and unchanged.
+	Repeated bool
 	// HasIncludeMetrics says the body has a boolean "include_metrics" field,
 	// the sidecar's (and vLLM's) opt-in; IncludeMetrics is its value.
 	HasIncludeMetrics bool
@@ -71,6 +75,7 @@ func InspectRequest(body []byte) Request {
 		return Request{}
 	}
 	r := Request{Understood: true, Upgradable: true}
+	var seenModel, seenN, seenPrompt bool
 	eachMember(s, func(key string, keyAt int, raw string, at int) bool {
 		value := shallow(raw)
 		if !upgradableField(key, value) {
@@ -95,6 +100,8 @@ func InspectRequest(body []byte) Request {
 				r.Understood = false
 			}
 		case "model":
+			r.Repeated = r.Repeated || seenModel
+			seenModel = true
 			r.Model = ""
 			if value.Type == gjson.String {
 				r.Model = stringPrefix(raw, MaxModelBytes)
@@ -122,6 +129,8 @@ func InspectRequest(body []byte) Request {
 				r.Understood = false
 			}
 		case "n":
+			r.Repeated = r.Repeated || seenN
+			seenN = true
 			switch value.Type {
 			case gjson.Number:
 				r.MultipleChoices = r.MultipleChoices || gjson.Parse(raw).Int() > 1
@@ -130,10 +139,16 @@ func InspectRequest(body []byte) Request {
 				r.Understood = false
 			}
 		case "prompt":
+			r.Repeated = r.Repeated || seenPrompt
+			seenPrompt = true
 			r.MultipleChoices = r.MultipleChoices || multiplePrompts(raw)
 		}
 		return r.Understood
 	})
+	r.Repeated = r.Repeated || r.includeMetrics.count > 1 || r.stream.count > 1 || r.streamOptions.count > 1
+	if r.Repeated {
+		return Request{Repeated: true}
+	}
 	if r.InvalidIncludeMetrics {
 		r.Understood = false
 	}
@@ -255,9 +270,7 @@ func UpgradedBody(e *Edit, body []byte, r Request) error {
 	if cutMetrics {
 		metrics = r.includeMetrics
 	}
-	cutMembers(&ed, func(key string) bool {
-		return key == "stream" || key == "stream_options" || key == "include_metrics" && cutMetrics
-	}, metrics, r.stream, r.streamOptions)
+	cutMembers(&ed, metrics, r.stream, r.streamOptions)
 	ed.toEnd()
 	ed.add(upgradeMembers)
 	ed.done()
@@ -266,17 +279,10 @@ func UpgradedBody(e *Edit, body []byte, r Request) error {
 
 var upgradeMembers = []byte(`"stream":true,"stream_options":{"include_usage":true}`)
 
-// cutMembers cuts the members ms, each the last copy of a key InspectRequest
-// found, by their offsets: the common case, each key at most once, needs no
-// second parse. A key that repeats sends it to one pass that cuts every
-// copy drop selects. A member with count 0 is not there.
-func cutMembers(e *objectEdit, drop func(key string) bool, ms ...members) {
-	for _, m := range ms {
-		if m.count > 1 {
-			e.cutKeys(drop)
-			return
-		}
-	}
+// cutMembers cuts the members ms, each the one copy of a key InspectRequest
+// found (a request that repeats one is not edited), by their offsets,
+// without a second parse. A member with count 0 is not there.
+func cutMembers(e *objectEdit, ms ...members) {
 	// In the order they lie (at most three: an insertion sort).
 	for i := 1; i < len(ms); i++ {
 		for j := i; j > 0 && ms[j].key < ms[j-1].key; j-- {
@@ -317,9 +323,7 @@ func UpstreamBody(e *Edit, body []byte, r Request, askUsage bool) error {
 	if setUsage {
 		options = r.streamOptions
 	}
-	cutMembers(&ed, func(key string) bool {
-		return cutMetrics && key == "include_metrics" || setUsage && key == "stream_options"
-	}, metrics, options)
+	cutMembers(&ed, metrics, options)
 	if setUsage {
 		// The edited stream_options ends the object: the client's own
 		// (a JSON object), referred to where it lies, with include_usage
@@ -329,7 +333,7 @@ func UpstreamBody(e *Edit, body []byte, r Request, askUsage bool) error {
 		e.add(streamOptionsKey)
 		if v, end := r.streamOptions.value, r.streamOptions.end; end > v && body[v] == '{' {
 			opts := newMemberEdit(e, v, end)
-			opts.cutKeys(func(key string) bool { return key == "include_usage" })
+			opts.cutKeys(func(key string) bool { return key == "include_usage" }) // every copy: the sidecar's is the one
 			opts.toEnd()
 			opts.add(includeUsage)
 			opts.done()

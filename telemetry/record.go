@@ -23,7 +23,13 @@ const (
 	ErrorBadResponse = "bad_response" // the engine's response headers could not be read (too large)
 	ErrorInterrupted = "interrupted"  // the engine's body ended early (closed or reset)
 	ErrorIdleTimeout = "idle_timeout" // the engine went silent mid-body past the idle timeout
-	StatusClientGone = 499            // the status recorded when the client left before the response
+
+	// Why a measured request went to the engine unread and unedited, and
+	// was answered without the metrics object.
+	UnreadRepeated   = "repeated_member" // a member the sidecar reads or edits came twice
+	UnreadInvalid    = "not_understood"  // not a JSON object, nested too deep, or a field of the wrong type
+	UnreadNoMemory   = "no_memory"       // no room in --max-body-memory
+	StatusClientGone = 499               // the status recorded when the client left before the response
 )
 
 // Record is what the sidecar knows of one finished request.
@@ -46,6 +52,9 @@ type Record struct {
 	UpstreamError string
 	// ClientGone says the client left before the response was complete.
 	ClientGone bool
+	// Unread, for a measured request the sidecar forwarded without
+	// reading it, says why: one of the Unread* reasons.
+	Unread string
 	// Elapsed is arrival to the end of the request, measured or not: how
 	// long a client that left had waited.
 	Elapsed time.Duration

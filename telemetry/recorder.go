@@ -66,6 +66,7 @@ type Recorder struct {
 	upstreamErrors                      *prometheus.CounterVec
 	clientDisconnects                   prometheus.Counter
 	clientPaced                         prometheus.Counter
+	unread                              *prometheus.CounterVec
 	panics                              prometheus.Counter
 	inFlight                            prometheus.Gauge
 	slo                                 *prometheus.CounterVec
@@ -191,6 +192,8 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 		Help: "Requests whose client left before the response was complete; the engine's request was aborted."})
 	r.clientPaced = prometheus.NewCounter(prometheus.CounterOpts{Name: "timing_sidecar_client_paced_requests_total",
 		Help: "Requests whose client held the engine back 10 ms or more in all (a stalled client, past the stream's read-ahead or with none): their tokens count, their latencies stay out of the histograms and goodput."})
+	r.unread = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_unread_requests_total",
+		Help: "Chat and completions requests forwarded without being read or edited, and answered without the metrics object, by reason: repeated_member (a member the sidecar reads or edits came twice), not_understood (not a JSON object, nested too deep, a field of the wrong type), no_memory (no room in --max-body-memory)."}, []string{"reason"})
 	r.panics = prometheus.NewCounter(prometheus.CounterOpts{Name: "timing_sidecar_panics_total",
 		Help: "Panics caught while serving a request; each answered that request with a 500 or cut its response, and was logged with its stack."})
 	r.inFlight = prometheus.NewGauge(prometheus.GaugeOpts{Name: "timing_sidecar_in_flight_requests",
@@ -216,11 +219,14 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 	for _, kind := range []string{ErrorConnect, ErrorTimeout, ErrorClosed, ErrorBadResponse, ErrorInterrupted, ErrorIdleTimeout} {
 		r.upstreamErrors.WithLabelValues(kind)
 	}
+	for _, reason := range []string{UnreadRepeated, UnreadInvalid, UnreadNoMemory} {
+		r.unread.WithLabelValues(reason)
+	}
 	if opts.AccessLog != nil {
 		r.access = newAccessLog(opts.AccessLog, opts.Log, reg, r.Panic)
 	}
 	reg.MustRegister(r.queue, r.ttft, r.ttfc, r.itl, r.maxITL, r.e2e, r.requests, r.promptTokens, r.outputTokens,
-		r.upstreamErrors, r.clientDisconnects, r.clientPaced, r.panics, r.inFlight, r.slo, r.engineReady, r.relayDelay, r.kernelTimestamps)
+		r.upstreamErrors, r.clientDisconnects, r.clientPaced, r.unread, r.panics, r.inFlight, r.slo, r.engineReady, r.relayDelay, r.kernelTimestamps)
 	return r
 }
 
@@ -282,6 +288,9 @@ func (r *Recorder) Finish(req *Record) {
 	}
 	if req.ClientPaced {
 		r.clientPaced.Inc()
+	}
+	if req.Unread != "" {
+		r.unread.WithLabelValues(req.Unread).Inc()
 	}
 	if req.Measured {
 		r.observe(req, model, tenant)
