@@ -89,7 +89,7 @@ func (p *Proxy) relayAssembled(ctx *fasthttp.RequestCtx, f *flight, x *exchange,
 		mb.B = rewrite.AppendEngineMembers(mb.B, r.engineMetrics)
 		spliced := p.pools.buffer()
 		defer p.pools.release(spliced)
-		if withMetrics, ok := rewrite.AppendWithMetrics(spliced.B[:0], body, mb.B); ok {
+		if withMetrics, ok := rewrite.InspectBody(body).AppendWithMetrics(spliced.B[:0], body, mb.B); ok {
 			spliced.B, body = withMetrics, withMetrics
 			ctx.Response.Header.SetBytesV("Server-Timing", serverTiming(&m))
 		}

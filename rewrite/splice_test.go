@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
 const metricsJSON = `{"time_to_first_token_ms":1.500,"completion_tokens":3}`
@@ -226,5 +227,18 @@ func TestBodySpliceKeepsItsPlace(t *testing.T) {
 	twice := []byte(`{"usage":{"prompt_tokens":1},"usage":{"prompt_tokens":2}}`)
 	if got, ok := InspectBody(twice).AppendWithMetrics(nil, twice, []byte(`{}`)); ok {
 		t.Fatalf("a body with usage twice spliced: %s", got)
+	}
+}
+
+// TestBodySpliceIsLinear: the worst body within the buffering limit for
+// the splice, 16 MB of repeated "metrics" members, is refused in one pass.
+func TestBodySpliceIsLinear(t *testing.T) {
+	body := []byte("{" + strings.Repeat(`"metrics":{"x":1},`, (16<<20)/18) + `"id":"c"}`)
+	start := time.Now()
+	if _, ok := InspectBody(body).AppendWithMetrics(nil, body, []byte(`{}`)); ok {
+		t.Fatal("a body repeating metrics spliced")
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("%d repeated members took %v", (16<<20)/18, d)
 	}
 }

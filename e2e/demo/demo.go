@@ -72,6 +72,41 @@ func Run(ctx context.Context, timing emulator.Timing, w io.Writer) error {
 		report(w, metrics, rec, r.stream)
 		fmt.Fprintf(w, "  \"metrics\": %s\n", metrics)
 	}
+	return besideVLLM(ctx, timing, w)
+}
+
+// besideVLLM shows the sidecar in front of an engine that reports its own
+// metrics, as vLLM 0.28 does with --enable-per-request-metrics and
+// --per-request-spec-decode-metrics summary: the engine's figures come
+// under "engine", and the rest of its object (speculative_decoding) as it
+// sent it.
+func besideVLLM(ctx context.Context, timing emulator.Timing, w io.Writer) error {
+	engine := emulator.New(emulator.Config{Timing: timing, PerRequestMetrics: true, SpecDecodeMetrics: "summary"})
+	if err := engine.Start("127.0.0.1:0"); err != nil {
+		return err
+	}
+	defer engine.Close()
+	cfg := proxy.DefaultConfig()
+	cfg.Upstream, cfg.ForwardIncludeMetrics = engine.URL(), true
+	sidecar, err := proxy.New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	go sidecar.Serve(ln) //nolint:errcheck // ends with Shutdown
+	defer sidecar.Shutdown(context.Background())
+	metrics, _, err := bench.PostForMetrics(ctx, http.DefaultClient, "http://"+ln.Addr().String(),
+		`{"model":"emulated","stream":true,"include_metrics":true,"messages":[{"role":"user","content":"Tell me about foxes"}]}`, true)
+	if err != nil {
+		return fmt.Errorf("beside vLLM's own metrics: %w", err)
+	}
+	fmt.Fprintf(w, "\nstreaming, beside an engine reporting its own metrics (vLLM 0.28: --enable-per-request-metrics,\n"+
+		"--per-request-spec-decode-metrics summary; the sidecar with --forward-include-metrics)\n")
+	fmt.Fprintf(w, "  the engine's figures under \"engine\", its speculative_decoding kept as it sent it:\n")
+	fmt.Fprintf(w, "  \"engine\": %s\n  \"speculative_decoding\": %s\n", gjson.Get(metrics, "engine").Raw, gjson.Get(metrics, "speculative_decoding").Raw)
 	return nil
 }
 
