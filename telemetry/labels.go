@@ -1,6 +1,3 @@
-// Package telemetry turns each finished request into Prometheus series and
-// one access-log line. Recording is O(1) per request and nothing runs per
-// stream event.
 package telemetry
 
 import (

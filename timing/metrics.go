@@ -106,7 +106,7 @@ func splitPart(accepted time.Time, s Span, count Count) SplitPart {
 }
 
 // EngineTiming is an engine's report of its own timing for a request,
-// mapped onto the sidecar's field names (see rewrite.EngineTiming for the
+// mapped onto the sidecar's field names (see rewrite.EngineTimingOf for the
 // engines read).
 type EngineTiming struct {
 	Reported         bool   // the response carried a report

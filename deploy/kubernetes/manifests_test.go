@@ -141,12 +141,12 @@ func build(t *testing.T, dir string) objects {
 	return decode(t, dir, out)
 }
 
-// knownEnv reads the environment variables the binary accepts from the
-// README's flags table, which a test in cmd/timing-sidecar keeps equal to
-// the flag definitions.
+// knownEnv reads the environment variables the binary accepts from its
+// flags table (cmd/timing-sidecar/README.md), which a test there keeps
+// equal to the flag definitions.
 func knownEnv(t *testing.T) map[string]bool {
 	t.Helper()
-	readme, err := os.ReadFile("../../README.md")
+	readme, err := os.ReadFile("../../cmd/timing-sidecar/README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +155,7 @@ func knownEnv(t *testing.T) map[string]bool {
 		env[string(m[1])] = true
 	}
 	if len(env) < 20 {
-		t.Fatalf("found only %d environment variables in the README's flags table", len(env))
+		t.Fatalf("found only %d environment variables in the flags table", len(env))
 	}
 	return env
 }

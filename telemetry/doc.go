@@ -1,0 +1,8 @@
+// Package telemetry is what is observed of requests: Prometheus series
+// (latency histograms, request, token and failure counters, goodput
+// against the latency objectives, the sidecar's own delay per stream
+// event), one access-log line per request, and, when tracing is on, each
+// measured request's spans, exported over OTLP. A finished request is
+// recorded in O(1) and without allocating; per stream event, only the
+// relay delay's histogram is observed.
+package telemetry
