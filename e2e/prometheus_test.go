@@ -21,6 +21,7 @@ import (
 
 	"github.com/timing-sidecar/timing-sidecar/deploy/grafana"
 	"github.com/timing-sidecar/timing-sidecar/e2e/emulator"
+	"github.com/timing-sidecar/timing-sidecar/e2e/needs"
 )
 
 // The dashboard and the rules are checked against a real Prometheus:
@@ -36,22 +37,8 @@ const (
 // and promtool are on the PATH.
 func needPrometheus(t *testing.T) {
 	t.Helper()
-	_, errP := exec.LookPath("prometheus")
-	_, errT := exec.LookPath("promtool")
-	if errP == nil && errT == nil {
-		return
-	}
-	sudo := []string{}
-	if os.Getuid() != 0 {
-		sudo = []string{"sudo", "-n"}
-	}
-	for _, args := range [][]string{{"apt-get", "update", "-qq"}, {"apt-get", "install", "-y", "-qq", "prometheus"}} {
-		cmd := exec.Command(append(sudo, args...)[0], append(sudo, args...)[1:]...)
-		cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("installing Prometheus: %v: %v\n%s", args, err, out)
-		}
-	}
+	needs.Program(t, "prometheus", "prometheus")
+	needs.Program(t, "promtool", "prometheus")
 }
 
 // promServer is a running Prometheus.

@@ -24,6 +24,8 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+
+	"github.com/timing-sidecar/timing-sidecar/e2e/needs"
 )
 
 // testPKI is a CA with a server and a client certificate, in PEM files.
@@ -133,14 +135,11 @@ func TestServesHTTPS(t *testing.T) {
 		t.Fatalf("over HTTPS: %d %s", resp.StatusCode, body)
 	}
 	// curl.
-	if curl, err := exec.LookPath("curl"); err == nil {
-		out, err := exec.Command(curl, "-sS", "--cacert", pki.caFile, "-H", "Content-Type: application/json",
-			"-d", `{"model":"m","stream":true,"include_metrics":true,"messages":[]}`, base+"/v1/chat/completions").CombinedOutput()
-		if err != nil || !strings.Contains(string(out), "data: [DONE]") || !strings.Contains(string(out), `"metrics":{`) {
-			t.Fatalf("curl over HTTPS: %v\n%s", err, out)
-		}
-	} else {
-		t.Log("no curl on this machine: its part is left out")
+	needs.Program(t, "curl", "curl")
+	out, err := exec.Command("curl", "-sS", "--cacert", pki.caFile, "-H", "Content-Type: application/json",
+		"-d", `{"model":"m","stream":true,"include_metrics":true,"messages":[]}`, base+"/v1/chat/completions").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "data: [DONE]") || !strings.Contains(string(out), `"metrics":{`) {
+		t.Fatalf("curl over HTTPS: %v\n%s", err, out)
 	}
 	// The openai SDK, a stream.
 	sdk := openai.NewClient(option.WithBaseURL(base+"/v1"), option.WithAPIKey("k"), option.WithHTTPClient(client))
