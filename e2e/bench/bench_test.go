@@ -59,9 +59,15 @@ func TestRunAgainstTheEmulator(t *testing.T) {
 // TestAccuracyReport runs a small accuracy report. What it measures is the
 // machine's to say; the test holds that every request was measured, every
 // metric compared, and every client seen to leave.
+// TestAccuracyReport: the report has every metric and phase, and each
+// metric's median error is within a loose, stated bound of the engine's
+// own record: the engine's figures are 100 ms and more (8 tokens a second),
+// so a sidecar mark off by a factor, or taken at the wrong event, fails,
+// while a busy machine's scheduling (milliseconds) passes. Tight figures
+// are the benchmark's (e2e/bench/README.md).
 func TestAccuracyReport(t *testing.T) {
 	r, err := Accuracy(context.Background(), AccuracyOptions{Requests: 8, Concurrency: 4, Disconnects: 2,
-		Timing: emulator.Timing{HeaderDelay: time.Millisecond, TTFT: 2 * time.Millisecond, ITL: time.Millisecond, OutputTokens: 4}})
+		Timing: emulator.Timing{HeaderDelay: 100 * time.Millisecond, TTFT: 200 * time.Millisecond, ITL: 100 * time.Millisecond, OutputTokens: 4}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,8 +75,12 @@ func TestAccuracyReport(t *testing.T) {
 		t.Fatalf("result %+v", r)
 	}
 	for _, m := range r.Metrics {
-		if m.N != 8 || m.AbsP99 < m.AbsP50 || m.AbsP50 < 0 {
-			t.Errorf("%s: %+v", m.Metric, m)
+		bound := 50.0 // ms, against figures of 100-600 ms
+		if m.Unit == "tok/s" {
+			bound = 2 // against 8 tokens a second
+		}
+		if m.N != 8 || m.AbsP99 < m.AbsP50 || m.AbsP50 < 0 || m.AbsP50 > bound {
+			t.Errorf("%s: median error %.3f %s (bound %g): %+v", m.Metric, m.AbsP50, m.Unit, bound, m)
 		}
 	}
 	for _, d := range r.Disconnects {
