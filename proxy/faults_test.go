@@ -304,26 +304,8 @@ func TestClientThatStopsReadingIsCut(t *testing.T) {
 func TestClientThatPausesIsCountedApart(t *testing.T) {
 	engine := newFakeEngine(t)
 	var log syncBuffer
-	cfg := DefaultConfig()
-	cfg.Upstream = engine.URL()
-	p, err := New(cfg, slog.New(slog.DiscardHandler), &log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	blocked := make(chan struct{}, 1)
-	p.clientBlocked = func() {
-		select {
-		case blocked <- struct{}{}:
-		default:
-		}
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go p.Serve(ln)                                         //nolint:errcheck
-	t.Cleanup(func() { p.Shutdown(context.Background()) }) //nolint:errcheck
-	c, err := net.Dial("tcp", ln.Addr().String())
+	p, addr, blocked := blockingSidecar(t, engine.URL(), &log, 0)
+	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -333,11 +315,7 @@ func TestClientThatPausesIsCountedApart(t *testing.T) {
 	// engine and this client hold (a few MB each way on loopback), so the
 	// relay has to wait.
 	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Fake-Tokens: 150000\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-	select {
-	case <-blocked:
-	case <-time.After(time.Minute):
-		t.Fatal("the relay never waited on a client that did not read")
-	}
+	awaitBlocked(t, blocked)
 	time.Sleep(50 * time.Millisecond) // the pause under test, past the relay's first wait
 	rest, err := io.ReadAll(c)
 	if err != nil || !bytes.Contains(rest, []byte("data: [DONE]")) {
@@ -345,7 +323,7 @@ func TestClientThatPausesIsCountedApart(t *testing.T) {
 	}
 	// A client that keeps up; not streamed, so its line is written before
 	// its answer.
-	resp := post(t, "http://"+ln.Addr().String()+"/v1/chat/completions", `{"model":"m","messages":[]}`, nil)
+	resp := post(t, "http://"+addr+"/v1/chat/completions", `{"model":"m","messages":[]}`, nil)
 	io.ReadAll(resp.Body)
 	resp.Body.Close()
 	p.telemetry.Flush()
@@ -414,43 +392,20 @@ func TestReadAheadKeepsTheEnginesMarksThroughAPause(t *testing.T) {
 		io.WriteString(c, chunk(shapeEvent(0, `{}`, "", "stop", ""))+chunk("data: [DONE]\n\n")+"0\r\n\r\n")
 	})
 	var log syncBuffer
-	cfg := DefaultConfig()
-	cfg.Upstream = engine.URL()
-	p, err := New(cfg, slog.New(slog.DiscardHandler), &log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	blocked := make(chan struct{}, 1)
-	p.clientBlocked = func() {
-		select {
-		case blocked <- struct{}{}:
-		default:
-		}
-	}
 	// Small socket buffers both ways, so that the burst fills them.
-	p.clientSendBuffer = 4 << 10
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go p.Serve(ln)                                         //nolint:errcheck
-	t.Cleanup(func() { p.Shutdown(context.Background()) }) //nolint:errcheck
+	p, addr, blocked := blockingSidecar(t, engine.URL(), &log, 4<<10)
 	// A small receive window, set before the connection is made.
 	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
 		return rc.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4<<10) })
 	}}
-	c, err := d.Dial("tcp", ln.Addr().String())
+	c, err := d.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	body := `{"model":"m","stream":true,"messages":[]}`
 	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-	select {
-	case <-blocked:
-	case <-time.After(time.Minute):
-		t.Fatal("the relay never waited on a client that did not read")
-	}
+	awaitBlocked(t, blocked)
 	time.Sleep(pause) // the client's pause, under test
 	rest, err := io.ReadAll(c)
 	if err != nil || !bytes.Contains(rest, []byte("data: [DONE]")) || bytes.Count(rest, []byte(`"content":"s"`)) != 10 {
@@ -480,5 +435,44 @@ func TestReadAheadKeepsTheEnginesMarksThroughAPause(t *testing.T) {
 	}
 	if used := p.bodies.used.Load(); used != 0 {
 		t.Errorf("%d bytes of the budget still held", used)
+	}
+}
+
+// blockingSidecar runs a sidecar in front of upstream, its access log to
+// log, and returns it, its address, and a channel that receives when a
+// write to a client first waits for room in its socket. sendBuffer, when
+// positive, sizes the client sockets' send buffers, so they fill soon.
+func blockingSidecar(t *testing.T, upstream string, log io.Writer, sendBuffer int) (*Proxy, string, <-chan struct{}) {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.Upstream = upstream
+	p, err := New(cfg, slog.New(slog.DiscardHandler), log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocked := make(chan struct{}, 1)
+	p.clientBlocked = func() {
+		select {
+		case blocked <- struct{}{}:
+		default:
+		}
+	}
+	p.clientSendBuffer = sendBuffer
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go p.Serve(ln)                                         //nolint:errcheck
+	t.Cleanup(func() { p.Shutdown(context.Background()) }) //nolint:errcheck
+	return p, ln.Addr().String(), blocked
+}
+
+// awaitBlocked waits for the relay to wait on a client that does not read.
+func awaitBlocked(t *testing.T, blocked <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-blocked:
+	case <-time.After(time.Minute):
+		t.Fatal("the relay never waited on a client that did not read")
 	}
 }

@@ -358,10 +358,7 @@ func TestTracingVariant(t *testing.T) {
 	}
 	spec := &built.deployments[0].Spec.Template.Spec
 	sc := checkSidecar(t, spec)
-	env := map[string]string{}
-	for _, e := range sc.Env {
-		env[e.Name] = e.Value
-	}
+	env := envOf(sc)
 	endpoint := env["TIMING_SIDECAR_OTLP_TRACES_ENDPOINT"]
 	args := strings.Join(spec.Containers[0].Args, " ")
 	if endpoint == "" || !strings.Contains(args, "--otlp-traces-endpoint "+endpoint) {
@@ -441,10 +438,7 @@ func TestTLSVariant(t *testing.T) {
 	}
 	spec := &built.deployments[0].Spec.Template.Spec
 	sc := checkSidecar(t, spec)
-	env := map[string]string{}
-	for _, e := range sc.Env {
-		env[e.Name] = e.Value
-	}
+	env := envOf(sc)
 	var mount string
 	for _, m := range sc.VolumeMounts {
 		if m.Name == "tls" && m.ReadOnly {
@@ -467,4 +461,13 @@ func TestTLSVariant(t *testing.T) {
 			t.Errorf("a vLLM probe that cannot reach it on loopback: %+v", p)
 		}
 	}
+}
+
+// envOf is a container's environment, by name.
+func envOf(c *corev1.Container) map[string]string {
+	env := map[string]string{}
+	for _, e := range c.Env {
+		env[e.Name] = e.Value
+	}
+	return env
 }

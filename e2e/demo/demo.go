@@ -32,17 +32,11 @@ func Run(ctx context.Context, timing emulator.Timing, w io.Writer) error {
 
 	cfg := proxy.DefaultConfig()
 	cfg.Upstream = engine.URL()
-	sidecar, err := proxy.New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	base, stop, err := startSidecar(cfg)
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
-	go sidecar.Serve(ln) //nolint:errcheck // ends with Shutdown
-	defer sidecar.Shutdown(context.Background())
-	base := "http://" + ln.Addr().String()
+	defer stop()
 
 	fmt.Fprintf(w, "timing-sidecar demo\n  emulated engine %s (strict: refuses unknown fields such as include_metrics)\n  sidecar         %s -> engine, per-request metrics %s\n",
 		engine.URL(), base, cfg.Mode)
@@ -88,17 +82,12 @@ func besideVLLM(ctx context.Context, timing emulator.Timing, w io.Writer) error 
 	defer engine.Close()
 	cfg := proxy.DefaultConfig()
 	cfg.Upstream, cfg.ForwardIncludeMetrics = engine.URL(), true
-	sidecar, err := proxy.New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	base, stop, err := startSidecar(cfg)
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
-	go sidecar.Serve(ln) //nolint:errcheck // ends with Shutdown
-	defer sidecar.Shutdown(context.Background())
-	metrics, _, err := bench.PostForMetrics(ctx, http.DefaultClient, "http://"+ln.Addr().String(),
+	defer stop()
+	metrics, _, err := bench.PostForMetrics(ctx, http.DefaultClient, base,
 		`{"model":"emulated","stream":true,"include_metrics":true,"messages":[{"role":"user","content":"Tell me about foxes"}]}`, true)
 	if err != nil {
 		return fmt.Errorf("beside vLLM's own metrics: %w", err)
@@ -108,6 +97,21 @@ func besideVLLM(ctx context.Context, timing emulator.Timing, w io.Writer) error 
 	fmt.Fprintf(w, "  the engine's figures under \"engine\", its speculative_decoding kept as it sent it:\n")
 	fmt.Fprintf(w, "  \"engine\": %s\n  \"speculative_decoding\": %s\n", gjson.Get(metrics, "engine").Raw, gjson.Get(metrics, "speculative_decoding").Raw)
 	return nil
+}
+
+// startSidecar serves a sidecar with cfg on a free loopback port and
+// returns its base URL and how to stop it.
+func startSidecar(cfg proxy.Config) (string, func(), error) {
+	sidecar, err := proxy.New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	if err != nil {
+		return "", nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	go sidecar.Serve(ln)                                                                          //nolint:errcheck // ends with Shutdown
+	return "http://" + ln.Addr().String(), func() { sidecar.Shutdown(context.Background()) }, nil //nolint:errcheck
 }
 
 // report prints the sidecar's figures beside the engine's record.
