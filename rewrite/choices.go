@@ -19,20 +19,10 @@ type choiceFacts struct {
 	anyFinished, allFinished bool
 }
 
-// choicesOf reads the facts of data's choices. Every event of a stream
-// passes here, so the plain shape engines send is read in one pass over
-// the bytes (scanChoices); anything else, an escaped key or JSON that is
-// not well formed, is read with gjson, which remains the reference:
-// FuzzScanChoices holds the fast reading to the gjson one.
+// choicesOf reads the facts of data's choices with gjson: the choices
+// array found once, each choice's keys walked once, and its delta's keys
+// once. Every event of a stream passes here; the walk allocates nothing.
 func choicesOf(data []byte) choiceFacts {
-	if f, ok := scanChoices(data); ok {
-		return f
-	}
-	return choicesByGJSON(data)
-}
-
-// choicesByGJSON reads the facts of data's choices with gjson.
-func choicesByGJSON(data []byte) choiceFacts {
 	choices := gjson.Get(view(data), "choices")
 	if !choices.IsArray() {
 		return choiceFacts{}
