@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"time"
 
 	"github.com/timing-sidecar/timing-sidecar/telemetry"
@@ -236,21 +237,42 @@ func DefaultConfig() Config {
 	}
 }
 
-// Validate returns every problem in the configuration at once.
+// Validate returns every problem in the configuration at once. Each
+// group below lists its checks' errors, nil for a check that passed;
+// errors.Join drops the nils and keeps the order.
 func (c *Config) Validate() error {
-	var errs []error
-	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
-		errs = append(errs, fmt.Errorf("listen address %q: %w", c.Listen, err))
+	return errors.Join(slices.Concat(
+		[]error{
+			addressProblem("listen address", c.Listen),
+			addressProblem("admin listen address", c.AdminListen),
+			c.objectivesProblem(),
+			c.Tracing.Check(),
+		},
+		c.readinessProblems(),
+		[]error{c.shutdownProblem(), c.tenantProblem(), c.upstreamProblem(), c.modeProblem()},
+		c.durationProblems(),
+		c.tlsProblems(),
+		[]error{c.connectTimeoutProblem()},
+		c.sizeProblems(),
+	)...)
+}
+
+func addressProblem(name, addr string) error {
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return fmt.Errorf("%s %q: %w", name, addr, err)
 	}
-	if _, _, err := net.SplitHostPort(c.AdminListen); err != nil {
-		errs = append(errs, fmt.Errorf("admin listen address %q: %w", c.AdminListen, err))
-	}
+	return nil
+}
+
+func (c *Config) objectivesProblem() error {
 	if c.SLOTTFT < 0 || c.SLOITL < 0 || c.SLOE2E < 0 {
-		errs = append(errs, fmt.Errorf("latency objectives %v, %v, %v: want positive, or 0 for none", c.SLOTTFT, c.SLOITL, c.SLOE2E))
+		return fmt.Errorf("latency objectives %v, %v, %v: want positive, or 0 for none", c.SLOTTFT, c.SLOITL, c.SLOE2E)
 	}
-	if err := c.Tracing.Check(); err != nil {
-		errs = append(errs, err)
-	}
+	return nil
+}
+
+func (c *Config) readinessProblems() []error {
+	var errs []error
 	switch c.ReadinessProbe {
 	case ProbeHTTP, ProbeTCP:
 	default:
@@ -262,20 +284,39 @@ func (c *Config) Validate() error {
 	if c.ReadinessProbe == ProbeHTTP && (c.ReadinessPath == "" || c.ReadinessPath[0] != '/') {
 		errs = append(errs, fmt.Errorf("readiness path %q: must start with /", c.ReadinessPath))
 	}
+	return errs
+}
+
+func (c *Config) shutdownProblem() error {
 	if c.DrainDelay < 0 || c.ShutdownGrace <= 0 || c.DrainDelay > c.ShutdownGrace {
-		errs = append(errs, fmt.Errorf("drain delay %v and shutdown grace %v: want 0 ≤ drain delay ≤ shutdown grace, grace positive", c.DrainDelay, c.ShutdownGrace))
+		return fmt.Errorf("drain delay %v and shutdown grace %v: want 0 ≤ drain delay ≤ shutdown grace, grace positive", c.DrainDelay, c.ShutdownGrace)
 	}
+	return nil
+}
+
+func (c *Config) tenantProblem() error {
 	if c.TenantLabel && c.TenantHeader == "" {
-		errs = append(errs, errors.New("tenant label needs a tenant header to read it from"))
+		return errors.New("tenant label needs a tenant header to read it from")
 	}
-	if _, err := parseUpstream(c.Upstream); err != nil {
-		errs = append(errs, err)
-	}
+	return nil
+}
+
+func (c *Config) upstreamProblem() error {
+	_, err := parseUpstream(c.Upstream)
+	return err
+}
+
+func (c *Config) modeProblem() error {
 	switch c.Mode {
 	case ModeOff, ModeOptIn, ModeAlways:
-	default:
-		errs = append(errs, fmt.Errorf("per-request metrics mode %q: want off, opt-in or always", c.Mode))
+		return nil
 	}
+	return fmt.Errorf("per-request metrics mode %q: want off, opt-in or always", c.Mode)
+}
+
+// durationProblems checks the timeouts, where 0 means none.
+func (c *Config) durationProblems() []error {
+	var errs []error
 	for _, d := range []struct {
 		name string
 		v    time.Duration
@@ -293,6 +334,11 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("%s %v: must not be negative", d.name, d.v))
 		}
 	}
+	return errs
+}
+
+func (c *Config) tlsProblems() []error {
+	var errs []error
 	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
 		errs = append(errs, errors.New("TLS needs both a certificate file and a key file"))
 	}
@@ -302,9 +348,21 @@ func (c *Config) Validate() error {
 	if c.TLSClientCerts != ClientCertNone && (c.TLSClientCAFile == "" || c.TLSCertFile == "") {
 		errs = append(errs, errors.New("client certificates need a client CA file and the server's own certificate"))
 	}
+	return errs
+}
+
+// connectTimeoutProblem: unlike the other timeouts, dialing must be
+// bounded.
+func (c *Config) connectTimeoutProblem() error {
 	if c.UpstreamConnectTimeout == 0 {
-		errs = append(errs, errors.New("upstream connect timeout must be positive"))
+		return errors.New("upstream connect timeout must be positive")
 	}
+	return nil
+}
+
+// sizeProblems checks the size and count limits against their minimums.
+func (c *Config) sizeProblems() []error {
+	var errs []error
 	for _, s := range []struct {
 		name string
 		v    int
@@ -323,7 +381,7 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("%s %d: must be at least %d", s.name, s.v, s.min))
 		}
 	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // upstreamAddr is a parsed --upstream.

@@ -65,44 +65,63 @@ func (o Objectives) Judge(r *Record) (Verdict, string) {
 	if !o.Set() {
 		return Undecided, ""
 	}
-	if r.UpstreamError != "" || r.Status >= 500 && r.Status != StatusClientGone {
-		return Missed, missedError
+	if v, missed, decided := o.judgeOutright(r); decided {
+		return v, missed
 	}
-	if _, known := r.timeToFirstToken(); r.ClientGone && !known && o.TTFT > 0 && r.Elapsed > o.TTFT {
-		// A client that gave up after waiting longer than the objective
-		// for a first token that never came: the worst service of all.
-		return Missed, missedTTFT
-	}
-	if r.Status >= 400 && r.Status < 500 || !r.Measured || r.ClientPaced {
-		return Undecided, ""
-	}
-	var missed []string
-	unknown := false
-	check := func(name string, limit time.Duration, ms float64, ok bool) {
-		switch {
-		case limit <= 0:
-		case !ok:
-			unknown = true
-		case ms > float64(limit)/float64(time.Millisecond):
-			missed = append(missed, name)
-		}
-	}
+	var t tally
 	ttft, ok := r.timeToFirstToken()
-	check(missedTTFT, o.TTFT, ttft, ok)
+	t.check(missedTTFT, o.TTFT, ttft, ok)
 	m := &r.Metrics
 	if o.ITL > 0 && !m.MeanITL.Set && m.TimeToFirstToken.Set && m.CompletionTokens.Set && m.CompletionTokens.Value <= 1 {
 		// One token or none: no gap to judge, nothing missed.
 	} else {
-		check(missedITL, o.ITL, m.MeanITL.Value, m.MeanITL.Set)
+		t.check(missedITL, o.ITL, m.MeanITL.Value, m.MeanITL.Set)
 	}
-	check(missedE2E, o.E2E, m.E2ELatency.Value, m.E2ELatency.Set)
+	t.check(missedE2E, o.E2E, m.E2ELatency.Value, m.E2ELatency.Set)
 	switch {
-	case len(missed) > 0:
-		return Missed, strings.Join(missed, ",")
-	case unknown || r.ClientGone:
+	case len(t.missed) > 0:
+		return Missed, strings.Join(t.missed, ",")
+	case t.unknown || r.ClientGone:
 		return Undecided, ""
 	}
 	return Met, ""
+}
+
+// judgeOutright decides the requests whose verdict does not rest on
+// their figures: failures, clients that gave up waiting for a first
+// token, and those the objectives cannot judge. decided is false for the
+// others.
+func (o Objectives) judgeOutright(r *Record) (v Verdict, missed string, decided bool) {
+	if r.UpstreamError != "" || r.Status >= 500 && r.Status != StatusClientGone {
+		return Missed, missedError, true
+	}
+	if _, known := r.timeToFirstToken(); r.ClientGone && !known && o.TTFT > 0 && r.Elapsed > o.TTFT {
+		// A client that gave up after waiting longer than the objective
+		// for a first token that never came: the worst service of all.
+		return Missed, missedTTFT, true
+	}
+	if r.Status >= 400 && r.Status < 500 || !r.Measured || r.ClientPaced {
+		return Undecided, "", true
+	}
+	return Undecided, "", false
+}
+
+// tally is what a request's figures say against the set objectives.
+type tally struct {
+	missed  []string // the objectives missed, in order
+	unknown bool     // a set objective lacked its figure
+}
+
+// check holds the figure ms (known when ok) to the objective name's
+// limit; an unset objective (limit 0) says nothing.
+func (t *tally) check(name string, limit time.Duration, ms float64, ok bool) {
+	switch {
+	case limit <= 0:
+	case !ok:
+		t.unknown = true
+	case ms > float64(limit)/float64(time.Millisecond):
+		t.missed = append(t.missed, name)
+	}
 }
 
 // String is the verdict as the access log and the "result" label say it.

@@ -213,15 +213,33 @@ func (g *generation) timingFor(h http.Header) (Timing, error) {
 	return t, nil
 }
 
-// parse reads the request; it returns an error message for a 400.
+// parse reads the request; it returns an error message for a 400. The
+// stages run in order and the first message wins, as vLLM checks them.
 func (g *generation) parse(body []byte) string {
+	for _, stage := range []func() string{
+		func() string { return g.decode(body) },
+		g.checkInputs,
+		g.countChoices,
+		g.countTokens,
+		g.parseLogprobs,
+	} {
+		if msg := stage(); msg != "" {
+			return msg
+		}
+	}
+	return ""
+}
+
+// decode reads body into g.req, refusing unknown fields on a strict
+// server.
+func (g *generation) decode(body []byte) string {
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(body, &fields); err != nil {
 		return "invalid JSON body: " + err.Error()
 	}
 	if g.s.cfg.Strict {
 		for k := range fields {
-			if !knownFields[k] && !(k == "include_metrics" && (g.s.cfg.PerRequestMetrics || g.s.cfg.SpecDecodeMetrics != "")) {
+			if !g.accepts(k) {
 				return fmt.Sprintf("unknown field %q", k)
 			}
 		}
@@ -229,6 +247,18 @@ func (g *generation) parse(body []byte) string {
 	if err := json.Unmarshal(body, &g.req); err != nil {
 		return "invalid request: " + err.Error()
 	}
+	return ""
+}
+
+// accepts tells whether a strict server takes field k: include_metrics
+// only from an engine that answers it.
+func (g *generation) accepts(k string) bool {
+	metrics := g.s.cfg.PerRequestMetrics || g.s.cfg.SpecDecodeMetrics != ""
+	return knownFields[k] || k == "include_metrics" && metrics
+}
+
+// checkInputs checks that the request has what its API generates from.
+func (g *generation) checkInputs() string {
 	if g.api == apiResponses {
 		if len(g.req.Input) == 0 {
 			return "input is required"
@@ -242,6 +272,12 @@ func (g *generation) parse(body []byte) string {
 	if g.req.StreamOptions != nil && !g.req.Stream {
 		return "stream_options can only be set if stream is true"
 	}
+	return ""
+}
+
+// countChoices sets g.choices: n for each prompt of a completions request
+// (a list of strings or of token lists is several prompts).
+func (g *generation) countChoices() string {
 	n := 1
 	if g.req.N != nil {
 		n = *g.req.N
@@ -255,6 +291,13 @@ func (g *generation) parse(body []byte) string {
 		prompts = len(list)
 	}
 	g.choices = n * prompts
+	return ""
+}
+
+// countTokens sets g.prompt and g.tokens (per choice), the request's
+// max_tokens or max_completion_tokens (the latter when both) or the
+// server's default.
+func (g *generation) countTokens() string {
 	g.prompt = promptTokens(g.req.Messages, g.req.Prompt, g.req.Input)
 	g.tokens = g.timing.OutputTokens
 	asked := false
@@ -272,6 +315,12 @@ func (g *generation) parse(body []byte) string {
 		return fmt.Sprintf("'max_tokens' or 'max_completion_tokens' is too large: %d. This model's maximum context length is %d tokens "+
 			"and your request has %d input tokens (%d > %d - %d).", g.tokens, limit, g.prompt, g.tokens, limit, g.prompt)
 	}
+	return ""
+}
+
+// parseLogprobs reads logprobs: a boolean for chat (with top_logprobs
+// alternatives), how many alternatives for completions.
+func (g *generation) parseLogprobs() string {
 	switch lp := strings.TrimSpace(string(g.req.Logprobs)); {
 	case g.chat && lp == "true":
 		g.logprobs, g.topLogprobs = true, g.req.TopLogprobs

@@ -25,120 +25,237 @@ func (g *generation) stream() {
 	g.w.WriteHeader(http.StatusOK)
 	flusher.Flush()
 
-	continuous := g.includeUsage() && g.req.StreamOptions.ContinuousUsageStats
-	object := "text_completion"
-	if g.chat {
-		object = "chat.completion.chunk"
-	}
-	sent := 0 // completion tokens sent, all choices
-	send := func(choices any, withUsage bool) bool {
-		c := chunk{ID: g.e.rec.ID, Object: object, Created: g.s.created, Model: g.s.cfg.Model, Choices: choices}
-		if withUsage {
-			u := g.usage(sent)
-			c.Usage = &u
-		}
-		b, _ := json.Marshal(c)
-		return g.event(b, flusher)
-	}
-	if g.chat {
-		for i := 0; i < g.choices; i++ {
-			if !send([]chatChunkChoice{{Index: i, Delta: chatDelta{Role: "assistant", Content: json.RawMessage(`""`)}}}, continuous) {
-				return
-			}
-		}
-	}
-	if !g.wait(g.timing.TTFT) {
+	cs := g.newChunkStream(flusher)
+	if !cs.sendOpening() || !g.wait(g.timing.TTFT) || !cs.sendTokens() {
 		return
 	}
+	if g.includeUsage() && !cs.sendUsage() {
+		return
+	}
+	g.event([]byte("[DONE]"), flusher)
+	g.mark(func(r *Record) { r.PromptTokens, r.CompletionTokens = g.prompt, cs.sent })
+}
+
+// chunkStream is a chat or completions stream being written: what its
+// chunks share and the counts they report.
+type chunkStream struct {
+	g       *generation
+	flusher http.Flusher
+	format  chunkFormat
+	// continuous puts the usage so far on every chunk
+	// (continuous_usage_stats).
+	continuous bool
+	// reason is the finish reason of each choice's last token event.
+	reason string
+	// sent counts the completion tokens sent, all choices; perChoice
+	// those of each choice (the choices advance together).
+	sent, perChoice int
+}
+
+func (g *generation) newChunkStream(f http.Flusher) *chunkStream {
+	var format chunkFormat = &completionChunks{g: g}
+	if g.chat {
+		format = chatChunks{g: g}
+	}
+	return &chunkStream{g: g, flusher: f, format: format,
+		continuous: g.includeUsage() && g.req.StreamOptions.ContinuousUsageStats, reason: g.finishReason()}
+}
+
+// send writes one chunk with these choices; false when the client is gone.
+func (cs *chunkStream) send(choices any, withUsage bool) bool {
+	g := cs.g
+	c := chunk{ID: g.e.rec.ID, Object: cs.format.object(), Created: g.s.created, Model: g.s.cfg.Model, Choices: choices}
+	if withUsage {
+		u := g.usage(cs.sent)
+		c.Usage = &u
+	}
+	b, _ := json.Marshal(c)
+	return g.event(b, cs.flusher)
+}
+
+// sendOpening sends the chunks that come before the first token, if the
+// format has any.
+func (cs *chunkStream) sendOpening() bool {
+	for i := 0; i < cs.g.choices; i++ {
+		if choices := cs.format.opening(i); choices != nil && !cs.send(choices, cs.continuous) {
+			return false
+		}
+	}
+	return true
+}
+
+// sendTokens sends the token events, ITL apart, one step of the output
+// to every choice at a time; false when the stream ended early.
+func (cs *chunkStream) sendTokens() bool {
+	g := cs.g
 	steps := g.stepper(g.timing.TokensPerEvent)
-	reason := g.finishReason()
-	events, tokensSent, textAt := 0, 0, 0
-	for k := 0; steps.more(); k++ {
-		if k > 0 && !g.wait(g.timing.ITL) {
-			return
+	for events := 0; steps.more(); events++ {
+		if events > 0 && !g.wait(g.timing.ITL) {
+			return false
 		}
-		if events == g.cutAfter {
-			g.cut()
-			return
-		}
-		if events == g.errorAfter {
-			e, _ := json.Marshal(newAPIError(http.StatusInternalServerError, "InternalServerError", "emulated engine failure"))
-			if g.event(e, flusher) {
-				g.event([]byte("[DONE]"), flusher)
-			}
-			return
+		if cs.injectFault(events) {
+			return false
 		}
 		st := steps.next()
 		last := !steps.more()
 		began := time.Now() // before the step's first byte: see Record
-		n := len(st.tokens)
-		if last {
-			n = g.tokens - tokensSent // the step split for a surrogate pair carries none
+		if !cs.sendStep(&st, last) {
+			return false
 		}
-		if g.output == OutputTools {
-			n = min(n, g.tokens-tokensSent)
-		}
-		for i := 0; i < g.choices; i++ {
-			sent += n
-			var fr *string
-			if last {
-				fr = &reason
-			}
-			var choices any
-			content := st.content
-			if g.stamp && content != nil {
-				content, _ = json.Marshal(" @" + strconv.FormatInt(time.Now().UnixNano(), 10))
-			}
-			if g.chat {
-				c := chatChunkChoice{Index: i, FinishReason: fr, Delta: chatDelta{Content: content}}
-				if st.reasoning != nil {
-					c.Delta.ReasoningContent = st.reasoning
-					if g.output == OutputReasoningField {
-						c.Delta.Reasoning = st.reasoning // newer vLLM sends both, alike
-					}
-				}
-				if st.tool != nil {
-					c.Delta.ToolCalls = []toolDelta{*st.tool}
-				}
-				if g.logprobs {
-					c.Logprobs = map[string]any{"content": g.chatLogprobs(st.tokens, tokensSent)}
-				}
-				if last {
-					c.StopReason = json.RawMessage("null")
-				}
-				choices = []chatChunkChoice{c}
-			} else {
-				c := completionChunkChoice{Index: i, Text: content, FinishReason: fr}
-				if g.logprobs {
-					c.Logprobs = g.completionLogprobs(st.tokens, tokensSent, textAt)
-				}
-				choices = []completionChunkChoice{c}
-			}
-			if !send(choices, continuous) {
-				return
-			}
-		}
-		tokensSent += n
-		if content := st.content; content != nil && !g.chat {
-			textAt += len(joinText([]json.RawMessage{content}))
-		}
-		events++
-		g.markTokenEvent(began, events, &st)
+		g.markTokenEvent(began, events+1, &st)
 	}
-	if g.includeUsage() {
-		var rec Record
-		g.mark(func(r *Record) { rec = *r })
-		c := chunk{ID: g.e.rec.ID, Object: object, Created: g.s.created, Model: g.s.cfg.Model, Choices: []struct{}{},
-			Metrics: g.engineMetrics(rec.HeadersSent, rec.FirstToken, rec.LastToken, g.tokens)}
-		u := g.usage(sent)
-		c.Usage = &u
-		b, _ := json.Marshal(c)
-		if !g.event(b, flusher) {
-			return
+	return true
+}
+
+// injectFault plays the fault the request asked for (HeaderCutAfter,
+// HeaderErrorAfter) when its token event is next; true when it did, which
+// ends the stream.
+func (cs *chunkStream) injectFault(events int) bool {
+	g := cs.g
+	switch events {
+	case g.cutAfter:
+		g.cut()
+	case g.errorAfter:
+		e, _ := json.Marshal(newAPIError(http.StatusInternalServerError, "InternalServerError", "emulated engine failure"))
+		if g.event(e, cs.flusher) {
+			g.event([]byte("[DONE]"), cs.flusher)
+		}
+	default:
+		return false
+	}
+	return true
+}
+
+// sendStep sends step st to every choice, an event each; last marks each
+// choice's last token event, which carries the finish reason.
+func (cs *chunkStream) sendStep(st *step, last bool) bool {
+	g := cs.g
+	n := len(st.tokens)
+	if last {
+		n = g.tokens - cs.perChoice // the step split for a surrogate pair carries none
+	}
+	if g.output == OutputTools {
+		n = min(n, g.tokens-cs.perChoice)
+	}
+	var finish *string
+	if last {
+		finish = &cs.reason
+	}
+	for i := 0; i < g.choices; i++ {
+		cs.sent += n
+		e := choiceEvent{index: i, st: st, content: g.eventContent(st), finish: finish, from: cs.perChoice}
+		if !cs.send(cs.format.choice(e), cs.continuous) {
+			return false
 		}
 	}
-	g.event([]byte("[DONE]"), flusher)
-	g.mark(func(r *Record) { r.PromptTokens, r.CompletionTokens = g.prompt, sent })
+	cs.perChoice += n
+	cs.format.advance(st)
+	return true
+}
+
+// sendUsage sends the usage event, with the engine's own metrics when
+// the request asked for them.
+func (cs *chunkStream) sendUsage() bool {
+	g := cs.g
+	var rec Record
+	g.mark(func(r *Record) { rec = *r })
+	c := chunk{ID: g.e.rec.ID, Object: cs.format.object(), Created: g.s.created, Model: g.s.cfg.Model, Choices: []struct{}{},
+		Metrics: g.engineMetrics(rec.HeadersSent, rec.FirstToken, rec.LastToken, g.tokens)}
+	u := g.usage(cs.sent)
+	c.Usage = &u
+	b, _ := json.Marshal(c)
+	return g.event(b, cs.flusher)
+}
+
+// eventContent is the content of a token event carrying st: st's own, or
+// with HeaderStamp the moment the event is made.
+func (g *generation) eventContent(st *step) json.RawMessage {
+	content := st.content
+	if g.stamp && content != nil {
+		content, _ = json.Marshal(" @" + strconv.FormatInt(time.Now().UnixNano(), 10))
+	}
+	return content
+}
+
+// choiceEvent is one choice's part of a token event.
+type choiceEvent struct {
+	index   int
+	st      *step
+	content json.RawMessage // what the event says st's content is (eventContent)
+	finish  *string         // the finish reason, on the choice's last event
+	from    int             // the choice's tokens sent before this event, for logprobs
+}
+
+// chunkFormat is what differs between the chat and the completions
+// stream; a stream picks one as it starts.
+type chunkFormat interface {
+	// object is every chunk's "object".
+	object() string
+	// opening is the choices of choice i's chunk before the first token;
+	// nil for none.
+	opening(i int) any
+	// choice is the choices of a token event's chunk.
+	choice(e choiceEvent) any
+	// advance is told that step st went out to every choice.
+	advance(st *step)
+}
+
+// chatChunks is the Chat Completions stream: a role event per choice,
+// then deltas with content, reasoning or a tool call.
+type chatChunks struct{ g *generation }
+
+func (chatChunks) object() string { return "chat.completion.chunk" }
+
+func (chatChunks) opening(i int) any {
+	return []chatChunkChoice{{Index: i, Delta: chatDelta{Role: "assistant", Content: json.RawMessage(`""`)}}}
+}
+
+func (f chatChunks) choice(e choiceEvent) any {
+	c := chatChunkChoice{Index: e.index, FinishReason: e.finish, Delta: chatDelta{Content: e.content}}
+	if e.st.reasoning != nil {
+		c.Delta.ReasoningContent = e.st.reasoning
+		if f.g.output == OutputReasoningField {
+			c.Delta.Reasoning = e.st.reasoning // newer vLLM sends both, alike
+		}
+	}
+	if e.st.tool != nil {
+		c.Delta.ToolCalls = []toolDelta{*e.st.tool}
+	}
+	if f.g.logprobs {
+		c.Logprobs = map[string]any{"content": f.g.chatLogprobs(e.st.tokens, e.from)}
+	}
+	if e.finish != nil {
+		c.StopReason = json.RawMessage("null") // on the last event only
+	}
+	return []chatChunkChoice{c}
+}
+
+func (chatChunks) advance(*step) {}
+
+// completionChunks is the Completions stream: text pieces, whose logprobs
+// give each token's offset in the choice's text.
+type completionChunks struct {
+	g *generation
+	// textAt is the length of each choice's text so far.
+	textAt int
+}
+
+func (*completionChunks) object() string { return "text_completion" }
+
+func (*completionChunks) opening(int) any { return nil }
+
+func (f *completionChunks) choice(e choiceEvent) any {
+	c := completionChunkChoice{Index: e.index, Text: e.content, FinishReason: e.finish}
+	if f.g.logprobs {
+		c.Logprobs = f.g.completionLogprobs(e.st.tokens, e.from, f.textAt)
+	}
+	return []completionChunkChoice{c}
+}
+
+func (f *completionChunks) advance(st *step) {
+	if st.content != nil {
+		f.textAt += len(joinText([]json.RawMessage{st.content}))
+	}
 }
 
 // event writes and flushes one event; false when the client is gone.
