@@ -66,10 +66,9 @@ func (p *Proxy) relayAssembled(ctx *fasthttp.RequestCtx, f *flight, x *exchange,
 		f.rec.Status, f.rec.BytesOut = status, len(body)
 		return
 	}
-	chat := f.route.chat
 	out := p.pools.buffer()
 	defer p.pools.release(out)
-	body, ok := a.AppendBody(out.B[:0], chat)
+	body, ok := f.route.api.AppendAssembled(out.B[:0], a)
 	if !ok {
 		p.log.Warn("an upgraded stream held data that is not JSON", "path", f.rec.Path, "request_id", f.rec.ID)
 		f.rec.UpstreamError = telemetry.ErrorBadResponse
@@ -132,9 +131,9 @@ func (p *Proxy) assemble(events *rewrite.EventReader, a *rewrite.Assembly, f *fl
 			}
 			return engine, errEventTooLarge
 		}
-		ev := rewrite.ClassifyEvent(raw)
+		ev := f.route.api.ClassifyEvent(raw)
 		if f.rec.Trace.On() {
-			f.rec.Trace.Answer.ObserveEvent(rewrite.APIChat, ev)
+			f.route.api.ObserveEvent(&f.answer, ev)
 		}
 		switch {
 		case ev.Kind == rewrite.EventDone:

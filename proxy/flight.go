@@ -61,6 +61,8 @@ type flight struct {
 	// aheadWaited is how long the engine waited on it even so.
 	readAhead   bool
 	aheadWaited time.Duration
+	// answer is what the response said of itself, for the trace.
+	answer rewrite.Answer
 	// client is the connection the request came on; nil for one that is
 	// not a clientConn.
 	client *clientConn
@@ -160,6 +162,7 @@ func (p *Proxy) record(f *flight) (ok bool) {
 	}
 	if f.rec.Trace.On() {
 		f.rec.Trace.Clock = f.clock
+		f.rec.Trace.Answer = telemetry.Answer(f.answer)
 	}
 	p.telemetry.Finish(&f.rec)
 	return true

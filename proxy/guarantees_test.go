@@ -488,7 +488,7 @@ func TestPanicsAreContainedCountedAndLogged(t *testing.T) {
 
 	// In the handler: that request gets a 500 in OpenAI's shape.
 	var ctx fasthttp.RequestCtx
-	f := &flight{streaming: true}
+	f := &flight{streaming: true, route: chatRoute}
 	func() {
 		defer p.recoverRequest(&ctx, f)
 		panic("handler bug")

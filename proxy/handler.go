@@ -90,7 +90,7 @@ func (p *Proxy) recoverRequest(ctx *fasthttp.RequestCtx, f *flight) {
 func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight, body []byte) {
 	var req rewrite.Request // a body left unread is not Understood
 	if f.out.stream == nil {
-		req = rewrite.InspectRequest(body)
+		req = f.route.api.InspectRequest(body)
 	}
 	switch {
 	case f.out.stream != nil:
@@ -100,7 +100,7 @@ func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight, body []byte) 
 	case !req.Understood && !req.InvalidIncludeMetrics:
 		f.rec.Unread = telemetry.UnreadInvalid
 	}
-	pl := planFor(&p.cfg, f.route, req)
+	pl := planFor(&p.cfg, req)
 	f.rec.Model, f.rec.Stream = req.Model, req.Stream
 	if p.tracer != nil {
 		p.beginTrace(ctx, f, body)

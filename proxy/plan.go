@@ -27,26 +27,28 @@ type plan struct {
 	multiple bool
 }
 
-func planFor(cfg *Config, r route, req rewrite.Request) plan {
+// planFor is the plan for a request whose body req is, as its API read it
+// (the API leaves out what it does not have: several choices, stream
+// options, the upgrade).
+func planFor(cfg *Config, req rewrite.Request) plan {
 	if cfg.Mode == ModeOff {
 		return plan{} // a transparent proxy: measured, never changed
 	}
-	openAI := r.openAI() // stream_options, n, and the upgrade are its own
 	p := plan{
 		refuse:      req.InvalidIncludeMetrics,
-		multiple:    openAI && req.MultipleChoices,
+		multiple:    req.MultipleChoices,
 		wantMetrics: req.Understood && (cfg.Mode == ModeAlways || req.IncludeMetrics),
-		upgrade:     cfg.UpgradeNonStreaming && req.Upgradable && openAI,
+		upgrade:     cfg.UpgradeNonStreaming && req.Upgradable,
 		// With --forward-include-metrics the engine gets the field and
 		// reports its own timing.
 		cutIncludeMetrics: req.HasIncludeMetrics && !cfg.ForwardIncludeMetrics,
 	}
-	p.planUsage(cfg, openAI && req.Stream && !req.IncludeUsage, req)
+	p.planUsage(cfg, req.Stream && !req.IncludeUsage, req)
 	return p
 }
 
-// planUsage decides, for a Chat Completions stream whose client did not
-// ask for usage (noUsage), where the metrics ride and whether the engine is
+// planUsage decides, for a stream whose client did not ask for usage
+// (noUsage: only OpenAI's APIs have such streams), where the metrics ride and whether the engine is
 // asked for the usage. Not with running usage asked for and usage off:
 // asking would put usage on every event.
 func (p *plan) planUsage(cfg *Config, noUsage bool, req rewrite.Request) {

@@ -2,8 +2,6 @@ package proxy
 
 import (
 	"testing"
-
-	"github.com/timing-sidecar/timing-sidecar/rewrite"
 )
 
 func TestPlan(t *testing.T) {
@@ -15,7 +13,6 @@ func TestPlan(t *testing.T) {
 		}
 		return c
 	}
-	inspect := func(body string) rewrite.Request { return rewrite.InspectRequest([]byte(body)) }
 	for _, tt := range []struct {
 		name string
 		cfg  Config
@@ -46,7 +43,7 @@ func TestPlan(t *testing.T) {
 			`{"stream":true}`, plan{}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := planFor(&tt.cfg, tt.r, inspect(tt.body)); got != tt.want {
+			if got := planFor(&tt.cfg, tt.r.api.InspectRequest([]byte(tt.body))); got != tt.want {
 				t.Errorf("planFor = %+v\nwant      %+v", got, tt.want)
 			}
 		})

@@ -150,7 +150,7 @@ func (b *bodyRelay) CloseWithError(writeErr error) error {
 		if b.eof {
 			f.usage = rewrite.BodyUsage(b.capture.B)
 			if f.rec.Trace.On() {
-				f.rec.Trace.Answer.ObserveBody(f.route.api, b.capture.B)
+				f.route.api.ObserveBody(&f.answer, b.capture.B)
 			}
 		}
 		b.p.pools.release(b.capture)
@@ -227,7 +227,7 @@ func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *exchang
 	inspected := rewrite.InspectBody(buf.B)
 	f.usage = inspected.Usage
 	if f.rec.Trace.On() {
-		f.rec.Trace.Answer.ObserveBody(f.route.api, buf.B)
+		f.route.api.ObserveBody(&f.answer, buf.B)
 	}
 	copyResponseHeader(ctx, resp)
 	setResponseID(ctx, f)
@@ -464,12 +464,12 @@ func (r *eventRelay) fill() error {
 // releases an event that finishes its choices with the usage.
 func (r *eventRelay) inspect(raw []byte, at time.Time) {
 	f := r.f
-	ev := rewrite.ClassifyEventFor(f.route.api, raw)
+	ev := f.route.api.ClassifyEvent(raw)
 	if ev.Kind == rewrite.EventToken {
 		f.clock.MarkOutput(at, ev.Output)
 	}
 	if f.rec.Trace.On() {
-		f.rec.Trace.Answer.ObserveEvent(f.route.api, ev)
+		f.route.api.ObserveEvent(&f.answer, ev)
 	}
 	// Anthropic's message_start carries the input tokens ahead of the
 	// rest; a usage event, the counts a held event's metrics need, and
@@ -530,7 +530,7 @@ func (r *eventRelay) hiddenUsage(raw []byte) bool {
 	if !f.hideUsage && !f.metricsOnFinish {
 		return false
 	}
-	ev := rewrite.ClassifyEventFor(f.route.api, raw)
+	ev := f.route.api.ClassifyEvent(raw)
 	if ev.Kind != rewrite.EventUsage {
 		return false
 	}
@@ -573,7 +573,7 @@ func (r *eventRelay) releaseHeld(withMetrics bool, done time.Time) []byte {
 	held := r.held
 	r.held = nil
 	if withMetrics && !r.metricsSent {
-		ev := rewrite.ClassifyEvent(held)
+		ev := r.f.route.api.ClassifyEvent(held)
 		engine := rewrite.EngineTimingOf(ev.Target())
 		if !engine.Reported && !engine.AcceptanceLength.Set {
 			engine = r.engine // from the usage event the client does not get

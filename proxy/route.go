@@ -6,22 +6,20 @@ import (
 )
 
 // route is what the sidecar makes of a request's path: whether it is
-// measured, the wire format of its responses, and its Prometheus label.
-// Behaviour follows the route, never the label string.
+// measured, its API (the one choice of a wire format: everything that
+// differs between APIs is the API's), and its Prometheus label. Behaviour
+// follows the route, never the label string.
 type route struct {
 	measured bool
 	api      rewrite.API
-	// chat: Chat Completions; with api APIChat and chat false, the
-	// Completions API, which shares its stream format but not its body.
-	chat  bool
-	label string
+	label    string
 }
 
 var (
-	chatRoute        = route{measured: true, api: rewrite.APIChat, chat: true, label: telemetry.EndpointChat}
-	completionsRoute = route{measured: true, api: rewrite.APIChat, label: telemetry.EndpointCompletions}
-	messagesRoute    = route{measured: true, api: rewrite.APIMessages, label: telemetry.EndpointMessages}
-	responsesRoute   = route{measured: true, api: rewrite.APIResponses, label: telemetry.EndpointResponses}
+	chatRoute        = route{measured: true, api: rewrite.ChatCompletions, label: telemetry.EndpointChat}
+	completionsRoute = route{measured: true, api: rewrite.Completions, label: telemetry.EndpointCompletions}
+	messagesRoute    = route{measured: true, api: rewrite.Messages, label: telemetry.EndpointMessages}
+	responsesRoute   = route{measured: true, api: rewrite.Responses, label: telemetry.EndpointResponses}
 	otherRoute       = route{label: telemetry.EndpointOther}
 )
 
@@ -40,7 +38,3 @@ func routeOf(path []byte) route {
 	}
 	return otherRoute
 }
-
-// openAI tells the routes of OpenAI's Chat Completions wire format, whose
-// requests have stream_options and n and may be upgraded to a stream.
-func (r route) openAI() bool { return r.api == rewrite.APIChat }

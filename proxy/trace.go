@@ -8,6 +8,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/timing-sidecar/timing-sidecar/rewrite"
+	"github.com/timing-sidecar/timing-sidecar/telemetry"
 )
 
 // Tracing, when on, gives each measured request a SERVER span from its
@@ -22,7 +23,7 @@ import (
 func (p *Proxy) beginTrace(ctx *fasthttp.RequestCtx, f *flight, body []byte) {
 	tr := &f.rec.Trace
 	p.tracer.Begin(tr, requestCarrier{&ctx.Request.Header}, f.clock.Arrival, f.route.label, f.rec.Model)
-	tr.Sampling = rewrite.SamplingOf(body)
+	tr.Sampling = telemetry.Sampling(rewrite.SamplingOf(body))
 	tr.Address, tr.Port = splitHostPort(string(ctx.Host()), 0)
 	tr.EngineAddress, tr.EnginePort = p.engineAddress, p.enginePort
 }

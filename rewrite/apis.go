@@ -8,52 +8,158 @@ import (
 	"github.com/timing-sidecar/timing-sidecar/timing"
 )
 
-// API is the wire format of a measured endpoint.
-type API uint8
+// An API is what differs between the wire formats the sidecar measures:
+// how a request body is read, how an event of its stream is classified
+// (and with it, where the metrics go: Event.Target), what the record
+// learns of the answer, and how a stream reassembles into the body a
+// non-streaming request expects. One value per API, chosen once by the
+// request's route: nothing else asks which API a request uses.
+type API interface {
+	// InspectRequest reads a request body. What does not apply to the
+	// API is left out: only OpenAI's Chat Completions and Completions
+	// have several choices, stream_options and the stream upgrade; the
+	// other APIs' streams always carry their usage.
+	InspectRequest(body []byte) Request
+	// ClassifyEvent classifies one raw event of the API's stream; it
+	// reads only the keys it needs and allocates nothing.
+	ClassifyEvent(raw []byte) Event
+	// ObserveEvent and ObserveBody read what an event or a non-streaming
+	// body says of the answer (id, model, finish reasons), for traces.
+	ObserveEvent(a *Answer, ev Event)
+	ObserveBody(a *Answer, body []byte)
+	// AppendAssembled appends the body reassembled from an upgraded
+	// stream; false when the events held something that is not JSON, or
+	// for an API whose requests are never Upgradable.
+	AppendAssembled(dst []byte, a *Assembly) ([]byte, bool)
+}
 
-const (
-	// APIChat is OpenAI's Chat Completions and Completions (choices,
-	// "data: [DONE]").
-	APIChat API = iota
-	// APIMessages is Anthropic's Messages API (/v1/messages): typed
-	// events, the output in content_block_delta, the final usage in
+// The measured APIs.
+var (
+	// ChatCompletions is OpenAI's Chat Completions (choices with a
+	// delta, "data: [DONE]").
+	ChatCompletions API = openAIAPI{chat: true}
+	// Completions is OpenAI's Completions: Chat Completions' stream
+	// format, with text in place of a delta and a body of its own.
+	Completions API = openAIAPI{}
+	// Messages is Anthropic's Messages API (/v1/messages): typed events,
+	// the output in content_block_delta, the final usage in
 	// message_delta.
-	APIMessages
-	// APIResponses is OpenAI's Responses API (/v1/responses): typed
-	// events, the output in *.delta events, the usage in the "response"
-	// of response.completed.
-	APIResponses
+	Messages API = messagesAPI{}
+	// Responses is OpenAI's Responses API (/v1/responses): typed events,
+	// the output in *.delta events, the usage in the "response" of
+	// response.completed.
+	Responses API = responsesAPI{}
 )
 
-// ClassifyEventFor classifies one raw event of api's stream. What counts:
-//
-//   - Messages: a token is a content_block_delta with non-empty text,
-//     thinking or partial_json (tool input); message_start's usage gives
-//     the input tokens; message_delta carries the final usage and takes
-//     the metrics; ping and the lifecycle events are neither.
-//   - Responses: a token is any "response.<...>.delta" event with a
-//     non-empty delta (output text, reasoning, reasoning summary, function
-//     call arguments, refusal); response.completed (or .incomplete) carries
-//     the usage, and the metrics go into its "response" object; the
-//     lifecycle events (created, in_progress, output_item.added, *.done)
-//     are not tokens.
-func ClassifyEventFor(api API, raw []byte) Event {
-	if api == APIChat {
-		return ClassifyEvent(raw)
+// openAIAPI is Chat Completions (chat) and Completions.
+type openAIAPI struct{ chat bool }
+
+func (openAIAPI) InspectRequest(body []byte) Request { return InspectRequest(body) }
+func (openAIAPI) ClassifyEvent(raw []byte) Event     { return ClassifyEvent(raw) }
+
+func (openAIAPI) ObserveEvent(a *Answer, ev Event) {
+	if ev.Data == nil {
+		return
 	}
+	s := view(ev.Data)
+	if a.ID == "" {
+		a.identify(gjson.Get(s, "id"), gjson.Get(s, "model"))
+	}
+	if mayFinish(ev.Data) {
+		a.finishReasons(gjson.Get(s, "choices"), "finish_reason")
+	}
+}
+
+func (openAIAPI) ObserveBody(a *Answer, body []byte) {
+	r := gjson.GetManyBytes(body, "id", "model", "choices")
+	a.identify(r[0], r[1])
+	a.finishReasons(r[2], "finish_reason")
+}
+
+func (o openAIAPI) AppendAssembled(dst []byte, a *Assembly) ([]byte, bool) {
+	return a.AppendBody(dst, o.chat)
+}
+
+// typedAPI is what the APIs of typed events (Messages, Responses) share:
+// the OpenAI request members they do not have are left out, and their
+// streams always carry the usage.
+type typedAPI struct{}
+
+func (typedAPI) InspectRequest(body []byte) Request {
+	r := InspectRequest(body)
+	r.MultipleChoices, r.Upgradable = false, false
+	r.IncludeUsage, r.ContinuousUsage = r.Understood, false
+	return r
+}
+
+func (typedAPI) AppendAssembled(dst []byte, _ *Assembly) ([]byte, bool) { return dst, false }
+
+// classifyTyped reads an event's data and its "type" for classify.
+func classifyTyped(raw []byte, classify func(ev *Event, s, typ string)) Event {
 	at, data := dataLine(raw)
 	if data == nil {
 		return Event{}
 	}
 	ev := Event{Data: data, dataAt: at}
 	s := view(data)
-	typ := gjson.Get(s, "type").Str
-	if api == APIMessages {
-		classifyMessages(&ev, s, typ)
-	} else {
-		classifyResponses(&ev, s, typ)
-	}
+	classify(&ev, s, gjson.Get(s, "type").Str)
 	return ev
+}
+
+type messagesAPI struct{ typedAPI }
+
+// ClassifyEvent: a token is a content_block_delta with non-empty text,
+// thinking or partial_json (tool input); message_start's usage gives the
+// input tokens; message_delta carries the final usage and takes the
+// metrics; ping and the lifecycle events are neither.
+func (messagesAPI) ClassifyEvent(raw []byte) Event { return classifyTyped(raw, classifyMessages) }
+
+func (messagesAPI) ObserveEvent(a *Answer, ev Event) {
+	if ev.Data == nil {
+		return
+	}
+	s := view(ev.Data)
+	if a.ID == "" {
+		a.identify(gjson.Get(s, "message.id"), gjson.Get(s, "message.model"))
+	}
+	if ev.Kind == EventUsage {
+		a.addReason(gjson.Get(s, "delta.stop_reason"))
+	}
+}
+
+func (messagesAPI) ObserveBody(a *Answer, body []byte) {
+	r := gjson.GetManyBytes(body, "id", "model", "stop_reason")
+	a.identify(r[0], r[1])
+	a.addReason(r[2])
+}
+
+type responsesAPI struct{ typedAPI }
+
+// ClassifyEvent: a token is any "response.<...>.delta" event with a
+// non-empty delta (output text, reasoning, reasoning summary, function
+// call arguments, refusal); response.completed (or .incomplete) carries
+// the usage, and the metrics go into its "response" object; the lifecycle
+// events (created, in_progress, output_item.added, *.done) are not
+// tokens.
+func (responsesAPI) ClassifyEvent(raw []byte) Event { return classifyTyped(raw, classifyResponses) }
+
+func (responsesAPI) ObserveEvent(a *Answer, ev Event) {
+	if ev.Data == nil {
+		return
+	}
+	s := view(ev.Data)
+	if a.ID == "" {
+		a.identify(gjson.Get(s, "response.id"), gjson.Get(s, "response.model"))
+	}
+	if ev.Kind == EventUsage {
+		a.addReason(gjson.Get(s, "response.status"))
+	}
+}
+
+func (responsesAPI) ObserveBody(a *Answer, body []byte) {
+	r := gjson.GetManyBytes(body, "id", "model", "status")
+	a.identify(r[0], r[1])
+	a.addReason(r[2])
 }
 
 func classifyMessages(ev *Event, s, typ string) {

@@ -54,53 +54,6 @@ type Answer struct {
 // thousands gets the first ones, not an attribute of unbounded size.
 const maxFinishReasons = 16
 
-// ObserveEvent reads what a classified event of api's stream says of the
-// answer. Once the id is known it reads only events that finish a choice
-// or carry the usage, so the rest of a stream costs a check.
-func (a *Answer) ObserveEvent(api API, ev Event) {
-	if ev.Data == nil {
-		return
-	}
-	s := view(ev.Data)
-	switch api {
-	case APIChat:
-		if a.ID == "" {
-			a.identify(gjson.Get(s, "id"), gjson.Get(s, "model"))
-		}
-		if mayFinish(ev.Data) {
-			a.finishReasons(gjson.Get(s, "choices"), "finish_reason")
-		}
-	case APIMessages:
-		if a.ID == "" {
-			a.identify(gjson.Get(s, "message.id"), gjson.Get(s, "message.model"))
-		}
-		if ev.Kind == EventUsage {
-			a.addReason(gjson.Get(s, "delta.stop_reason"))
-		}
-	case APIResponses:
-		if a.ID == "" {
-			a.identify(gjson.Get(s, "response.id"), gjson.Get(s, "response.model"))
-		}
-		if ev.Kind == EventUsage {
-			a.addReason(gjson.Get(s, "response.status"))
-		}
-	}
-}
-
-// ObserveBody reads what a non-streaming response body says of the answer.
-func (a *Answer) ObserveBody(api API, body []byte) {
-	r := gjson.GetManyBytes(body, "id", "model", "choices", "stop_reason", "status")
-	a.identify(r[0], r[1])
-	switch api {
-	case APIChat:
-		a.finishReasons(r[2], "finish_reason")
-	case APIMessages:
-		a.addReason(r[3])
-	case APIResponses:
-		a.addReason(r[4])
-	}
-}
-
 func (a *Answer) identify(id, model gjson.Result) {
 	if id.Type == gjson.String {
 		a.ID = strings.Clone(id.Str)

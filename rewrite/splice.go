@@ -195,7 +195,7 @@ func EngineMetrics(obj []byte) []byte {
 
 // AppendEventWithMetrics appends to dst the raw event with the metrics
 // spliced into its data (or the object in it the API puts them in), which
-// ev (from ClassifyEvent(raw) or ClassifyEventFor) located. On false, dst
+// ev (from an API's ClassifyEvent(raw)) located. On false, dst
 // is returned unchanged and the caller forwards raw as it was.
 func AppendEventWithMetrics(dst, raw []byte, ev Event, metrics []byte) ([]byte, bool) {
 	if ev.Data == nil {

@@ -21,7 +21,6 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/timing-sidecar/timing-sidecar/rewrite"
 	"github.com/timing-sidecar/timing-sidecar/timing"
 )
 
@@ -223,10 +222,26 @@ type Trace struct {
 	// SERVER span's).
 	EngineAddress, Address string
 	EnginePort, Port       int
-	Sampling               rewrite.Sampling
-	Answer                 rewrite.Answer
+	Sampling               Sampling
+	Answer                 Answer
 	// Clock is the request's marks, for the span times and events.
 	Clock timing.Clock
+}
+
+// Sampling is the generation settings a request asked for, as GenAI
+// spans name them (gen_ai.request.*). A false Has* means the field was
+// not sent.
+type Sampling struct {
+	MaxTokens                             int64
+	Temperature, TopP                     float64
+	HasMaxTokens, HasTemperature, HasTopP bool
+}
+
+// Answer is what a response said of itself: its id, the model that
+// answered, and why each choice ended.
+type Answer struct {
+	ID, Model     string
+	FinishReasons []string
 }
 
 // On tells whether the request is traced.

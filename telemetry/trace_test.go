@@ -21,7 +21,6 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/timing-sidecar/timing-sidecar/rewrite"
 	"github.com/timing-sidecar/timing-sidecar/timing"
 )
 
@@ -260,8 +259,8 @@ func reasoningRecord() Record {
 	return Record{ID: "req-1", Method: "POST", Path: "/v1/chat/completions", Endpoint: EndpointChat, Model: "qwen3",
 		Tenant: "acme", Stream: true, Status: 200, Measured: true, Metrics: m,
 		Trace: Trace{Clock: clock, EngineStatus: 200, EngineAddress: "127.0.0.1", EnginePort: 8000, Address: "llm.internal", Port: 8001,
-			Sampling: rewrite.Sampling{MaxTokens: 64, HasMaxTokens: true, Temperature: 0.7, HasTemperature: true},
-			Answer:   rewrite.Answer{ID: "chatcmpl-9", Model: "qwen3", FinishReasons: []string{"stop"}}}}
+			Sampling: Sampling{MaxTokens: 64, HasMaxTokens: true, Temperature: 0.7, HasTemperature: true},
+			Answer:   Answer{ID: "chatcmpl-9", Model: "qwen3", FinishReasons: []string{"stop"}}}}
 }
 
 func TestSpansCarryTheRequestAndEveryMetric(t *testing.T) {
@@ -455,7 +454,7 @@ func TestClientStringsAreCleanedInSpans(t *testing.T) {
 	r := NewRecorder(prometheus.NewRegistry(), Options{MaxModels: 4, MaxTenants: 4, Tracer: tr})
 	rec := Record{Endpoint: EndpointChat, Model: strings.Repeat("m", 1000) + "\xff", Tenant: strings.Repeat("t", 1000),
 		ID: strings.Repeat("i", 1000), Method: "POST", Path: "/v1/chat/completions", Status: 200,
-		Trace: Trace{Address: "host\xfe\xff" + strings.Repeat("h", 1000), Answer: rewrite.Answer{ID: strings.Repeat("a", 1000), FinishReasons: []string{strings.Repeat("f", 1000)}}}}
+		Trace: Trace{Address: "host\xfe\xff" + strings.Repeat("h", 1000), Answer: Answer{ID: strings.Repeat("a", 1000), FinishReasons: []string{strings.Repeat("f", 1000)}}}}
 	r.Begin()
 	tr.Begin(&rec.Trace, propagation.MapCarrier{}, time.Now(), rec.Endpoint, rec.Model)
 	r.Finish(&rec)                      // the recorder ends the spans, with the record's strings cleaned
