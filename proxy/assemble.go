@@ -29,7 +29,7 @@ func (p *Proxy) relayAssembled(ctx *fasthttp.RequestCtx, f *flight, x *exchange,
 	a := rewrite.NewAssembly(p.cfg.MaxBufferedResponse)
 	engine, err := p.assemble(r.events, a, f, x, &r.engineMetrics)
 	done := x.received() // the read that ended the stream
-	f.markDone(done)
+	f.markEnd(done)
 
 	copyResponseHeader(ctx, resp)
 	x.finish(resp, err == nil)
@@ -80,17 +80,17 @@ func (p *Proxy) relayAssembled(ctx *fasthttp.RequestCtx, f *flight, x *exchange,
 		return
 	}
 	out.B = body
-	if f.wantMetrics {
+	if f.plan.wantMetrics {
 		mb := p.pools.buffer()
 		defer p.pools.release(mb)
-		var m timing.Metrics
+		var m *timing.Metrics
 		mb.B, m = f.metricsJSON(mb.B[:0], done, engine)
 		mb.B = rewrite.AppendEngineMembers(mb.B, r.engineMetrics)
 		spliced := p.pools.buffer()
 		defer p.pools.release(spliced)
 		if withMetrics, ok := rewrite.InspectBody(body).AppendWithMetrics(spliced.B[:0], body, mb.B); ok {
 			spliced.B, body = withMetrics, withMetrics
-			ctx.Response.Header.SetBytesV("Server-Timing", serverTiming(&m))
+			ctx.Response.Header.SetBytesV("Server-Timing", serverTiming(m))
 		}
 	}
 	ctx.Response.SetBody(body)
@@ -143,7 +143,7 @@ func (p *Proxy) assemble(events *rewrite.EventReader, a *rewrite.Assembly, f *fl
 			f.clock.MarkOutput(x.received(), ev.Output)
 		}
 		if ev.Kind == rewrite.EventUsage || ev.UsageOnChoices {
-			f.usage = f.usage.Merge(ev.Usage)
+			f.addUsage(ev.Usage)
 			if m := rewrite.EngineMetrics(ev.Target()); m != nil {
 				// A copy: the event's bytes are reused by the next read.
 				*engineMetrics = append((*engineMetrics)[:0], m...)

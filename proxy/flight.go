@@ -23,26 +23,22 @@ type flight struct {
 	// measured: the clock ran (a chat or completions request the engine
 	// accepted with 200).
 	measured bool
-	// wantMetrics: the response carries a metrics object.
-	wantMetrics bool
-	// multiple: several choices, so the metrics object is null.
-	multiple bool
-	// hideUsage: the sidecar asked for the usage event; the client does
-	// not get it.
-	hideUsage bool
-	// metricsOnFinish: a stream whose client asked for metrics but not for
-	// usage. The metrics ride on the event that finishes the choices and
-	// any usage event is removed, so the client gets the engine's events,
-	// no more (a "choices": [] event breaks the usual client loop).
-	metricsOnFinish bool
+	// plan is what the sidecar does with the request, settled before
+	// it is forwarded.
+	plan plan
+	// result is the request's metrics, computed once when it is done;
+	// computed says they are, and lateUsage that counts came after.
+	result              timing.Metrics
+	computed, lateUsage bool
 	// trailers: the client accepts trailers (TE: trailers).
 	trailers bool
 	// streaming: a body stream finishes the flight, not the handler.
 	streaming bool
 	// route is what the path makes of the request.
 	route route
-	// upgraded: a non-streaming request the engine was asked to stream;
-	// the response is reassembled (--upgrade-non-streaming).
+	// upgraded: a non-streaming request the engine was asked to stream
+	// (--upgrade-non-streaming) answered with a stream, which is
+	// reassembled.
 	upgraded bool
 	// body is room for the request body, and edit the body as edited
 	// for the engine: kept with the pooled flight so that a usual
@@ -54,9 +50,6 @@ type flight struct {
 	bodyTaken, responseTaken int
 	// out is what the engine gets as the body.
 	out outgoing
-	// engine is the engine's own report, as the metrics the client got
-	// carried it.
-	engine timing.EngineTiming
 	// readAhead: the stream was read ahead of a stalled client, and
 	// aheadWaited is how long the engine waited on it even so.
 	readAhead   bool
@@ -155,10 +148,13 @@ func (p *Proxy) record(f *flight) (ok bool) {
 	}
 	if f.measured {
 		if f.clock.Done.IsZero() {
-			f.markDone(now)
+			f.markEnd(now)
 		}
 		f.rec.Measured = true
-		f.rec.Metrics = f.metrics(f.engine)
+		f.rec.Metrics = *f.done(f.clock.Done, timing.EngineTiming{})
+		if f.lateUsage {
+			f.rec.Metrics.CountLate(&f.clock, f.usage, f.streamed())
+		}
 	}
 	if f.rec.Trace.On() {
 		f.rec.Trace.Clock = f.clock

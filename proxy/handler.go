@@ -112,9 +112,8 @@ func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight, body []byte) 
 		setResponseID(ctx, f)
 		return
 	}
-	f.wantMetrics, f.metricsOnFinish, f.hideUsage, f.multiple = pl.wantMetrics, pl.metricsOnFinish, pl.hideUsage, pl.multiple
-	p.editBody(f, body, req, pl) // settles f.upgraded, and what a failed edit turns off
-	x, resp, ok := p.forward(ctx, f, f.wantMetrics || f.hideUsage || f.upgraded)
+	f.plan = p.editBody(f, body, req, pl)
+	x, resp, ok := p.forward(ctx, f, f.plan.wantMetrics || f.plan.hideUsage || f.plan.upgrade)
 	if !ok {
 		return
 	}
@@ -123,27 +122,28 @@ func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight, body []byte) 
 
 // editBody sets f.edit to the body to send the engine as pl says:
 // upgraded to a stream, or with include_metrics cut and usage asked for,
-// or as it came. A body the edit fails on goes as it came, without
-// metrics.
-func (p *Proxy) editBody(f *flight, body []byte, req rewrite.Request, pl plan) {
+// or as it came. It returns the plan as carried out: a body the edit
+// fails on goes as it came, without metrics.
+func (p *Proxy) editBody(f *flight, body []byte, req rewrite.Request, pl plan) plan {
 	edit := req
 	edit.HasIncludeMetrics = pl.cutIncludeMetrics
 	if pl.upgrade {
 		err := rewrite.UpgradedBody(&f.edit, body, edit)
 		if err == nil {
-			f.upgraded = true
-			return
+			return pl
 		}
 		p.log.Warn("could not upgrade the request to a stream; forwarding it as it is", "err", err, "request_id", f.rec.ID)
+		pl.upgrade = false
 	}
 	if !pl.cutIncludeMetrics && !pl.askUsage {
 		f.edit.Reset(body)
-		return
+		return pl
 	}
 	if err := rewrite.UpstreamBody(&f.edit, body, edit, pl.askUsage); err != nil {
 		p.log.Warn("could not edit request body; forwarding it unchanged", "err", err, "request_id", f.rec.ID)
-		f.wantMetrics, f.hideUsage, f.metricsOnFinish = false, false, false
+		pl.wantMetrics, pl.hideUsage, pl.metricsOnFinish = false, false, false
 	}
+	return pl
 }
 
 // relayMeasured relays the engine's answer to a measured request the way
@@ -157,14 +157,14 @@ func (p *Proxy) relayMeasured(ctx *fasthttp.RequestCtx, f *flight, x *exchange, 
 	}
 	f.measured = true
 	f.rec.Stream = isEventStream(resp)
-	f.upgraded = f.upgraded && f.rec.Stream // an engine that answered unstreamed anyway
+	f.upgraded = f.plan.upgrade && f.rec.Stream // not an engine that answered unstreamed anyway
 	switch {
 	case f.upgraded:
 		f.rec.Stream = false // as the client sees it
 		p.relayAssembled(ctx, f, x, resp)
 	case f.rec.Stream:
 		p.relayEvents(ctx, f, x, resp)
-	case f.wantMetrics:
+	case f.plan.wantMetrics:
 		p.relayWithMetrics(ctx, f, x, resp)
 	default:
 		p.relayBody(ctx, f, x, resp, nil, nil)

@@ -7,32 +7,52 @@ import (
 	"github.com/timing-sidecar/timing-sidecar/timing"
 )
 
-// A measured request's metrics come from one place: whatever carries them
-// (the usage event, the event that finishes the choices, a non-streaming
-// body, a reassembled upgrade, the Server-Timing trailer) and the record
-// telemetry gets.
+// A measured request's metrics are computed once, when it is done, and
+// that one value goes to whatever carries them (the usage event, the event
+// that finishes the choices, a non-streaming body, a reassembled upgrade,
+// the Server-Timing trailer) and to the record telemetry gets.
 
-// markDone is the request's done mark, the only one: the moment the metrics
-// a response carries are computed, or, for the record, the end of the
-// response.
-func (f *flight) markDone(t time.Time) { f.clock.Done = t }
+// markEnd marks the response's end, for metrics not yet computed: the
+// last byte of a body, the end of a stream.
+func (f *flight) markEnd(t time.Time) {
+	if !f.computed {
+		f.clock.Done = t
+	}
+}
 
-// metrics computes the request's metrics from its clock and usage, with the
-// engine's own timing beside them when it reported one.
-func (f *flight) metrics(engine timing.EngineTiming) timing.Metrics {
-	m := timing.Compute(&f.clock, f.usage, f.rec.Stream || f.upgraded)
-	m.SetEngine(engine)
-	return m
+// done marks the request done at t and computes its metrics, with the
+// engine's own timing beside them when it reported one; once done, it
+// returns the metrics computed then.
+func (f *flight) done(t time.Time, engine timing.EngineTiming) *timing.Metrics {
+	if !f.computed {
+		f.clock.Done = t
+		f.result = timing.Compute(&f.clock, f.usage, f.streamed())
+		f.result.SetEngine(engine)
+		f.computed = true
+	}
+	return &f.result
+}
+
+// streamed: the engine's response was an event stream (reassembled or not).
+func (f *flight) streamed() bool { return f.rec.Stream || f.upgraded }
+
+// addUsage takes the engine's token counts; counts that come after the
+// metrics were computed (a finishing event sent when its hold's bound
+// passed) complete the record.
+func (f *flight) addUsage(u timing.Usage) {
+	if u == (timing.Usage{}) {
+		return // most events carry none
+	}
+	f.usage = f.usage.Merge(u)
+	f.lateUsage = f.lateUsage || f.computed
 }
 
 // metricsJSON marks the request done at done and appends to dst the
 // metrics object its response carries, or null when one object cannot
 // describe several choices (as vLLM does). It returns the metrics too.
-func (f *flight) metricsJSON(dst []byte, done time.Time, engine timing.EngineTiming) ([]byte, timing.Metrics) {
-	f.markDone(done)
-	f.engine = engine // for the record
-	m := f.metrics(engine)
-	if f.multiple {
+func (f *flight) metricsJSON(dst []byte, done time.Time, engine timing.EngineTiming) ([]byte, *timing.Metrics) {
+	m := f.done(done, engine)
+	if f.plan.multiple {
 		return append(dst, "null"...), m
 	}
 	return m.AppendJSON(dst), m

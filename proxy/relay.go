@@ -47,7 +47,10 @@ func (p *Proxy) relayBody(ctx *fasthttp.RequestCtx, f *flight, x *exchange, resp
 		ctx.Response.ImmediateHeaderFlush = true
 	}
 	b := &bodyRelay{p: p, f: f, x: x, resp: resp, body: x.body(resp), prefix: prefix, err: readErr}
-	if f.measured && !f.wantMetrics {
+	if f.measured && !f.plan.wantMetrics {
+		// A body the metrics were not planned for is read for its usage,
+		// up to the buffering limit. (One planned for them comes here only
+		// past that limit.)
 		b.capture = p.pools.buffer()
 		b.capture.B = append(b.capture.B, prefix...)
 	}
@@ -134,7 +137,7 @@ func (b *bodyRelay) Read(p []byte) (n int, err error) {
 	switch {
 	case err == io.EOF:
 		b.eof = true
-		b.f.markDone(b.x.received()) // the record's end: the last byte
+		b.f.markEnd(b.x.received()) // the record's end: the last byte
 	case err != nil:
 		b.err = err
 	}
@@ -194,7 +197,7 @@ func noteEnd(f *flight, x *exchange, readErr, writeErr error) {
 func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *exchange, resp *fasthttp.Response) {
 	limit := p.cfg.MaxBufferedResponse
 	if resp.BodyStream() == nil || resp.Header.ContentLength() > limit {
-		f.wantMetrics = false
+		// Too large to splice into: it passes as it comes.
 		p.relayBody(ctx, f, x, resp, nil, nil)
 		return
 	}
@@ -220,7 +223,6 @@ func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *exchang
 	}
 	if !complete {
 		// Too large to buffer: forward what arrived and let the rest follow.
-		f.wantMetrics = false
 		p.relayBody(ctx, f, x, resp, append([]byte(nil), buf.B...), nil)
 		return
 	}
@@ -236,7 +238,7 @@ func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *exchang
 
 	mb := p.pools.buffer()
 	defer p.pools.release(mb)
-	var m timing.Metrics
+	var m *timing.Metrics
 	mb.B, m = f.metricsJSON(mb.B[:0], done, inspected.Engine)
 	metrics := mb.B
 	out := p.pools.buffer()
@@ -244,7 +246,7 @@ func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *exchang
 	body, ok := inspected.AppendWithMetrics(out.B[:0], buf.B, metrics)
 	if ok {
 		out.B = body // keep the grown buffer for the pool
-		ctx.Response.Header.SetBytesV("Server-Timing", serverTiming(&m))
+		ctx.Response.Header.SetBytesV("Server-Timing", serverTiming(m))
 	} else {
 		body = buf.B // not a JSON object: as the engine sent it
 	}
@@ -295,7 +297,7 @@ func (p *Proxy) relayEvents(ctx *fasthttp.RequestCtx, f *flight, x *exchange, re
 	if f.client != nil {
 		f.client.onStall = r.clientBlocked
 	}
-	if f.wantMetrics && f.trailers {
+	if f.plan.wantMetrics && f.trailers {
 		// Announced now, filled in when the stream ends.
 		ctx.Response.Header.SetTrailer("Server-Timing") //nolint:errcheck
 		r.trailer = &ctx.Response.Header
@@ -430,7 +432,7 @@ func (r *eventRelay) fill() error {
 		switch {
 		case err == io.EOF:
 			r.eof = true
-			r.f.markDone(at)
+			r.f.markEnd(at)
 			if r.held != nil {
 				r.pending, r.pendingAt = r.releaseHeld(true, at), r.heldAt // the last event with usage
 			}
@@ -474,8 +476,8 @@ func (r *eventRelay) inspect(raw []byte, at time.Time) {
 	// Anthropic's message_start carries the input tokens ahead of the
 	// rest; a usage event, the counts a held event's metrics need, and
 	// with them, maybe, the engine's own timing.
-	f.usage = f.usage.Merge(ev.Usage)
-	if ev.Kind == rewrite.EventUsage && f.metricsOnFinish {
+	f.addUsage(ev.Usage)
+	if ev.Kind == rewrite.EventUsage && f.plan.metricsOnFinish {
 		r.engine = rewrite.EngineTimingOf(ev.Target())
 		// The engine's own metrics object goes with the sidecar's, on the
 		// finishing event; a copy, as this event's bytes are reused.
@@ -494,11 +496,11 @@ func (r *eventRelay) inspect(raw []byte, at time.Time) {
 	switch {
 	case ev.Kind == rewrite.EventUsage:
 		switch {
-		case f.metricsOnFinish:
+		case f.plan.metricsOnFinish:
 			// The client did not ask for it; the finishing event held
 			// before it carries the metrics.
 			r.pending = nil
-		case f.wantMetrics && !r.metricsSent:
+		case f.plan.wantMetrics && !r.metricsSent:
 			// The first usage event takes the metrics; an engine that
 			// sends more gets them passed as sent, so no stream carries
 			// two metrics objects.
@@ -506,14 +508,14 @@ func (r *eventRelay) inspect(raw []byte, at time.Time) {
 			if out, ok := rewrite.AppendEventWithMetrics(r.spliced[:0], raw, ev, r.metrics); ok {
 				r.spliced, r.pending, r.metricsSent = out, out, true
 			}
-		case f.hideUsage:
+		case f.plan.hideUsage:
 			r.pending = nil
 		}
 	case ev.UsageOnChoices:
-		if f.wantMetrics && !r.metricsSent {
+		if f.plan.wantMetrics && !r.metricsSent {
 			r.hold(raw, false, at)
 		}
-	case f.metricsOnFinish && !r.metricsSent && rewrite.FinishesChoice(ev):
+	case f.plan.metricsOnFinish && !r.metricsSent && rewrite.FinishesChoice(ev):
 		// The usage the sidecar asked for follows this event.
 		r.hold(raw, true, at)
 	}
@@ -527,14 +529,14 @@ func (r *eventRelay) inspect(raw []byte, at time.Time) {
 // event the sidecar asked for and the client did not, and takes its counts.
 func (r *eventRelay) hiddenUsage(raw []byte) bool {
 	f := r.f
-	if !f.hideUsage && !f.metricsOnFinish {
+	if !f.plan.hideUsage && !f.plan.metricsOnFinish {
 		return false
 	}
 	ev := f.route.api.ClassifyEvent(raw)
 	if ev.Kind != rewrite.EventUsage {
 		return false
 	}
-	f.usage = f.usage.Merge(ev.Usage)
+	f.addUsage(ev.Usage)
 	return true
 }
 
@@ -553,7 +555,7 @@ func (r *eventRelay) heldTakesMetrics(next rewrite.Event) bool {
 	if next.Kind == rewrite.EventUsage {
 		// A usage event the client gets takes them itself; one it does
 		// not get leaves them to the held event.
-		return r.f.metricsOnFinish
+		return r.f.plan.metricsOnFinish
 	}
 	if r.heldForFinish {
 		// Another choice's event means this was not the last to finish.
@@ -599,8 +601,8 @@ func (r *eventRelay) fillTrailer() {
 	if r.trailer == nil {
 		return
 	}
-	m := r.f.metrics(timing.EngineTiming{})
-	r.trailer.SetBytesV("Server-Timing", serverTiming(&m))
+	m := r.f.done(r.f.clock.Done, timing.EngineTiming{})
+	r.trailer.SetBytesV("Server-Timing", serverTiming(m))
 }
 
 func (r *eventRelay) CloseWithError(writeErr error) error {

@@ -47,7 +47,7 @@ func (l *loopReader) Read(p []byte) (int, error) {
 func newBenchRelay(stream string) *eventRelay {
 	r := newPools(DefaultMaxEventSize).relay.Get().(*eventRelay)
 	r.events.Reset(&loopReader{data: []byte(stream)})
-	r.f = &flight{clock: timing.Clock{Arrival: time.Now(), Accepted: time.Now()}, wantMetrics: true, measured: true, route: chatRoute}
+	r.f = &flight{clock: timing.Clock{Arrival: time.Now(), Accepted: time.Now()}, plan: plan{wantMetrics: true}, measured: true, route: chatRoute}
 	// The reads' arrival as a connection would record it; the recorder
 	// takes each event's relay delay.
 	r.x = &exchange{recv: &recvConn{received: time.Now()}}

@@ -453,3 +453,38 @@ func TestFinishingEventTooLargeToInspect(t *testing.T) {
 		t.Errorf("the record lacks the usage's counts: %s", all[len(all)-1])
 	}
 }
+
+// The metrics are computed once: the record holds the figures the client
+// got, although the stream ends well after the usage event took them.
+func TestTheRecordHoldsTheMetricsTheClientGot(t *testing.T) {
+	usage := `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[]` + shapeUsage + "}\n\n"
+	engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, _ []byte) {
+		defer c.Close()
+		io.WriteString(c, sseHead+chunk(roleEvent)+chunk(tokenEvent("a"))+chunk(shapeEvent(0, `{}`, "", "stop", ""))+chunk(usage))
+		time.Sleep(30 * time.Millisecond) // a gap the end of the stream would add to a second computation
+		io.WriteString(c, chunk("data: [DONE]\n\n")+"0\r\n\r\n")
+	})
+	var log syncBuffer
+	p, base := startSidecar(t, engine.URL(), nil, &log)
+	resp := post(t, base+"/v1/chat/completions", `{"stream":true,"include_metrics":true,"stream_options":{"include_usage":true}}`, nil)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var got map[string]*float64
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.Contains(line, `"metrics"`) {
+			got = metricsOf(t, strings.TrimPrefix(line, "data: "))
+		}
+	}
+	if got == nil || got["e2e_latency_ms"] == nil {
+		t.Fatalf("no metrics in the stream:\n%s", body)
+	}
+	p.telemetry.Flush()
+	var rec struct {
+		E2E *float64 `json:"e2e_latency_ms"`
+	}
+	all := log.lines()
+	json.Unmarshal([]byte(all[len(all)-1]), &rec)
+	if rec.E2E == nil || *rec.E2E != *got["e2e_latency_ms"] {
+		t.Errorf("the record's e2e latency is not the client's %v: %s", *got["e2e_latency_ms"], all[len(all)-1])
+	}
+}

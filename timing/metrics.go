@@ -137,27 +137,47 @@ func (m *Metrics) SetEngine(e EngineTiming) {
 // Compute derives the metrics from a clock and the engine's usage.
 // streamed says whether the response was an event stream: a non-streaming
 // response shows nothing before it is complete, so the stream-only fields
-// stay null.
+// stay null. A request's metrics are computed once, when it is done; what
+// carries them and its record get the same value.
 func Compute(c *Clock, u Usage, streamed bool) Metrics {
-	m := Metrics{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens}
+	var m Metrics
 	m.E2ELatency = number(span(c.Arrival, c.Done))
+	if streamed {
+		m.QueueTime = number(span(c.Arrival, c.Accepted))
+		if c.tokenEvents > 0 {
+			m.TimeToFirstToken = number(span(c.Accepted, c.FirstToken))
+			m.GenerationTime = number(span(c.FirstToken, c.LastToken))
+		}
+		if c.tokenEvents > 1 {
+			m.MaxITL = Number{ms(c.maxGap), true}
+		}
+		if c.tokenEvents > 0 {
+			m.TimeToFirstContent = number(span(c.Accepted, c.Content.First))
+		}
+	}
+	m.count(c, u, streamed)
+	return m
+}
+
+// CountLate completes metrics computed before the engine's usage came (a
+// finishing event sent when its hold's bound passed) with the usage's
+// counts and the figures made from them, for the record; the marks stay
+// those the metrics were computed with.
+func (m *Metrics) CountLate(c *Clock, u Usage, streamed bool) { m.count(c, u, streamed) }
+
+// count sets the token counts and the figures made from them.
+func (m *Metrics) count(c *Clock, u Usage, streamed bool) {
+	m.PromptTokens, m.CompletionTokens = u.PromptTokens, u.CompletionTokens
 	tokens := u.CompletionTokens
 	if !streamed {
 		if tokens.Set && m.E2ELatency.Set && m.E2ELatency.Value > 0 {
 			m.TokensPerSecond = Number{float64(tokens.Value) / (m.E2ELatency.Value / 1000), true}
 		}
-		return m
+		return
 	}
-	m.QueueTime = number(span(c.Arrival, c.Accepted))
 	if c.tokenEvents == 0 {
-		return m
+		return
 	}
-	m.TimeToFirstToken = number(span(c.Accepted, c.FirstToken))
-	m.GenerationTime = number(span(c.FirstToken, c.LastToken))
-	if c.tokenEvents > 1 {
-		m.MaxITL = Number{ms(c.maxGap), true}
-	}
-	m.TimeToFirstContent = number(span(c.Accepted, c.Content.First))
 	if !c.Reasoning.First.IsZero() {
 		// Counts from the engine only: the reasoning tokens it reports,
 		// and the rest of the completion as content.
@@ -175,7 +195,6 @@ func Compute(c *Clock, u Usage, streamed bool) Metrics {
 	if decode, ok := span(c.Accepted, c.LastToken); ok && tokens.Set && decode > 0 {
 		m.TokensPerSecond = Number{float64(tokens.Value) / (decode / 1000), true}
 	}
-	return m
 }
 
 func number(v float64, ok bool) Number { return Number{v, ok} }

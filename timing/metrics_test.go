@@ -209,3 +209,21 @@ func TestAppendJSONWritesNonFiniteAsNull(t *testing.T) {
 		t.Fatalf("engine = %v", out.Engine)
 	}
 }
+
+func TestCountLateEqualsCountsKnownInTime(t *testing.T) {
+	c := &Clock{Arrival: at(0), Accepted: at(10), Done: at(100)}
+	c.MarkOutput(at(20), OutputReasoning)
+	c.MarkOutput(at(50), OutputContent)
+	c.MarkOutput(at(90), OutputContent)
+	u := Usage{PromptTokens: Count{7, true}, CompletionTokens: Count{9, true}, ReasoningTokens: Count{3, true}}
+	for _, streamed := range []bool{true, false} {
+		late := Compute(c, Usage{}, streamed)
+		if late.CompletionTokens.Set || late.TokensPerSecond.Set {
+			t.Fatalf("counts before the usage came: %+v", late)
+		}
+		late.CountLate(c, u, streamed)
+		if want := Compute(c, u, streamed); late != want {
+			t.Errorf("streamed %v: late counts give\n%+v\nwant\n%+v", streamed, late, want)
+		}
+	}
+}
