@@ -292,6 +292,7 @@ func (p *Proxy) relayEvents(ctx *fasthttp.RequestCtx, f *flight, x *exchange, re
 	}
 	r := p.pools.relay.Get().(*eventRelay)
 	r.p, r.f, r.x, r.resp = p, f, x, resp
+	r.hold = finishHold{plan: f.plan}
 	r.src.reset(p, x, x.body(resp))
 	r.events.Reset(&r.src)
 	if f.client != nil {
@@ -312,10 +313,8 @@ func (p *Proxy) relayEvents(ctx *fasthttp.RequestCtx, f *flight, x *exchange, re
 // It runs on the connection's goroutine, which also writes the trailer after
 // the last event.
 //
-// The one event ever held back is one that finishes its choices and carries
-// the usage (llama.cpp's last event, for one): it may or may not be the last
-// to carry usage, which only the next event or the end of the stream shows.
-// It waits for that, and gets the metrics if it was the last.
+// One event at a time may be held back (see finishHold), for at most
+// --max-event-hold.
 type eventRelay struct {
 	p       *Proxy
 	f       *flight
@@ -335,11 +334,8 @@ type eventRelay struct {
 	metrics                     []byte // scratch for the metrics JSON
 	readErr                     error
 	eof                         bool
-	// metricsSent: an event carried the metrics; no other will.
-	metricsSent bool
-	// heldForFinish: held is a finishing event waiting for the usage
-	// (metricsOnFinish), not an event carrying usage itself.
-	heldForFinish bool
+	// hold decides which event carries the metrics and which waits.
+	hold finishHold
 	// engine is the engine's own timing from a usage event removed
 	// before the client (metricsOnFinish), and engineMetrics its metrics
 	// object, whose members the sidecar does not write go on with its own.
@@ -461,9 +457,10 @@ func (r *eventRelay) fill() error {
 	return nil
 }
 
-// inspect marks the clock for a whole event that arrived at at, splices
-// the metrics into, or removes, the final usage event, and holds back or
-// releases an event that finishes its choices with the usage.
+// inspect marks the clock for a whole event that arrived at at, takes its
+// usage, and carries out what the hold makes of it: the metrics spliced
+// in, the event removed or held back, and a held event released ahead of
+// it.
 func (r *eventRelay) inspect(raw []byte, at time.Time) {
 	f := r.f
 	ev := f.route.api.ClassifyEvent(raw)
@@ -478,51 +475,43 @@ func (r *eventRelay) inspect(raw []byte, at time.Time) {
 	// with them, maybe, the engine's own timing.
 	f.addUsage(ev.Usage)
 	if ev.Kind == rewrite.EventUsage && f.plan.metricsOnFinish {
-		r.engine = rewrite.EngineTimingOf(ev.Target())
-		// The engine's own metrics object goes with the sidecar's, on the
-		// finishing event; a copy, as this event's bytes are reused.
-		r.engineMetrics = append(r.engineMetrics[:0], rewrite.EngineMetrics(ev.Target())...)
+		r.keepEngineReport(ev)
+	}
+	facts := factsOf(ev)
+	if r.hold.waitsForUsage() {
+		facts.keepAlive = rewrite.IsKeepAlive(raw, ev)
 	}
 	var released []byte
 	var releasedAt time.Time
-	if r.held != nil && !(r.heldForFinish && rewrite.IsKeepAlive(raw, ev)) {
-		// This event shows whether the held one takes the metrics, and
-		// goes out after it: the engine's order is kept. Only a comment
-		// or a ping between the finishing event and the usage goes out
-		// ahead, and the hold goes on (it carries nothing a client reads
-		// in order).
-		released, releasedAt = r.releaseHeld(r.heldTakesMetrics(ev), at), r.heldAt
+	if release, withMetrics := r.hold.releaseBefore(facts); release {
+		released, releasedAt = r.sendHeld(withMetrics, at), r.heldAt
 	}
-	switch {
-	case ev.Kind == rewrite.EventUsage:
-		switch {
-		case f.plan.metricsOnFinish:
-			// The client did not ask for it; the finishing event held
-			// before it carries the metrics.
-			r.pending = nil
-		case f.plan.wantMetrics && !r.metricsSent:
-			// The first usage event takes the metrics; an engine that
-			// sends more gets them passed as sent, so no stream carries
-			// two metrics objects.
-			r.metrics, _ = f.metricsJSON(r.metrics[:0], at, rewrite.EngineTimingOf(ev.Target()))
-			if out, ok := rewrite.AppendEventWithMetrics(r.spliced[:0], raw, ev, r.metrics); ok {
-				r.spliced, r.pending, r.metricsSent = out, out, true
-			}
-		case f.plan.hideUsage:
-			r.pending = nil
+	switch r.hold.act(facts) {
+	case actDrop:
+		r.pending = nil
+	case actSplice:
+		r.metrics, _ = f.metricsJSON(r.metrics[:0], at, rewrite.EngineTimingOf(ev.Target()))
+		if out, ok := rewrite.AppendEventWithMetrics(r.spliced[:0], raw, ev, r.metrics); ok {
+			r.spliced, r.pending = out, out
+			r.hold.carried()
 		}
-	case ev.UsageOnChoices:
-		if f.plan.wantMetrics && !r.metricsSent {
-			r.hold(raw, false, at)
-		}
-	case f.plan.metricsOnFinish && !r.metricsSent && rewrite.FinishesChoice(ev):
-		// The usage the sidecar asked for follows this event.
-		r.hold(raw, true, at)
+	case actHold:
+		r.heldBuf = append(r.heldBuf[:0], raw...)
+		r.held, r.pending, r.heldAt = r.heldBuf, nil, at
 	}
 	if released != nil {
 		r.pending, r.queued = released, r.pending
 		r.pendingAt, r.queuedAt = releasedAt, at
 	}
+}
+
+// keepEngineReport keeps the engine's own timing and metrics object from
+// a usage event the client does not get (metricsOnFinish): they go with
+// the sidecar's, on the finishing event. A copy, as the event's bytes are
+// reused.
+func (r *eventRelay) keepEngineReport(ev rewrite.Event) {
+	r.engine = rewrite.EngineTimingOf(ev.Target())
+	r.engineMetrics = append(r.engineMetrics[:0], rewrite.EngineMetrics(ev.Target())...)
 }
 
 // hiddenUsage tells whether raw, a stream's unterminated tail, is a usage
@@ -540,41 +529,18 @@ func (r *eventRelay) hiddenUsage(raw []byte) bool {
 	return true
 }
 
-// hold keeps a copy of raw back from the client until the next event.
-// forFinish: it finishes the choices of a stream with metricsOnFinish and
-// waits for the usage; otherwise it carries usage and waits to show
-// whether it was the last to.
-func (r *eventRelay) hold(raw []byte, forFinish bool, at time.Time) {
-	r.heldBuf = append(r.heldBuf[:0], raw...)
-	r.held, r.heldForFinish, r.pending, r.heldAt = r.heldBuf, forFinish, nil, at
-}
-
-// heldTakesMetrics tells, from the event after it, whether the held event
-// is the one to carry the metrics.
-func (r *eventRelay) heldTakesMetrics(next rewrite.Event) bool {
-	if next.Kind == rewrite.EventUsage {
-		// A usage event the client gets takes them itself; one it does
-		// not get leaves them to the held event.
-		return r.f.plan.metricsOnFinish
-	}
-	if r.heldForFinish {
-		// Another choice's event means this was not the last to finish.
-		// Anything else (the end of the stream without the usage, an
-		// error, an event the sidecar does not know) goes out after the
-		// held event, and nothing after it may carry the metrics: they
-		// go now, as measured so far.
-		return !rewrite.CarriesChoices(next)
-	}
-	// Held for its usage: the last event with usage takes them.
-	return !next.UsageOnChoices
-}
-
-// releaseHeld returns the held event, with the metrics spliced in if
-// withMetrics (the request done at done), and holds nothing after.
+// releaseHeld lets the held event go at the end of the stream or the
+// hold's bound, with the metrics if withMetrics and no event carried them.
 func (r *eventRelay) releaseHeld(withMetrics bool, done time.Time) []byte {
+	return r.sendHeld(r.hold.release() && withMetrics, done)
+}
+
+// sendHeld returns the held event, with the metrics spliced in if
+// withMetrics (the request done at done), and holds nothing after.
+func (r *eventRelay) sendHeld(withMetrics bool, done time.Time) []byte {
 	held := r.held
 	r.held = nil
-	if withMetrics && !r.metricsSent {
+	if withMetrics {
 		ev := r.f.route.api.ClassifyEvent(held)
 		engine := rewrite.EngineTimingOf(ev.Target())
 		if !engine.Reported && !engine.AcceptanceLength.Set {
@@ -587,7 +553,8 @@ func (r *eventRelay) releaseHeld(withMetrics bool, done time.Time) []byte {
 			r.metrics = rewrite.AppendEngineMembers(r.metrics, r.engineMetrics)
 		}
 		if out, ok := rewrite.AppendEventWithMetrics(r.heldOut[:0], held, ev, r.metrics); ok {
-			r.heldOut, r.metricsSent = out, true
+			r.heldOut = out
+			r.hold.carried()
 			return out
 		}
 	}

@@ -48,6 +48,7 @@ func newBenchRelay(stream string) *eventRelay {
 	r := newPools(DefaultMaxEventSize).relay.Get().(*eventRelay)
 	r.events.Reset(&loopReader{data: []byte(stream)})
 	r.f = &flight{clock: timing.Clock{Arrival: time.Now(), Accepted: time.Now()}, plan: plan{wantMetrics: true}, measured: true, route: chatRoute}
+	r.hold = finishHold{plan: r.f.plan}
 	// The reads' arrival as a connection would record it; the recorder
 	// takes each event's relay delay.
 	r.x = &exchange{recv: &recvConn{received: time.Now()}}
@@ -99,7 +100,7 @@ func BenchmarkRelayStream100(b *testing.B) {
 	b.SetBytes(int64(len(stream)))
 	b.ReportAllocs()
 	for b.Loop() {
-		r.metricsSent = false // a new stream: its usage event takes the metrics
+		r.hold.sent, r.f.computed = false, false // a new stream: its usage event takes the metrics
 		writeEvents(b, r, &w, 101)
 	}
 }
@@ -128,7 +129,7 @@ func relayAllocations(t *testing.T, tracer *telemetry.Tracer) {
 	var w eventWriter
 	writeEvents(t, r, &w, 11) // warm up: buffers reach their steady size
 	allocs := testing.AllocsPerRun(20, func() {
-		r.metricsSent = false // each stream's usage event is spliced
+		r.hold.sent, r.f.computed = false, false // each stream's usage event is spliced
 		writeEvents(t, r, &w, 11)
 	})
 	if allocs != 0 {
