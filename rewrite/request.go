@@ -65,7 +65,8 @@ func (m *members) add(keyAt int, raw string, at int) {
 // Where a key repeats, the last one counts, as in the engine's JSON parser.
 // A body nested deeper than maxDepth is not Understood (see maxDepth). It
 // copies nothing of the body but a bounded prefix of "model", whatever its
-// size.
+// size. It reads every member an OpenAI request may have; an API that
+// lacks some leaves them out (see API.InspectRequest).
 func InspectRequest(body []byte) Request {
 	s := view(body)
 	if !valid(s) {
@@ -74,77 +75,61 @@ func InspectRequest(body []byte) Request {
 	if i := firstNonSpace(body); body[i] != '{' {
 		return Request{}
 	}
-	r := Request{Understood: true, Upgradable: true}
-	var seenModel, seenN, seenPrompt bool
-	eachMember(s, func(key string, keyAt int, raw string, at int) bool {
-		value := shallow(raw)
-		if !upgradableField(key, value) {
-			r.Upgradable = false
+	in := inspection{r: Request{Understood: true, Upgradable: true}}
+	eachMember(s, in.member)
+	return in.result()
+}
+
+// inspection is InspectRequest's reading of one body, member by member.
+type inspection struct {
+	r                            Request
+	seenModel, seenN, seenPrompt bool
+}
+
+// member reads one top-level member; false stops the reading, at a member
+// that makes the request not Understood.
+func (in *inspection) member(key string, keyAt int, raw string, at int) bool {
+	r := &in.r
+	value := shallow(raw)
+	if !upgradableField(key, value) {
+		r.Upgradable = false
+	}
+	switch key {
+	case "include_metrics":
+		r.includeMetrics.add(keyAt, raw, at)
+		r.readIncludeMetrics(value)
+	case "stream":
+		r.stream.add(keyAt, raw, at)
+		r.Stream = value.Type == gjson.True
+		if !value.IsBool() && value.Type != gjson.Null {
+			r.Understood = false
 		}
-		switch key {
-		case "include_metrics":
-			r.includeMetrics.add(keyAt, raw, at)
-			// The last one counts, as in the engine's parser: a bad value
-			// followed by a good one is fine.
-			r.HasIncludeMetrics, r.IncludeMetrics, r.InvalidIncludeMetrics = false, false, false
-			switch {
-			case value.IsBool():
-				r.HasIncludeMetrics, r.IncludeMetrics = true, value.Bool()
-			case value.Type != gjson.Null:
-				r.InvalidIncludeMetrics = true
-			}
-		case "stream":
-			r.stream.add(keyAt, raw, at)
-			r.Stream = value.Type == gjson.True
-			if !value.IsBool() && value.Type != gjson.Null {
-				r.Understood = false
-			}
-		case "model":
-			r.Repeated = r.Repeated || seenModel
-			seenModel = true
-			r.Model = ""
-			if value.Type == gjson.String {
-				r.Model = stringPrefix(raw, MaxModelBytes)
-			}
-		case "stream_options":
-			r.streamOptions.add(keyAt, raw, at)
-			r.IncludeUsage, r.ContinuousUsage = false, false
-			switch {
-			case value.IsObject():
-				// vLLM's default is true once stream_options is there:
-				// only an explicit false or null turns usage off. The
-				// last copy of a key counts here too.
-				r.IncludeUsage = true
-				eachMember(raw, func(k string, _ int, v string, _ int) bool {
-					switch k {
-					case "include_usage":
-						t := shallow(v).Type
-						r.IncludeUsage = t != gjson.False && t != gjson.Null
-					case "continuous_usage_stats":
-						r.ContinuousUsage = shallow(v).Type == gjson.True
-					}
-					return true
-				})
-			case value.Type != gjson.Null:
-				r.Understood = false
-			}
-		case "n":
-			r.Repeated = r.Repeated || seenN
-			seenN = true
-			switch value.Type {
-			case gjson.Number:
-				r.MultipleChoices = r.MultipleChoices || gjson.Parse(raw).Int() > 1
-			case gjson.Null:
-			default:
-				r.Understood = false
-			}
-		case "prompt":
-			r.Repeated = r.Repeated || seenPrompt
-			seenPrompt = true
-			r.MultipleChoices = r.MultipleChoices || multiplePrompts(raw)
+	case "model":
+		r.Repeated = r.Repeated || in.seenModel
+		in.seenModel = true
+		r.Model = ""
+		if value.Type == gjson.String {
+			r.Model = stringPrefix(raw, MaxModelBytes)
 		}
-		return r.Understood
-	})
+	case "stream_options":
+		r.streamOptions.add(keyAt, raw, at)
+		r.readStreamOptions(raw, value)
+	case "n":
+		r.Repeated = r.Repeated || in.seenN
+		in.seenN = true
+		r.readN(raw, value)
+	case "prompt":
+		r.Repeated = r.Repeated || in.seenPrompt
+		in.seenPrompt = true
+		r.MultipleChoices = r.MultipleChoices || multiplePrompts(raw)
+	}
+	return r.Understood
+}
+
+// result is the request as read: a repeated member or one not understood
+// leaves nothing the sidecar may act on.
+func (in *inspection) result() Request {
+	r := in.r
 	r.Repeated = r.Repeated || r.includeMetrics.count > 1 || r.stream.count > 1 || r.streamOptions.count > 1
 	if r.Repeated {
 		return Request{Repeated: true}
@@ -157,6 +142,52 @@ func InspectRequest(body []byte) Request {
 	}
 	r.Upgradable = r.Upgradable && !r.Stream && !r.MultipleChoices
 	return r
+}
+
+// readIncludeMetrics reads include_metrics. The last one counts, as in
+// the engine's parser: a bad value followed by a good one is fine.
+func (r *Request) readIncludeMetrics(value gjson.Result) {
+	r.HasIncludeMetrics, r.IncludeMetrics, r.InvalidIncludeMetrics = false, false, false
+	switch {
+	case value.IsBool():
+		r.HasIncludeMetrics, r.IncludeMetrics = true, value.Bool()
+	case value.Type != gjson.Null:
+		r.InvalidIncludeMetrics = true
+	}
+}
+
+// readStreamOptions reads stream_options. vLLM's default is true once
+// stream_options is there: only an explicit false or null turns usage
+// off. The last copy of a key counts here too.
+func (r *Request) readStreamOptions(raw string, value gjson.Result) {
+	r.IncludeUsage, r.ContinuousUsage = false, false
+	switch {
+	case value.IsObject():
+		r.IncludeUsage = true
+		eachMember(raw, func(k string, _ int, v string, _ int) bool {
+			switch k {
+			case "include_usage":
+				t := shallow(v).Type
+				r.IncludeUsage = t != gjson.False && t != gjson.Null
+			case "continuous_usage_stats":
+				r.ContinuousUsage = shallow(v).Type == gjson.True
+			}
+			return true
+		})
+	case value.Type != gjson.Null:
+		r.Understood = false
+	}
+}
+
+// readN reads n: a number above 1 asks for several choices.
+func (r *Request) readN(raw string, value gjson.Result) {
+	switch value.Type {
+	case gjson.Number:
+		r.MultipleChoices = r.MultipleChoices || gjson.Parse(raw).Int() > 1
+	case gjson.Null:
+	default:
+		r.Understood = false
+	}
 }
 
 // shallow is the gjson result of a raw value without reading into it:
