@@ -109,62 +109,88 @@ func (p *Proxy) assemble(events *rewrite.EventReader, a *rewrite.Assembly, f *fl
 	var engine timing.EngineTiming
 	done := false
 	for {
-		raw, whole, err := events.Next()
-		if err == io.EOF {
-			if !done && !a.Finished() {
-				if _, _, failed := a.Error(); !failed {
-					return engine, errStreamCut
-				}
-			}
-			return engine, nil
-		}
-		if err != nil {
+		raw, err := nextWholeEvent(events)
+		switch {
+		case err == io.EOF:
+			return engine, streamEnd(a, done)
+		case err != nil:
 			return engine, err
-		}
-		if !whole {
-			if rest, _, err := events.Next(); rest == nil && err == io.EOF {
-				// Bytes after the last blank line, at the end of the
-				// stream: no event, as SSE parsers drop them (WHATWG),
-				// such as a [DONE] without its blank line. The stream
-				// ends here.
-				continue
-			}
-			return engine, errEventTooLarge
+		case raw == nil:
+			continue
 		}
 		ev := f.route.api.ClassifyEvent(raw)
 		if f.rec.Trace.On() {
 			f.route.api.ObserveEvent(&f.answer, ev)
 		}
-		switch {
-		case ev.Kind == rewrite.EventDone:
+		switch ev.Kind {
+		case rewrite.EventDone:
 			done = true
 			continue
-		case ev.Kind == rewrite.EventToken:
+		case rewrite.EventToken:
 			f.clock.MarkOutput(x.received(), ev.Output)
 		}
 		if ev.Kind == rewrite.EventUsage || ev.UsageOnChoices {
 			f.addUsage(ev.Usage)
-			if m := rewrite.EngineMetrics(ev.Target()); m != nil {
-				// A copy: the event's bytes are reused by the next read.
-				*engineMetrics = append((*engineMetrics)[:0], m...)
-			}
-			if e := rewrite.EngineTimingOf(ev.Target()); e.Reported || e.AcceptanceLength.Set {
-				engine = e
-			}
+			takeEngineReport(ev, &engine, engineMetrics)
 		}
-		if ev.Data == nil {
-			if rewrite.HasDataField(raw) {
-				// Data over several lines: not read, so it cannot be
-				// reassembled, and leaving it out would lose output.
-				return engine, rewrite.ErrNotAnEvent
-			}
-			continue // a comment
-		}
-		if err := a.Add(ev.Data); err != nil {
+		if err := p.addEvent(a, f, raw, ev); err != nil {
 			return engine, err
 		}
-		if !p.holdResponse(f, a.Size()) {
-			return engine, rewrite.ErrAssemblyTooLarge
+	}
+}
+
+// nextWholeEvent is the stream's next event, whole; nil for bytes after
+// the last blank line at the end of the stream: no event, as SSE parsers
+// drop them (WHATWG), such as a [DONE] without its blank line.
+func nextWholeEvent(events *rewrite.EventReader) ([]byte, error) {
+	raw, whole, err := events.Next()
+	if err != nil || whole {
+		return raw, err
+	}
+	if rest, _, err := events.Next(); rest == nil && err == io.EOF {
+		return nil, nil // the stream ends at the next read
+	}
+	return nil, errEventTooLarge
+}
+
+// streamEnd is how the upgraded stream's end reads: cut short, unless
+// [DONE] came, every choice finished or the engine sent an error.
+func streamEnd(a *rewrite.Assembly, done bool) error {
+	if !done && !a.Finished() {
+		if _, _, failed := a.Error(); !failed {
+			return errStreamCut
 		}
 	}
+	return nil
+}
+
+// takeEngineReport keeps the engine's own metrics object and timing from
+// an event with usage.
+func takeEngineReport(ev rewrite.Event, engine *timing.EngineTiming, engineMetrics *[]byte) {
+	if m := rewrite.EngineMetrics(ev.Target()); m != nil {
+		// A copy: the event's bytes are reused by the next read.
+		*engineMetrics = append((*engineMetrics)[:0], m...)
+	}
+	if e := rewrite.EngineTimingOf(ev.Target()); e.Reported || e.AcceptanceLength.Set {
+		*engine = e
+	}
+}
+
+// addEvent adds an event's data to the assembly, within the budget.
+func (p *Proxy) addEvent(a *rewrite.Assembly, f *flight, raw []byte, ev rewrite.Event) error {
+	if ev.Data == nil {
+		if rewrite.HasDataField(raw) {
+			// Data over several lines: not read, so it cannot be
+			// reassembled, and leaving it out would lose output.
+			return rewrite.ErrNotAnEvent
+		}
+		return nil // a comment
+	}
+	if err := a.Add(ev.Data); err != nil {
+		return err
+	}
+	if !p.holdResponse(f, a.Size()) {
+		return rewrite.ErrAssemblyTooLarge
+	}
+	return nil
 }
