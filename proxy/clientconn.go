@@ -8,11 +8,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/timing-sidecar/timing-sidecar/proxy/netclock"
 	"github.com/valyala/fasthttp"
 )
 
 // clientListener wraps accepted connections in clientConn, their reads
-// stamped with the arrival of what they return (recvConn).
+// stamped with the arrival of what they return (netclock.Conn).
 type clientListener struct {
 	net.Listener
 	kernelStamps bool
@@ -31,12 +32,10 @@ func (l clientListener) Accept() (net.Conn, error) {
 	if tc, ok := c.(*net.TCPConn); ok && l.sendBuffer > 0 {
 		tc.SetWriteBuffer(l.sendBuffer) //nolint:errcheck // tests only
 	}
-	recv := newRecvConn(c, l.kernelStamps)
-	recv.hold = l.hold
+	recv := netclock.New(c, l.kernelStamps)
+	recv.Hold = l.hold
 	cc := &clientConn{Conn: recv, recv: recv, writeTimeout: l.writeTimeout, testBlocked: l.blocked}
-	if recv.sender = newSocketWriter(c); recv.sender != nil {
-		recv.sender.onBlock = cc.blocked // bound once: a write allocates nothing
-	}
+	recv.SeeStalls(cc.blocked) // bound once: a write allocates nothing
 	if l.tls != nil {
 		// TLS above the stamped, stall-seeing TCP connection: the marks
 		// and the waits are the socket's, the bytes the client's.
@@ -62,7 +61,7 @@ func (l clientListener) Accept() (net.Conn, error) {
 // goroutine, no extra read and no hand-over of the next request's bytes.
 type clientConn struct {
 	net.Conn // recv
-	recv     *recvConn
+	recv     *netclock.Conn
 
 	// lastRecv is the arrival of the bytes the server's latest read
 	// returned, and free when the connection's previous request ended:
@@ -157,7 +156,7 @@ func (c *clientConn) readAhead(done chan struct{}) {
 	var gone func()
 	c.mu.Lock()
 	if n > 0 {
-		c.pending, c.pendingRecv = c.buf[:n], c.recv.received
+		c.pending, c.pendingRecv = c.buf[:n], c.recv.Received
 	}
 	// A timeout comes from a deadline the server set for its next read
 	// after the response; its own read will meet the same deadline.
@@ -194,7 +193,7 @@ func (c *clientConn) Read(p []byte) (int, error) {
 	}
 	n, err := c.Conn.Read(p)
 	if n > 0 {
-		c.lastRecv = c.recv.received
+		c.lastRecv = c.recv.Received
 	}
 	return n, err
 }
@@ -252,7 +251,8 @@ func (c *clientConn) extendWriteDeadline() {
 // newResponse starts a response's writes: the server clears the write
 // deadline for each request, so the next write sets it again.
 func (c *clientConn) newResponse() {
-	c.writeDeadlineSet, c.recv.stalled, c.recv.stallEnded = time.Time{}, 0, time.Time{}
+	c.writeDeadlineSet = time.Time{}
+	c.recv.ResetStall()
 }
 
 // ReadFrom writes what r returns to the client as each read returns, with

@@ -138,7 +138,7 @@ func (p *Proxy) record(f *flight) (ok bool) {
 	}
 	f.rec.Elapsed = now.Sub(f.clock.Arrival)
 	if f.client != nil {
-		f.rec.ClientStall = f.client.recv.stalled
+		f.rec.ClientStall = f.client.recv.Stalled
 	}
 	// The client held the engine back: past the read-ahead, or with none.
 	if f.readAhead {

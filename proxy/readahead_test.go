@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/timing-sidecar/timing-sidecar/proxy/netclock"
 )
 
 // stampedChunks is an engine body read in set chunks, each read stamping
@@ -23,7 +25,7 @@ func (s *stampedChunks) Read(p []byte) (int, error) {
 	}
 	n := copy(p, s.chunks[s.i])
 	s.chunks[s.i] = s.chunks[s.i][n:]
-	s.x.recv.received = s.at[s.i]
+	s.x.recv.Received = s.at[s.i]
 	if len(s.chunks[s.i]) == 0 {
 		s.i++
 	}
@@ -40,7 +42,7 @@ func TestReadAheadKeepsBytesAndStamps(t *testing.T) {
 	var want []byte
 	var ends []int // where each engine read's bytes end in the stream
 	var at []time.Time
-	src := &stampedChunks{x: &exchange{recv: &recvConn{}}}
+	src := &stampedChunks{x: &exchange{recv: &netclock.Conn{}}}
 	for i := range 3000 {
 		c := make([]byte, 1+rng.IntN(1200))
 		for j := range c {

@@ -376,7 +376,7 @@ func (r *eventRelay) WriteTo(w io.Writer) (written int64, err error) {
 		if werr != nil {
 			return written, werr
 		}
-		if c := r.f.client; len(r.pending) == 0 && (c == nil || !r.pendingAt.Before(c.recv.stallEnded)) {
+		if c := r.f.client; len(r.pending) == 0 && (c == nil || !r.pendingAt.Before(c.recv.StallEnded)) {
 			r.p.relayed(r.f, delay)
 		}
 	}

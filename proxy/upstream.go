@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/timing-sidecar/timing-sidecar/proxy/netclock"
 	"github.com/valyala/fasthttp"
 )
 
@@ -40,7 +41,7 @@ type upstream struct {
 	maxIdle       int
 	maxHeader     int
 	// kernelStamps: marks take the kernel's receive time of the engine's
-	// bytes (recvConn).
+	// bytes (netclock.Conn).
 	kernelStamps bool
 	// hold, when set (tests only), runs before each read from the engine.
 	hold func()
@@ -66,7 +67,7 @@ func newUpstream(cfg *Config) (*upstream, error) {
 		keepAlive:     cfg.UpstreamKeepAlive,
 		maxIdle:       maxIdleUpstreamConns,
 		maxHeader:     cfg.MaxResponseHeaderSize,
-		kernelStamps:  cfg.KernelTimestamps && kernelTimestamps(),
+		kernelStamps:  cfg.KernelTimestamps && netclock.KernelTimestamps(),
 	}
 	u.writers.New = func() any { return bufio.NewWriterSize(nil, 4<<10) }
 	if addr.tls {
@@ -103,7 +104,7 @@ type upstreamConn struct {
 	net.Conn // recv, or TLS over it
 	// recv is the TCP connection, which knows when the bytes of its
 	// latest read arrived.
-	recv      *recvConn
+	recv      *netclock.Conn
 	br        *bufio.Reader
 	idleSince time.Time
 	reused    bool
@@ -133,7 +134,7 @@ func (u *upstream) get() (*upstreamConn, error) {
 		// close, the peek finds bytes an engine sent after a complete
 		// response (a wrong Content-Length), which would otherwise be read
 		// as the next client's response. One non-blocking syscall.
-		if alive(c.Conn) {
+		if netclock.Alive(c.Conn) {
 			c.reused = true
 			return c, nil
 		}
@@ -161,8 +162,8 @@ func (u *upstream) dial() (*upstreamConn, error) {
 	}
 	// TLS reads its records from the stamped connection, so a mark is
 	// the arrival of the record that completed it.
-	recv := newRecvConn(tcp, u.kernelStamps)
-	recv.hold = u.hold
+	recv := netclock.New(tcp, u.kernelStamps)
+	recv.Hold = u.hold
 	var nc net.Conn = recv
 	if u.tls != nil {
 		tc := tls.Client(nc, u.tls)
@@ -285,7 +286,7 @@ type exchange struct {
 	// recv is the connection the response is read from, for the arrival
 	// time of the bytes read last; set with the headers and only used by
 	// the response's reader.
-	recv *recvConn
+	recv *netclock.Conn
 	// early: the engine answered before it took the whole request, so
 	// its connection is not reused.
 	early bool
@@ -458,7 +459,7 @@ func (x *exchange) readHead(c *upstreamConn, resp *fasthttp.Response) error {
 		return errBadStatus
 	}
 	// The read that completed the header block is the latest.
-	x.headersRead, x.recv = c.recv.received, c.recv
+	x.headersRead, x.recv = c.recv.Received, c.recv
 	c.SetDeadline(time.Time{}) //nolint:errcheck // the body has its own idle timeout
 	return nil
 }
@@ -499,7 +500,7 @@ func (x *exchange) buffered() int {
 
 // received is when the bytes of the latest read of the response arrived:
 // the mark of whatever that read completed.
-func (x *exchange) received() time.Time { return x.recv.received }
+func (x *exchange) received() time.Time { return x.recv.Received }
 
 func (x *exchange) isAborted() bool {
 	x.mu.Lock()

@@ -1,6 +1,6 @@
 //go:build !linux || !(amd64 || arm64 || ppc64le || riscv64)
 
-package proxy
+package netclock
 
 import (
 	"net"
@@ -15,5 +15,5 @@ func newKernelReader(net.Conn) *kernelReader { return nil }
 
 func (*kernelReader) read([]byte) (int, time.Time, error) { return 0, time.Time{}, errNoKernelRead }
 
-// kernelTimestamps: no receive timestamps here.
-func kernelTimestamps() bool { return false }
+// KernelTimestamps: no receive timestamps here.
+func KernelTimestamps() bool { return false }

@@ -1,6 +1,6 @@
 //go:build unix
 
-package proxy
+package netclock
 
 import (
 	"crypto/tls"
@@ -8,11 +8,11 @@ import (
 	"syscall"
 )
 
-// alive reports whether a pooled connection is still open, with a
+// Alive reports whether a pooled connection is still open, with a
 // non-blocking peek: the engine may have closed it while it sat idle
 // (uvicorn drops idle keep-alive connections after 5 s), and a request
 // written to it would fail after the engine had closed its side.
-func alive(c net.Conn) bool {
+func Alive(c net.Conn) bool {
 	if tc, ok := c.(*tls.Conn); ok {
 		c = tc.NetConn()
 	}

@@ -1,17 +1,18 @@
-package proxy
+package netclock
 
 import (
 	"errors"
 	"io"
 	"net"
 	"os"
+	"strings"
 	"testing"
 	"time"
 )
 
 // tcpPair is a loopback TCP connection: the writer's end and the reader's,
 // wrapped as the sidecar wraps its connections.
-func tcpPair(t testing.TB, kernel bool) (net.Conn, *recvConn) {
+func tcpPair(t testing.TB, kernel bool) (net.Conn, *Conn) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -31,7 +32,7 @@ func tcpPair(t testing.TB, kernel bool) (net.Conn, *recvConn) {
 	if r == nil {
 		t.Fatal("accept failed")
 	}
-	rc := newRecvConn(r, kernel)
+	rc := New(r, kernel)
 	t.Cleanup(func() { w.Close(); rc.Close() })
 	return w, rc
 }
@@ -59,28 +60,15 @@ func write(t *testing.T, c net.Conn, s string) (before, after time.Time) {
 }
 
 // needKernelStamps skips a test where the kernel gives no receive
-// timestamps, and otherwise waits until it stamps: the kernel switches
-// stamping on in a work item after the first socket asks (kernelTimestamps
-// keeps it on from then), which a busy machine runs late.
+// timestamps, and otherwise waits until it stamps.
 func needKernelStamps(t *testing.T) {
 	t.Helper()
-	if !kernelTimestamps() {
+	if !KernelTimestamps() {
 		t.Skip("this platform gives no kernel receive timestamps; the fallback is tested on its own")
 	}
-	w, rc := tcpPair(t, true)
-	buf := make([]byte, 1)
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
-		if _, err := w.Write([]byte{1}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := rc.Read(buf); err != nil {
-			t.Fatal(err)
-		}
-		if rc.kernel.stamped {
-			return
-		}
+	if err := WaitForKernelStamps(10 * time.Second); err != nil {
+		t.Fatal(err)
 	}
-	t.Fatal("the kernel did not stamp received data within 10s")
 }
 
 // A late reader still gets the time the bytes arrived: the stamp lies
@@ -91,16 +79,16 @@ func TestKernelStampIsTheArrivalNotTheRead(t *testing.T) {
 	if rc.kernel == nil {
 		t.Fatal("receive timestamps not enabled on a TCP socket")
 	}
-	rc.hold = func() { time.Sleep(50 * time.Millisecond) }
+	rc.Hold = func() { time.Sleep(50 * time.Millisecond) }
 	before, after := write(t, w, "data: one\n\n")
 	buf := make([]byte, 64)
 	n, err := rc.Read(buf)
 	if err != nil || string(buf[:n]) != "data: one\n\n" {
 		t.Fatalf("read %q, %v", buf[:n], err)
 	}
-	if !inWrite(rc.received, before, after) {
+	if !inWrite(rc.Received, before, after) {
 		t.Errorf("stamp %v after the write began, want within the write (%v long); the read began %v after it",
-			rc.received.Sub(before), after.Sub(before), 50*time.Millisecond)
+			rc.Received.Sub(before), after.Sub(before), 50*time.Millisecond)
 	}
 }
 
@@ -121,8 +109,8 @@ func TestKernelStampOfAMergedReadIsItsLastSegment(t *testing.T) {
 		}
 		got += string(buf[:n])
 	}
-	if !inWrite(rc.received, before, after) {
-		t.Errorf("stamp %v after the second write began, want within it (%v long)", rc.received.Sub(before), after.Sub(before))
+	if !inWrite(rc.Received, before, after) {
+		t.Errorf("stamp %v after the second write began, want within it (%v long)", rc.Received.Sub(before), after.Sub(before))
 	}
 }
 
@@ -131,12 +119,12 @@ func TestKernelStampOfAMergedReadIsItsLastSegment(t *testing.T) {
 func TestFallbackStampIsTheClockAtTheRead(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		pair func(t *testing.T) (net.Conn, *recvConn)
+		pair func(t *testing.T) (net.Conn, *Conn)
 	}{
-		{"kernel stamps off", func(t *testing.T) (net.Conn, *recvConn) { return tcpPair(t, false) }},
-		{"not a socket", func(t *testing.T) (net.Conn, *recvConn) {
+		{"kernel stamps off", func(t *testing.T) (net.Conn, *Conn) { return tcpPair(t, false) }},
+		{"not a socket", func(t *testing.T) (net.Conn, *Conn) {
 			a, b := net.Pipe()
-			rc := newRecvConn(b, true)
+			rc := New(b, true)
 			t.Cleanup(func() { a.Close(); b.Close() })
 			return a, rc
 		}},
@@ -147,14 +135,14 @@ func TestFallbackStampIsTheClockAtTheRead(t *testing.T) {
 				t.Fatal("kernel reads on a connection that should fall back")
 			}
 			var held time.Time
-			rc.hold = func() { time.Sleep(50 * time.Millisecond); held = time.Now() }
+			rc.Hold = func() { time.Sleep(50 * time.Millisecond); held = time.Now() }
 			go io.WriteString(w, "data: one\n\n") //nolint:errcheck // a pipe blocks until read
 			buf := make([]byte, 64)
 			if _, err := rc.Read(buf); err != nil {
 				t.Fatal(err)
 			}
-			if rc.received.Before(held) || rc.received.After(time.Now()) {
-				t.Errorf("stamp %v from the hold's end, want the clock at the read, after it", rc.received.Sub(held))
+			if rc.Received.Before(held) || rc.Received.After(time.Now()) {
+				t.Errorf("stamp %v from the hold's end, want the clock at the read, after it", rc.Received.Sub(held))
 			}
 		})
 	}
@@ -211,8 +199,8 @@ func TestKernelReadKeepsConnSemantics(t *testing.T) {
 		if n, err := rc.Read(buf); err != nil || string(buf[:n]) != "two" {
 			t.Fatalf("read %q, %v; want the bytes already there", buf[:n], err)
 		}
-		if !inWrite(rc.received, before, after) {
-			t.Errorf("stamp %v after the write began, want within it (%v long)", rc.received.Sub(before), after.Sub(before))
+		if !inWrite(rc.Received, before, after) {
+			t.Errorf("stamp %v after the write began, want within it (%v long)", rc.Received.Sub(before), after.Sub(before))
 		}
 	})
 	t.Run("data after a wait", func(t *testing.T) {
@@ -228,8 +216,8 @@ func TestKernelReadKeepsConnSemantics(t *testing.T) {
 		if got := <-read; got != "late" {
 			t.Fatalf("read %q", got)
 		}
-		if !inWrite(rc.received, before, after) {
-			t.Errorf("stamp %v after the write began, want within it (%v long)", rc.received.Sub(before), after.Sub(before))
+		if !inWrite(rc.Received, before, after) {
+			t.Errorf("stamp %v after the write began, want within it (%v long)", rc.Received.Sub(before), after.Sub(before))
 		}
 	})
 }
@@ -261,11 +249,11 @@ func BenchmarkRead(b *testing.B) {
 	for _, kernel := range []bool{false, true} {
 		name := map[bool]string{false: "clock at the read", true: "kernel receive time"}[kernel]
 		b.Run(name, func(b *testing.B) {
-			if kernel && !kernelTimestamps() {
+			if kernel && !KernelTimestamps() {
 				b.Skip("no kernel receive timestamps here")
 			}
 			w, rc := tcpPair(b, kernel)
-			msg := []byte(event300)
+			msg := []byte("data: " + strings.Repeat("x", 292) + "\n\n") // an event of 300 bytes
 			buf := make([]byte, 4096)
 			b.ReportAllocs()
 			for b.Loop() {

@@ -1,4 +1,4 @@
-package proxy
+package netclock
 
 import (
 	"errors"
@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// recvConn is a connection whose reads record when the bytes they return
+// Conn is a connection whose reads record when the bytes they return
 // arrived, so that a mark taken on those bytes is the time they reached
 // the machine, not the time a goroutine got round to reading them. Under
 // a CPU limit a sidecar's goroutine often runs milliseconds late; the
@@ -23,58 +23,71 @@ import (
 //
 // One goroutine reads at a time (net.Conn's contract for reads), and
 // received is only read by a reader, or after one has handed over.
-type recvConn struct {
+type Conn struct {
 	net.Conn
 	// received is the arrival time, on the monotonic clock, of the
 	// latest read that returned bytes; zero before the first.
-	received time.Time
+	Received time.Time
 	// kernel reads through recvmsg with receive timestamps; nil reads
 	// the plain way and stamps with the clock at the read.
 	kernel *kernelReader
 	// hold, when set (tests only), runs before each read: a reader that
 	// runs late, as under a CPU limit.
-	hold func()
+	Hold func()
 	// sender, set on a client's connection, writes and sees a full send
 	// buffer (see socketWriter); stalled is how long the current
 	// response's writes waited on the client, and stallEnded when the
 	// latest wait ended. Only the writing goroutine touches them.
 	sender     *socketWriter
-	stalled    time.Duration
-	stallEnded time.Time
+	Stalled    time.Duration
+	StallEnded time.Time
 }
 
 // Write writes p, through sender when there is one, adding the time it
 // waited on the peer to stalled.
-func (r *recvConn) Write(p []byte) (int, error) {
+func (r *Conn) Write(p []byte) (int, error) {
 	if r.sender == nil {
 		return r.Conn.Write(p)
 	}
 	n, waited, err := r.sender.write(p)
 	if waited > 0 {
-		r.stalled += waited
-		r.stallEnded = time.Now()
+		r.Stalled += waited
+		r.StallEnded = time.Now()
 	}
 	return n, err
 }
 
-// newRecvConn wraps c; with kernel, it asks the kernel to stamp what c
+// SeeStalls makes writes go through the raw writer that sees a full send
+// buffer (where there is one: Unix sockets), calling onBlock when a write
+// first waits on the peer. For a client's connection; onBlock is bound
+// once, so a write allocates nothing.
+func (r *Conn) SeeStalls(onBlock func()) {
+	if r.sender = newSocketWriter(r.Conn); r.sender != nil {
+		r.sender.onBlock = onBlock
+	}
+}
+
+// ResetStall starts a new response's count of waits on the peer.
+func (r *Conn) ResetStall() { r.Stalled, r.StallEnded = 0, time.Time{} }
+
+// New wraps c; with kernel, it asks the kernel to stamp what c
 // receives, and falls back to the clock at the read if it cannot.
-func newRecvConn(c net.Conn, kernel bool) *recvConn {
-	rc := &recvConn{Conn: c}
+func New(c net.Conn, kernel bool) *Conn {
+	rc := &Conn{Conn: c}
 	if kernel {
 		rc.kernel = newKernelReader(c)
 	}
 	return rc
 }
 
-func (c *recvConn) Read(p []byte) (int, error) {
-	if c.hold != nil {
-		c.hold()
+func (c *Conn) Read(p []byte) (int, error) {
+	if c.Hold != nil {
+		c.Hold()
 	}
 	if c.kernel != nil {
 		n, at, err := c.kernel.read(p)
 		if n > 0 {
-			c.received = at
+			c.Received = at
 		}
 		if !errors.Is(err, errNoKernelRead) {
 			return n, err
@@ -85,13 +98,13 @@ func (c *recvConn) Read(p []byte) (int, error) {
 	}
 	n, err := c.Conn.Read(p)
 	if n > 0 {
-		c.received = time.Now()
+		c.Received = time.Now()
 	}
 	return n, err
 }
 
 // SyscallConn reaches the socket (the pool's liveness peek uses it).
-func (c *recvConn) SyscallConn() (syscall.RawConn, error) {
+func (c *Conn) SyscallConn() (syscall.RawConn, error) {
 	sc, ok := c.Conn.(syscall.Conn)
 	if !ok {
 		return nil, errors.New("not a socket")
@@ -100,7 +113,7 @@ func (c *recvConn) SyscallConn() (syscall.RawConn, error) {
 }
 
 // CloseWrite half-closes a TCP connection (the lingering close uses it).
-func (c *recvConn) CloseWrite() error {
+func (c *Conn) CloseWrite() error {
 	cw, ok := c.Conn.(interface{ CloseWrite() error })
 	if !ok {
 		return errors.New("cannot half-close")

@@ -1,6 +1,6 @@
 //go:build linux && (amd64 || arm64 || ppc64le || riscv64)
 
-package proxy
+package netclock
 
 import (
 	"io"
@@ -132,13 +132,13 @@ func (k *kernelReader) stamp() time.Time {
 	return time.Now()
 }
 
-// kernelTimestamps reports whether this kernel stamps received TCP data: a
+// KernelTimestamps reports whether this kernel stamps received TCP data: a
 // socket takes the option. That socket stays open for the life of the
 // process: the kernel switches receive timestamping on for the whole
 // machine when the first socket asks, but lazily, in a work item, and off
 // when the last one closes, so without a socket that keeps asking the
 // first bytes of a new connection could come unstamped.
-func kernelTimestamps() bool {
+func KernelTimestamps() bool {
 	keeper.once.Do(func() {
 		fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 		if err != nil {
