@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 
+	"github.com/timing-sidecar/timing-sidecar/proxy/framing"
 	"github.com/valyala/fasthttp"
 )
 
@@ -26,75 +27,10 @@ func checkRequest(h *fasthttp.RequestHeader) *apiError {
 		// that is not one is decoded differently by different servers.
 		return badRequest("the request target is malformed")
 	}
-	return checkFraming(h.RawHeaders())
-}
-
-// checkFraming reads the raw header block for what says where the body
-// ends: exactly one way of saying it, and names that parse one way only.
-func checkFraming(raw []byte) *apiError {
-	lengths, codings := 0, 0
-	chunkedLast, otherCoding := false, false
-	for line := range bytes.Lines(raw) {
-		line = bytes.TrimSuffix(bytes.TrimSuffix(line, []byte{'\n'}), []byte{'\r'})
-		if len(line) == 0 {
-			continue
-		}
-		colon := bytes.IndexByte(line, ':')
-		if colon <= 0 || !isToken(line[:colon]) {
-			// A name with a space (or a folded line) is read differently by
-			// different parsers: RFC 9112 section 5.1 says refuse it.
-			return badRequest("a header field name is malformed")
-		}
-		name := line[:colon]
-		switch {
-		case len(name) == len("Content-Length") && bytes.EqualFold(name, []byte("Content-Length")):
-			lengths++
-		case len(name) == len("Transfer-Encoding") && bytes.EqualFold(name, []byte("Transfer-Encoding")):
-			codings++
-			chunkedLast, otherCoding = readCodings(line[colon+1:], chunkedLast, otherCoding)
-		}
-	}
-	switch {
-	case codings > 0 && lengths > 0:
-		return badRequest("the request has both Content-Length and Transfer-Encoding")
-	case lengths > 1:
-		return badRequest("the request has more than one Content-Length")
-	case codings > 0 && otherCoding:
-		return &apiError{Status: fasthttp.StatusNotImplemented, Type: "invalid_request_error", Code: "unsupported_transfer_coding",
-			Message: "timing-sidecar: the only transfer coding served is chunked"}
-	case codings > 0 && !chunkedLast:
-		// Transfer-Encoding: identity, which fasthttp reads as no body at
-		// all: the body would then be read as the next request.
-		return badRequest("Transfer-Encoding must end with chunked")
+	if pr := framing.Check(h.RawHeaders()); pr != nil {
+		return &apiError{Status: pr.Status, Type: "invalid_request_error", Code: pr.Code, Message: "timing-sidecar: " + pr.Message}
 	}
 	return nil
-}
-
-// framedOneWay tells whether an engine's response header fields say one
-// thing about where the body ends, to any parser, as checkFraming asks of
-// requests: field names that are tokens, not both a Content-Length and a
-// Transfer-Encoding, one Content-Length, and chunked as the last coding.
-func framedOneWay(fields []byte) bool {
-	return checkFraming(fields) == nil
-}
-
-// readCodings reads one Transfer-Encoding value on top of those before it:
-// whether chunked is now the last coding, and whether any coding other
-// than chunked (and the no-op identity) has appeared.
-func readCodings(value []byte, chunkedLast, otherCoding bool) (bool, bool) {
-	for coding := range bytes.SplitSeq(value, []byte{','}) {
-		coding = bytes.TrimSpace(coding)
-		if len(coding) == 0 {
-			continue
-		}
-		chunked := bytes.EqualFold(coding, []byte("chunked"))
-		if chunkedLast || !chunked {
-			// Something after chunked, or a coding other than it.
-			otherCoding = otherCoding || !bytes.EqualFold(coding, []byte("identity"))
-		}
-		chunkedLast = chunked
-	}
-	return chunkedLast, otherCoding
 }
 
 func badRequest(why string) *apiError {
@@ -122,29 +58,6 @@ func validEscapes(target []byte) bool {
 func isHex(c byte) bool {
 	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
 }
-
-// isToken tells whether b is an RFC 9110 token (a valid field name).
-func isToken(b []byte) bool {
-	for _, c := range b {
-		if !tokenChars[c] {
-			return false
-		}
-	}
-	return len(b) > 0
-}
-
-var tokenChars = func() (t [256]bool) {
-	for c := '0'; c <= '9'; c++ {
-		t[c] = true
-	}
-	for c := 'a'; c <= 'z'; c++ {
-		t[c], t[c-'a'+'A'] = true, true
-	}
-	for _, c := range "!#$%&'*+-.^_`|~" {
-		t[c] = true
-	}
-	return t
-}()
 
 // originForm is the request target to send the engine: origin-form
 // (path and query) whatever form the client used. An absolute-form target

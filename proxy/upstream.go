@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/timing-sidecar/timing-sidecar/proxy/framing"
 	"github.com/timing-sidecar/timing-sidecar/proxy/netclock"
 	"github.com/valyala/fasthttp"
 )
@@ -443,7 +444,7 @@ func (x *exchange) readHead(c *upstreamConn, resp *fasthttp.Response) error {
 	if line, _ := c.br.Peek(len("HTTP/1.1 000")); len(line) == len("HTTP/1.1 000") && line[9] == '0' {
 		return errBadStatus
 	}
-	if block := peekHeaderBlock(c.br); block != nil && !framedOneWay(block) {
+	if block := peekHeaderBlock(c.br); block != nil && framing.Check(block) != nil {
 		return errBadHeaders
 	}
 	if err := resp.Read(c.br); err != nil {
