@@ -98,13 +98,13 @@ func (p *Proxy) probe() error {
 	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.ReadinessInterval)
 	defer cancel()
 	if p.cfg.ReadinessProbe == ProbeTCP {
-		conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", p.up.addr.host)
+		conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", p.up.Host())
 		if err != nil {
 			return err
 		}
 		return conn.Close()
 	}
-	req, err := http.NewRequestWithContext(ctx, "GET", p.up.baseURL()+p.cfg.ReadinessPath, nil)
+	req, err := http.NewRequestWithContext(ctx, "GET", p.up.BaseURL()+p.cfg.ReadinessPath, nil)
 	if err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/timing-sidecar/timing-sidecar/proxy/upstream"
 	"github.com/timing-sidecar/timing-sidecar/rewrite"
 	"github.com/timing-sidecar/timing-sidecar/telemetry"
 	"github.com/timing-sidecar/timing-sidecar/timing"
@@ -18,22 +19,22 @@ var errEventTooLarge = errors.New("an event is larger than --max-event-size")
 // relayAssembled reads the stream the sidecar asked for in place of a
 // non-streaming response, marking the clock as for any stream, and answers
 // the client with the non-streaming response reassembled from it.
-func (p *Proxy) relayAssembled(ctx *fasthttp.RequestCtx, f *flight, x *exchange, resp *fasthttp.Response) {
+func (p *Proxy) relayAssembled(ctx *fasthttp.RequestCtx, f *flight, x *upstream.Exchange, resp *fasthttp.Response) {
 	r := p.pools.relay.Get().(*eventRelay)
 	defer func() {
 		r.events.Reset(nil)
 		r.engineMetrics = r.engineMetrics[:0]
 		p.pools.relay.Put(r)
 	}()
-	r.events.Reset(x.body(resp))
+	r.events.Reset(x.Body(resp))
 	a := rewrite.NewAssembly(p.cfg.MaxBufferedResponse)
 	engine, err := p.assemble(r.events, a, f, x, &r.engineMetrics)
-	done := x.received() // the read that ended the stream
+	done := x.Received() // the read that ended the stream
 	f.markEnd(done)
 
 	copyResponseHeader(ctx, resp)
-	x.finish(resp, err == nil)
-	if x.isAborted() {
+	x.Finish(resp, err == nil)
+	if x.IsAborted() {
 		closeUnanswered(ctx, f)
 		return
 	}
@@ -105,7 +106,7 @@ var errStreamCut = errors.New("the stream ended before its choices finished")
 // assemble reads events to the end of the stream into a, marking f's clock
 // and taking the engine's usage; it returns the engine's own timing report
 // if the stream carried one.
-func (p *Proxy) assemble(events *rewrite.EventReader, a *rewrite.Assembly, f *flight, x *exchange, engineMetrics *[]byte) (timing.EngineTiming, error) {
+func (p *Proxy) assemble(events *rewrite.EventReader, a *rewrite.Assembly, f *flight, x *upstream.Exchange, engineMetrics *[]byte) (timing.EngineTiming, error) {
 	var engine timing.EngineTiming
 	done := false
 	for {
@@ -127,7 +128,7 @@ func (p *Proxy) assemble(events *rewrite.EventReader, a *rewrite.Assembly, f *fl
 			done = true
 			continue
 		case rewrite.EventToken:
-			f.clock.MarkOutput(x.received(), ev.Output)
+			f.clock.MarkOutput(x.Received(), ev.Output)
 		}
 		if ev.Kind == rewrite.EventUsage || ev.UsageOnChoices {
 			f.addUsage(ev.Usage)

@@ -103,7 +103,7 @@ const watchDelay = 10 * time.Millisecond
 
 // watch calls onGone once if the client closes the connection before
 // unwatch is called.
-func (c *clientConn) watch(onGone func()) {
+func (c *clientConn) Watch(onGone func()) {
 	c.mu.Lock()
 	if c.err != nil {
 		c.mu.Unlock()
@@ -141,7 +141,7 @@ func (c *clientConn) startReadAhead() {
 	go c.readAhead(c.ahead)
 }
 
-func (c *clientConn) unwatch() {
+func (c *clientConn) Unwatch() {
 	c.mu.Lock()
 	c.onGone = nil
 	if c.start != nil {

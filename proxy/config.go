@@ -8,10 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/url"
 	"slices"
 	"time"
 
+	"github.com/timing-sidecar/timing-sidecar/proxy/upstream"
 	"github.com/timing-sidecar/timing-sidecar/telemetry"
 )
 
@@ -302,7 +302,7 @@ func (c *Config) tenantProblem() error {
 }
 
 func (c *Config) upstreamProblem() error {
-	_, err := parseUpstream(c.Upstream)
+	_, err := upstream.ParseURL(c.Upstream)
 	return err
 }
 
@@ -382,35 +382,4 @@ func (c *Config) sizeProblems() []error {
 		}
 	}
 	return errs
-}
-
-// upstreamAddr is a parsed --upstream.
-type upstreamAddr struct {
-	host string // host:port to dial
-	tls  bool
-}
-
-func parseUpstream(raw string) (upstreamAddr, error) {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return upstreamAddr{}, fmt.Errorf("upstream URL %q: %w", raw, err)
-	}
-	if u.Scheme != "http" && u.Scheme != "https" {
-		return upstreamAddr{}, fmt.Errorf("upstream URL %q: scheme must be http or https", raw)
-	}
-	if u.Host == "" || u.Hostname() == "" {
-		return upstreamAddr{}, fmt.Errorf("upstream URL %q: no host", raw)
-	}
-	if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
-		return upstreamAddr{}, fmt.Errorf("upstream URL %q: give only scheme, host and port; request paths are forwarded as they come", raw)
-	}
-	host := u.Host
-	if u.Port() == "" {
-		port := "80"
-		if u.Scheme == "https" {
-			port = "443"
-		}
-		host = net.JoinHostPort(u.Hostname(), port)
-	}
-	return upstreamAddr{host: host, tls: u.Scheme == "https"}, nil
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/timing-sidecar/timing-sidecar/proxy/upstream"
 	"github.com/timing-sidecar/timing-sidecar/telemetry"
 )
 
@@ -50,10 +51,10 @@ func (e apiError) write(ctx *fasthttp.RequestCtx) {
 func upstreamError(err error) apiError {
 	e := apiError{Status: fasthttp.StatusBadGateway, Type: "upstream_error"}
 	switch {
-	case errors.Is(err, errBadStatus):
+	case errors.Is(err, upstream.ErrBadStatus):
 		e.Code, e.Message = "bad_response", "timing-sidecar: the model server answered with a status that is not a final HTTP status"
 		return e
-	case errors.Is(err, errBadHeaders):
+	case errors.Is(err, upstream.ErrBadHeaders):
 		e.Code, e.Message = "bad_response", "timing-sidecar: the model server's response headers are malformed"
 		return e
 	}
@@ -101,11 +102,11 @@ func safeError(err error) string {
 // upstreamErrorKind names an engine failure for the errors counter.
 func upstreamErrorKind(err error, beforeHeaders bool) string {
 	var ne net.Error
-	timeout := errors.Is(err, errHeaderTimeout) || errors.Is(err, fasthttp.ErrTimeout) || (errors.As(err, &ne) && ne.Timeout())
+	timeout := errors.Is(err, upstream.ErrHeaderTimeout) || errors.Is(err, fasthttp.ErrTimeout) || (errors.As(err, &ne) && ne.Timeout())
 	var op *net.OpError
 	var small *fasthttp.ErrSmallBuffer
 	switch {
-	case errors.As(err, &small), errors.Is(err, errBadStatus), errors.Is(err, errBadHeaders):
+	case errors.As(err, &small), errors.Is(err, upstream.ErrBadStatus), errors.Is(err, upstream.ErrBadHeaders):
 		return telemetry.ErrorBadResponse
 	case !beforeHeaders && timeout:
 		return telemetry.ErrorIdleTimeout

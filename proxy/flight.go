@@ -49,7 +49,11 @@ type flight struct {
 	// and responseTaken what a held response holds until the end.
 	bodyTaken, responseTaken int
 	// out is what the engine gets as the body.
-	out outgoing
+	// unread is the client's body passed on as it arrives, unread (of
+	// unreadSize bytes; -1 for chunked); nil when the body was read, and
+	// the engine gets edit.
+	unread     *clientBody
+	unreadSize int
 	// readAhead: the stream was read ahead of a stalled client, and
 	// aheadWaited is how long the engine waited on it even so.
 	readAhead   bool

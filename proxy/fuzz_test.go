@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/timing-sidecar/timing-sidecar/proxy/upstream"
 )
 
 // FuzzRawRequest feeds raw bytes, any number of requests, to the sidecar's
@@ -59,7 +61,7 @@ func FuzzRawRequest(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	f.Cleanup(p.up.closeIdle)
+	f.Cleanup(p.up.CloseIdle)
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		engine.reset()
 		c := &bytesConn{in: bytes.NewReader(raw)}
@@ -169,7 +171,7 @@ func (e *recordingEngine) serve(c net.Conn) {
 	br := bufio.NewReader(c)
 	for {
 		req, err := http.ReadRequest(br)
-		if err != nil && isConnGone(err) && br.Buffered() == 0 {
+		if err != nil && upstream.IsConnGone(err) && br.Buffered() == 0 {
 			return // the sidecar closed the connection between requests
 		}
 		var body []byte

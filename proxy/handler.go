@@ -8,6 +8,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/timing-sidecar/timing-sidecar/proxy/upstream"
 	"github.com/timing-sidecar/timing-sidecar/rewrite"
 	"github.com/timing-sidecar/timing-sidecar/telemetry"
 )
@@ -89,11 +90,11 @@ func (p *Proxy) recoverRequest(ctx *fasthttp.RequestCtx, f *flight) {
 // response when the mode and the request ask for it.
 func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight, body []byte) {
 	var req rewrite.Request // a body left unread is not Understood
-	if f.out.stream == nil {
+	if f.unread == nil {
 		req = f.route.api.InspectRequest(body)
 	}
 	switch {
-	case f.out.stream != nil:
+	case f.unread != nil:
 		f.rec.Unread = telemetry.UnreadNoMemory
 	case req.Repeated:
 		f.rec.Unread = telemetry.UnreadRepeated
@@ -149,7 +150,7 @@ func (p *Proxy) editBody(f *flight, body []byte, req rewrite.Request, pl plan) p
 // relayMeasured relays the engine's answer to a measured request the way
 // its kind asks: reassembled, event by event, buffered for the metrics,
 // or as it comes.
-func (p *Proxy) relayMeasured(ctx *fasthttp.RequestCtx, f *flight, x *exchange, resp *fasthttp.Response) {
+func (p *Proxy) relayMeasured(ctx *fasthttp.RequestCtx, f *flight, x *upstream.Exchange, resp *fasthttp.Response) {
 	if resp.StatusCode() != fasthttp.StatusOK || isEncoded(resp) {
 		// Errors and what the sidecar cannot read pass through as they are.
 		p.relayBody(ctx, f, x, resp, nil, nil)
@@ -174,9 +175,9 @@ func (p *Proxy) relayMeasured(ctx *fasthttp.RequestCtx, f *flight, x *exchange, 
 // forward sends the client's request upstream with the body f.out says and
 // waits for the response headers, watching the client meanwhile. On
 // failure it answers the client itself and returns false.
-func (p *Proxy) forward(ctx *fasthttp.RequestCtx, f *flight, identity bool) (*exchange, *fasthttp.Response, bool) {
+func (p *Proxy) forward(ctx *fasthttp.RequestCtx, f *flight, identity bool) (*upstream.Exchange, *fasthttp.Response, bool) {
 	req := fasthttp.AcquireRequest()
-	upstreamRequest(req, ctx, identity, p.up.addr.host)
+	upstreamRequest(req, ctx, identity, p.up.Host())
 	if f.rec.Trace.On() {
 		// The engine's span is the child of the sidecar's CLIENT span,
 		// not of the client's: the client's trace context is replaced.
@@ -187,53 +188,50 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, f *flight, identity bool) (*ex
 	resp.SkipBody = ctx.IsHead()
 	// A response without Content-Type must not read as text/plain.
 	resp.Header.SetNoDefaultContentType(true)
-	if f.out.stream == nil {
-		f.out.edit = &f.edit
+	body := upstream.Body{Edit: &f.edit}
+	if f.unread != nil {
+		body = upstream.Body{Stream: f.unread, Size: f.unreadSize}
 	}
-	x := &exchange{up: p.up, out: f.out}
 	cc, _ := ctx.Conn().(*clientConn)
+	var watcher upstream.Watcher
 	if cc != nil {
-		if f.out.stream != nil {
-			// The client is still sending: watched once its body is
-			// sent, not while the body's reads are the server's.
-			x.watcher = cc
-		} else {
-			cc.watch(x.abort)
-		}
+		watcher = cc
 	}
-	err := x.roundTrip(req, resp)
+	// A client still sending is watched once its body is sent, not while
+	// the body's reads are the server's.
+	x := p.up.NewExchange(body, watcher, f.unread != nil)
+	err := x.RoundTrip(req, resp)
 	fasthttp.ReleaseRequest(req)
-	if f.out.stream != nil && cc != nil && f.clock.Arrival.Before(cc.arrival()) {
+	if f.unread != nil && cc != nil && f.clock.Arrival.Before(cc.arrival()) {
 		// The body streamed through: it had arrived when it was sent.
 		f.clock.Arrival = cc.arrival()
-		if err == nil && x.headersRead.Before(f.clock.Arrival) {
-			f.clock.Arrival = x.headersRead // an answer before the body's end
+		if err == nil && x.HeadersRead().Before(f.clock.Arrival) {
+			f.clock.Arrival = x.HeadersRead() // an answer before the body's end
 		}
 	}
 	p.sent(f)
 	if err == nil {
-		x.client = cc
-		if x.early && f.out.stream != nil {
+		if x.Early() && f.unread != nil {
 			// The rest of the client's body was never read: the
 			// connection ends after the answer, lingering so that the
 			// client reads it rather than a reset.
 			closeAfterError(ctx)
 		}
-		f.clock.Accepted = x.headersRead
+		f.clock.Accepted = x.HeadersRead()
 		f.rec.Trace.EngineStatus = resp.StatusCode()
 		return x, resp, true
 	}
 	if cc != nil {
-		cc.unwatch()
+		cc.Unwatch()
 	}
 	fasthttp.ReleaseResponse(resp)
-	if errors.Is(err, errAborted) {
+	if errors.Is(err, upstream.ErrAborted) {
 		closeUnanswered(ctx, f)
 		return nil, nil, false
 	}
-	if f.out.stream != nil && f.out.stream.err != nil {
+	if f.unread != nil && f.unread.err != nil {
 		// The client failed while its body streamed through.
-		p.refuseBody(ctx, f, f.out.stream.err)
+		p.refuseBody(ctx, f, f.unread.err)
 		return nil, nil, false
 	}
 	p.log.Warn("upstream request failed", "path", f.rec.Path, "request_id", f.rec.ID, "err", safeError(err))

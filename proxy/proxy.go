@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
+	"github.com/timing-sidecar/timing-sidecar/proxy/upstream"
 	"github.com/timing-sidecar/timing-sidecar/telemetry"
 )
 
@@ -24,7 +25,7 @@ import (
 type Proxy struct {
 	cfg       Config
 	log       *slog.Logger
-	up        *upstream
+	up        *upstream.Client
 	server    *fasthttp.Server
 	pools     *pools
 	registry  *prometheus.Registry
@@ -64,7 +65,11 @@ func New(cfg Config, log *slog.Logger, accessLog io.Writer) (*Proxy, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid configuration:\n%w", err)
 	}
-	up, err := newUpstream(&cfg)
+	up, err := upstream.New(upstream.Config{URL: cfg.Upstream,
+		ConnectTimeout: cfg.UpstreamConnectTimeout, HeaderTimeout: cfg.UpstreamHeaderTimeout,
+		IdleTimeout: cfg.UpstreamIdleTimeout, KeepAlive: cfg.UpstreamKeepAlive,
+		MaxHeaderSize: cfg.MaxResponseHeaderSize, KernelStamps: cfg.KernelTimestamps,
+		CAFile: cfg.UpstreamCAFile, ServerName: cfg.UpstreamServerName})
 	if err != nil {
 		return nil, err
 	}
@@ -76,7 +81,7 @@ func New(cfg Config, log *slog.Logger, accessLog io.Writer) (*Proxy, error) {
 		bodies: newBodyBudget(cfg.MaxBodyMemory), tls: serveTLS}
 	opts := telemetry.Options{MaxModels: cfg.MaxModelLabels, TenantLabel: cfg.TenantLabel, MaxTenants: cfg.MaxTenantLabels,
 		Objectives:       telemetry.Objectives{TTFT: cfg.SLOTTFT, ITL: cfg.SLOITL, E2E: cfg.SLOE2E},
-		KernelTimestamps: up.kernelStamps}
+		KernelTimestamps: up.KernelStamps()}
 	if cfg.AccessLog && accessLog != nil {
 		opts.AccessLog, opts.Log = accessLog, log
 	}
@@ -84,7 +89,7 @@ func New(cfg Config, log *slog.Logger, accessLog io.Writer) (*Proxy, error) {
 		return nil, fmt.Errorf("tracing: %w", err)
 	}
 	opts.Tracer = p.tracer
-	p.engineAddress, p.enginePort = splitHostPort(up.addr.host, 0)
+	p.engineAddress, p.enginePort = splitHostPort(up.Host(), 0)
 	p.telemetry = telemetry.NewRecorder(p.registry, opts)
 	p.admin = &http.Server{Handler: p.AdminHandler(), ReadHeaderTimeout: 10 * time.Second,
 		// Scrapers and probes keep connections alive between visits;
@@ -188,7 +193,7 @@ func (ic *idleClients) closeAll() {
 // markClock names the clock the marks are read from, for the start-up log.
 func (p *Proxy) markClock() string {
 	switch {
-	case p.up.kernelStamps:
+	case p.up.KernelStamps():
 		return "kernel receive time"
 	case p.cfg.KernelTimestamps:
 		return "clock at the read (this platform gives no kernel receive times)"
@@ -236,7 +241,7 @@ func (p *Proxy) refuse(ctx *fasthttp.RequestCtx, e apiError) {
 
 // Serve answers requests on ln until Shutdown.
 func (p *Proxy) Serve(ln net.Listener) error {
-	return p.server.Serve(clientListener{Listener: ln, kernelStamps: p.up.kernelStamps, writeTimeout: p.cfg.ClientWriteTimeout, hold: p.clientHold, blocked: p.clientBlocked, sendBuffer: p.clientSendBuffer, tls: p.tls})
+	return p.server.Serve(clientListener{Listener: ln, kernelStamps: p.up.KernelStamps(), writeTimeout: p.cfg.ClientWriteTimeout, hold: p.clientHold, blocked: p.clientBlocked, sendBuffer: p.clientSendBuffer, tls: p.tls})
 }
 
 // Shutdown fails readiness, stops accepting connections and waits, until
@@ -244,7 +249,7 @@ func (p *Proxy) Serve(ln net.Listener) error {
 func (p *Proxy) Shutdown(ctx context.Context) error {
 	p.ready.stopping.Store(true)
 	p.stopOnce.Do(func() { close(p.stop) })
-	defer p.up.closeIdle()
+	defer p.up.CloseIdle()
 	// The admin port stays up while requests drain: /readyz keeps saying
 	// "shutting down", /healthz keeps the pod alive, /metrics counts the
 	// last requests.

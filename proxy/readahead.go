@@ -4,6 +4,8 @@ import (
 	"io"
 	"sync"
 	"time"
+
+	"github.com/timing-sidecar/timing-sidecar/proxy/upstream"
 )
 
 // streamSource is the engine's side of an event stream as the relay reads
@@ -18,7 +20,7 @@ import (
 // as paced by its client.
 type streamSource struct {
 	p     *Proxy
-	x     *exchange
+	x     *upstream.Exchange
 	body  io.Reader  // the engine's body; the read-ahead's once it runs
 	at    time.Time  // when the bytes read last arrived
 	ahead *readAhead // nil until a write to the client first waits
@@ -76,7 +78,7 @@ func signal(c chan struct{}) {
 	}
 }
 
-func (s *streamSource) reset(p *Proxy, x *exchange, body io.Reader) {
+func (s *streamSource) reset(p *Proxy, x *upstream.Exchange, body io.Reader) {
 	*s = streamSource{p: p, x: x, body: body}
 }
 
@@ -85,7 +87,7 @@ func (s *streamSource) Read(b []byte) (n int, err error) {
 		n, err = s.ahead.read(b, &s.at)
 	} else {
 		n, err = s.body.Read(b)
-		s.at = s.x.received()
+		s.at = s.x.Received()
 	}
 	if err != nil {
 		s.ended = true
@@ -100,7 +102,7 @@ func (s *streamSource) received() time.Time { return s.at }
 // any are there (see exchange.awaitBytes).
 func (s *streamSource) await(d time.Duration) bool {
 	if s.ahead == nil {
-		return s.x.awaitBytes(d)
+		return s.x.AwaitBytes(d)
 	}
 	return s.ahead.await(d)
 }
@@ -121,7 +123,7 @@ func (s *streamSource) clientBlocked() {
 }
 
 // run reads the engine's side until its end, an error, or stop.
-func (a *readAhead) run(body io.Reader, x *exchange) {
+func (a *readAhead) run(body io.Reader, x *upstream.Exchange) {
 	defer close(a.done)
 	for {
 		a.mu.Lock()
@@ -145,7 +147,7 @@ func (a *readAhead) run(body io.Reader, x *exchange) {
 		}
 		a.mu.Unlock()
 		n, err := body.Read(a.buf[w : w+free])
-		at := x.received()
+		at := x.Received()
 		a.mu.Lock()
 		a.n += n
 		a.total += int64(n)

@@ -8,12 +8,13 @@ import (
 	"time"
 
 	"github.com/timing-sidecar/timing-sidecar/proxy/netclock"
+	"github.com/timing-sidecar/timing-sidecar/proxy/upstream"
 )
 
 // stampedChunks is an engine body read in set chunks, each read stamping
 // the exchange's receive time as the connection would.
 type stampedChunks struct {
-	x      *exchange
+	x      *upstream.Exchange
 	chunks [][]byte
 	at     []time.Time
 	i      int
@@ -25,7 +26,7 @@ func (s *stampedChunks) Read(p []byte) (int, error) {
 	}
 	n := copy(p, s.chunks[s.i])
 	s.chunks[s.i] = s.chunks[s.i][n:]
-	s.x.recv.Received = s.at[s.i]
+	s.x.Recv.Received = s.at[s.i]
 	if len(s.chunks[s.i]) == 0 {
 		s.i++
 	}
@@ -42,7 +43,7 @@ func TestReadAheadKeepsBytesAndStamps(t *testing.T) {
 	var want []byte
 	var ends []int // where each engine read's bytes end in the stream
 	var at []time.Time
-	src := &stampedChunks{x: &exchange{recv: &netclock.Conn{}}}
+	src := &stampedChunks{x: &upstream.Exchange{Recv: &netclock.Conn{}}}
 	for i := range 3000 {
 		c := make([]byte, 1+rng.IntN(1200))
 		for j := range c {

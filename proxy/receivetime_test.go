@@ -111,11 +111,11 @@ func heldExchange(t *testing.T, kernel, withTLS bool) (map[string]*float64, wind
 	}
 	if withTLS {
 		// The test engine's own certificate authority.
-		p.up.tls.RootCAs = x509.NewCertPool()
-		p.up.tls.RootCAs.AddCert(engine.srv.Certificate())
+		p.up.TLS.RootCAs = x509.NewCertPool()
+		p.up.TLS.RootCAs.AddCert(engine.srv.Certificate())
 	}
 	hold := func() { time.Sleep(readHold) }
-	p.clientHold, p.up.hold = hold, hold
+	p.clientHold, p.up.Hold = hold, hold
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -223,7 +223,7 @@ func TestFallbackMarksAreTheClockAtTheRead(t *testing.T) {
 // sidecar's own delay, in the request's record and in Prometheus.
 func TestRelayDelayRunsFromTheReceiveStamp(t *testing.T) {
 	r := newBenchRelay(event300)
-	r.x.recv.Received = time.Now().Add(-time.Second)
+	r.x.Recv.Received = time.Now().Add(-time.Second)
 	var w eventWriter
 	writeEvents(t, r, &w, 4) // the fourth write fails: that event never reached the client
 	d := &r.f.rec.RelayDelays

@@ -11,6 +11,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/timing-sidecar/timing-sidecar/proxy/upstream"
 	"github.com/timing-sidecar/timing-sidecar/rewrite"
 	"github.com/timing-sidecar/timing-sidecar/timing"
 )
@@ -20,13 +21,13 @@ import (
 // set, is the error that ended reading them. For a measured non-streaming
 // response it keeps a copy of the body (up to the buffering limit) to read
 // the engine's usage from at the end.
-func (p *Proxy) relayBody(ctx *fasthttp.RequestCtx, f *flight, x *exchange, resp *fasthttp.Response, prefix []byte, readErr error) {
+func (p *Proxy) relayBody(ctx *fasthttp.RequestCtx, f *flight, x *upstream.Exchange, resp *fasthttp.Response, prefix []byte, readErr error) {
 	copyResponseHeader(ctx, resp)
 	setResponseID(ctx, f)
 	f.rec.Status = resp.StatusCode()
 	if resp.BodyStream() == nil {
 		// HEAD, 204, 304: headers only.
-		x.finish(resp, true)
+		x.Finish(resp, true)
 		return
 	}
 	size := resp.Header.ContentLength()
@@ -38,7 +39,7 @@ func (p *Proxy) relayBody(ctx *fasthttp.RequestCtx, f *flight, x *exchange, resp
 	switch {
 	case isEventStream(resp):
 		ctx.Response.ImmediateHeaderFlush = true
-	case size >= 0 && (readErr != nil || len(prefix)+x.buffered() < size):
+	case size >= 0 && (readErr != nil || len(prefix)+x.Buffered() < size):
 		// A body with a length that has not all arrived: the headers go
 		// out now and each read of the body as it comes (clientConn's
 		// ReadFrom), so if the engine stops short the client still gets
@@ -46,7 +47,7 @@ func (p *Proxy) relayBody(ctx *fasthttp.RequestCtx, f *flight, x *exchange, resp
 		// A body already here goes out with the headers in one write.
 		ctx.Response.ImmediateHeaderFlush = true
 	}
-	b := &bodyRelay{p: p, f: f, x: x, resp: resp, body: x.body(resp), prefix: prefix, err: readErr}
+	b := &bodyRelay{p: p, f: f, x: x, resp: resp, body: x.Body(resp), prefix: prefix, err: readErr}
 	if f.measured && !f.plan.wantMetrics {
 		// A body the metrics were not planned for is read for its usage,
 		// up to the buffering limit. (One planned for them comes here only
@@ -103,7 +104,7 @@ func startStream(ctx *fasthttp.RequestCtx, f *flight, body streamBody, size int)
 type bodyRelay struct {
 	p       *Proxy
 	f       *flight
-	x       *exchange
+	x       *upstream.Exchange
 	resp    *fasthttp.Response
 	body    io.Reader
 	prefix  []byte
@@ -137,7 +138,7 @@ func (b *bodyRelay) Read(p []byte) (n int, err error) {
 	switch {
 	case err == io.EOF:
 		b.eof = true
-		b.f.markEnd(b.x.received()) // the record's end: the last byte
+		b.f.markEnd(b.x.Received()) // the record's end: the last byte
 	case err != nil:
 		b.err = err
 	}
@@ -158,7 +159,7 @@ func (b *bodyRelay) CloseWithError(writeErr error) error {
 		}
 		b.p.pools.release(b.capture)
 	}
-	b.x.finish(b.resp, b.eof)
+	b.x.Finish(b.resp, b.eof)
 	b.p.finish(f)
 	return nil
 }
@@ -182,9 +183,9 @@ func (p *Proxy) recoverRead(f *flight, err *error) {
 
 // noteEnd records how a relayed body ended: an engine failure (readErr) or
 // a client that left (writeErr, or the watcher's abort).
-func noteEnd(f *flight, x *exchange, readErr, writeErr error) {
+func noteEnd(f *flight, x *upstream.Exchange, readErr, writeErr error) {
 	switch {
-	case x.isAborted() || (writeErr != nil && readErr == nil):
+	case x.IsAborted() || (writeErr != nil && readErr == nil):
 		f.rec.ClientGone = true
 	case readErr != nil && readErr != io.EOF:
 		f.rec.UpstreamError = upstreamErrorKind(readErr, false)
@@ -194,7 +195,7 @@ func noteEnd(f *flight, x *exchange, readErr, writeErr error) {
 // relayWithMetrics reads a non-streaming response whole, splices the
 // metrics in and sends it with its new length. A response too large to
 // buffer passes through without metrics.
-func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *exchange, resp *fasthttp.Response) {
+func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *upstream.Exchange, resp *fasthttp.Response) {
 	limit := p.cfg.MaxBufferedResponse
 	if resp.BodyStream() == nil || resp.Header.ContentLength() > limit {
 		// Too large to splice into: it passes as it comes.
@@ -203,11 +204,11 @@ func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *exchang
 	}
 	buf := p.pools.buffer()
 	defer p.pools.release(buf)
-	complete, err := readUpTo(buf, x.body(resp), limit, func(n int) bool { return p.holdResponse(f, n) })
-	done := x.received() // the engine's whole body
+	complete, err := readUpTo(buf, x.Body(resp), limit, func(n int) bool { return p.holdResponse(f, n) })
+	done := x.Received() // the engine's whole body
 	if err != nil {
-		x.finish(resp, false)
-		if x.isAborted() {
+		x.Finish(resp, false)
+		if x.IsAborted() {
 			closeUnanswered(ctx, f)
 			return
 		}
@@ -234,7 +235,7 @@ func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *exchang
 	copyResponseHeader(ctx, resp)
 	setResponseID(ctx, f)
 	f.rec.Status = resp.StatusCode()
-	x.finish(resp, true)
+	x.Finish(resp, true)
 
 	mb := p.pools.buffer()
 	defer p.pools.release(mb)
@@ -282,18 +283,18 @@ func readUpTo(buf *buffer, r io.Reader, limit int, hold func(n int) bool) (compl
 // marking the clock on token events. It splices the metrics into the final
 // usage event when the client asked for them, and removes the usage event
 // when only the sidecar did.
-func (p *Proxy) relayEvents(ctx *fasthttp.RequestCtx, f *flight, x *exchange, resp *fasthttp.Response) {
+func (p *Proxy) relayEvents(ctx *fasthttp.RequestCtx, f *flight, x *upstream.Exchange, resp *fasthttp.Response) {
 	copyResponseHeader(ctx, resp)
 	setResponseID(ctx, f)
 	f.rec.Status = resp.StatusCode()
 	if resp.BodyStream() == nil {
-		x.finish(resp, true)
+		x.Finish(resp, true)
 		return
 	}
 	r := p.pools.relay.Get().(*eventRelay)
 	r.p, r.f, r.x, r.resp = p, f, x, resp
 	r.hold = finishHold{plan: f.plan}
-	r.src.reset(p, x, x.body(resp))
+	r.src.reset(p, x, x.Body(resp))
 	r.events.Reset(&r.src)
 	if f.client != nil {
 		f.client.onStall = r.clientBlocked
@@ -318,7 +319,7 @@ func (p *Proxy) relayEvents(ctx *fasthttp.RequestCtx, f *flight, x *exchange, re
 type eventRelay struct {
 	p       *Proxy
 	f       *flight
-	x       *exchange
+	x       *upstream.Exchange
 	resp    *fasthttp.Response
 	events  *rewrite.EventReader
 	trailer *fasthttp.ResponseHeader // set when a Server-Timing trailer is announced
@@ -579,8 +580,8 @@ func (r *eventRelay) CloseWithError(writeErr error) error {
 	}
 	// The read-ahead's goroutine is done with the engine before the
 	// engine's connection and response are let go.
-	r.f.readAhead, r.f.aheadWaited = r.src.close(r.x.abort)
-	r.x.finish(r.resp, r.eof)
+	r.f.readAhead, r.f.aheadWaited = r.src.close(r.x.Abort)
+	r.x.Finish(r.resp, r.eof)
 	r.p.finish(r.f)
 	pools := r.p.pools
 	r.events.Reset(nil)

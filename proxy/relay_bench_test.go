@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/timing-sidecar/timing-sidecar/proxy/netclock"
+	"github.com/timing-sidecar/timing-sidecar/proxy/upstream"
 	"github.com/timing-sidecar/timing-sidecar/telemetry"
 	"github.com/timing-sidecar/timing-sidecar/timing"
 )
@@ -52,7 +53,7 @@ func newBenchRelay(stream string) *eventRelay {
 	r.hold = finishHold{plan: r.f.plan}
 	// The reads' arrival as a connection would record it; the recorder
 	// takes each event's relay delay.
-	r.x = &exchange{recv: &netclock.Conn{Received: time.Now()}}
+	r.x = &upstream.Exchange{Recv: &netclock.Conn{Received: time.Now()}}
 	reg := prometheus.NewRegistry()
 	r.p = &Proxy{registry: reg, telemetry: telemetry.NewRecorder(reg, telemetry.Options{})}
 	return r

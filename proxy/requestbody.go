@@ -6,18 +6,7 @@ import (
 	"io"
 
 	"github.com/valyala/fasthttp"
-
-	"github.com/timing-sidecar/timing-sidecar/rewrite"
 )
-
-// outgoing is the request body the engine gets: an edit of the body the
-// sidecar read (edit), or the client's body passed on as it arrives,
-// unread (stream, of size bytes; -1 for chunked).
-type outgoing struct {
-	edit   *rewrite.Edit
-	stream *clientBody
-	size   int
-}
 
 // clientBody is a client's body streamed to the engine unread. A read
 // error is the client's (it left, or stopped sending): kept apart from the
@@ -26,6 +15,9 @@ type clientBody struct {
 	r   io.Reader
 	err error
 }
+
+// Err is the error that cut the body: the client's.
+func (c *clientBody) Err() error { return c.err }
 
 func (c *clientBody) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
@@ -120,7 +112,7 @@ func (p *Proxy) readBody(ctx *fasthttp.RequestCtx, f *flight) ([]byte, bool) {
 // streamUnread sends a body the budget has no room for to the engine as it
 // arrives, unread: the request is answered, without the metrics object.
 func (p *Proxy) streamUnread(f *flight, body *clientBody, size int) {
-	f.out.stream, f.out.size = body, size
+	f.unread, f.unreadSize = body, size
 	p.log.Warn("no room in --max-body-memory for the request body; it goes to the engine unread, and is answered without metrics",
 		"request_id", f.rec.ID, "content_length", size, "max_body_memory", p.cfg.MaxBodyMemory)
 }

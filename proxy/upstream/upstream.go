@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import (
 	"bufio"
@@ -18,24 +18,27 @@ import (
 
 	"github.com/timing-sidecar/timing-sidecar/proxy/framing"
 	"github.com/timing-sidecar/timing-sidecar/proxy/netclock"
+	"github.com/timing-sidecar/timing-sidecar/rewrite"
 	"github.com/valyala/fasthttp"
 )
 
-// maxIdleUpstreamConns bounds the pooled idle connections to the engine:
+// maxIdleConns bounds the pooled idle connections to the engine:
 // more than the in-flight requests an engine serves at once, so a burst's
 // connections are reused; each holds a response-header buffer.
-const maxIdleUpstreamConns = 256
+const maxIdleConns = 256
 
-// upstream is a small HTTP/1.1 client for the engine with a pool of
+// Client is a small HTTP/1.1 client for the engine with a pool of
 // keep-alive connections. It is not fasthttp.HostClient because the sidecar
 // must be able to abort any one request at any moment, also while it waits
 // for response headers, by closing that request's connection: this is how
 // the engine learns that the client left. fasthttp's own request and
 // response types still do the HTTP encoding and parsing.
-type upstream struct {
-	addr          upstreamAddr
-	dialer        net.Dialer
-	tls           *tls.Config
+type Client struct {
+	addr   Addr
+	dialer net.Dialer
+	// TLS is the https engine's client configuration; nil for http.
+	// Set before the first request.
+	TLS           *tls.Config
 	headerTimeout time.Duration
 	idleTimeout   time.Duration
 	keepAlive     time.Duration
@@ -44,8 +47,9 @@ type upstream struct {
 	// kernelStamps: marks take the kernel's receive time of the engine's
 	// bytes (netclock.Conn).
 	kernelStamps bool
-	// hold, when set (tests only), runs before each read from the engine.
-	hold func()
+	// Hold, when set (tests only, before the first request), runs before
+	// each read from the engine: a reader that runs late.
+	Hold func()
 
 	mu   sync.Mutex
 	idle []*upstreamConn // most recently used last
@@ -55,50 +59,76 @@ type upstream struct {
 	writers sync.Pool
 }
 
-func newUpstream(cfg *Config) (*upstream, error) {
-	addr, err := parseUpstream(cfg.Upstream)
+// Config is the engine client's settings (the --upstream-* flags).
+type Config struct {
+	// URL is the engine's scheme, host and port (see ParseURL).
+	URL string
+	// ConnectTimeout bounds a dial and a TLS handshake; HeaderTimeout the
+	// wait for response headers; IdleTimeout a silence in a response
+	// body; KeepAlive how long an idle connection is kept.
+	ConnectTimeout, HeaderTimeout, IdleTimeout, KeepAlive time.Duration
+	// MaxHeaderSize bounds a response's header block.
+	MaxHeaderSize int
+	// KernelStamps: mark the engine's bytes with the kernel's receive
+	// time where it gives one.
+	KernelStamps bool
+	// CAFile verifies an https engine's certificate (the system's roots
+	// otherwise); ServerName is the name verified, when not the URL's.
+	CAFile, ServerName string
+}
+
+// New is a client for the engine cfg names.
+func New(cfg Config) (*Client, error) {
+	addr, err := ParseURL(cfg.URL)
 	if err != nil {
 		return nil, err
 	}
-	u := &upstream{
+	u := &Client{
 		addr:          addr,
-		dialer:        net.Dialer{Timeout: cfg.UpstreamConnectTimeout},
-		headerTimeout: cfg.UpstreamHeaderTimeout,
-		idleTimeout:   cfg.UpstreamIdleTimeout,
-		keepAlive:     cfg.UpstreamKeepAlive,
-		maxIdle:       maxIdleUpstreamConns,
-		maxHeader:     cfg.MaxResponseHeaderSize,
-		kernelStamps:  cfg.KernelTimestamps && netclock.KernelTimestamps(),
+		dialer:        net.Dialer{Timeout: cfg.ConnectTimeout},
+		headerTimeout: cfg.HeaderTimeout,
+		idleTimeout:   cfg.IdleTimeout,
+		keepAlive:     cfg.KeepAlive,
+		maxIdle:       maxIdleConns,
+		maxHeader:     cfg.MaxHeaderSize,
+		kernelStamps:  cfg.KernelStamps && netclock.KernelTimestamps(),
 	}
 	u.writers.New = func() any { return bufio.NewWriterSize(nil, 4<<10) }
-	if addr.tls {
-		host, _, _ := net.SplitHostPort(addr.host)
-		u.tls = &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}
-		if cfg.UpstreamServerName != "" {
-			u.tls.ServerName = cfg.UpstreamServerName
+	if addr.TLS {
+		host, _, _ := net.SplitHostPort(addr.Host)
+		u.TLS = &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}
+		if cfg.ServerName != "" {
+			u.TLS.ServerName = cfg.ServerName
 		}
-		if cfg.UpstreamCAFile != "" {
-			pem, err := os.ReadFile(cfg.UpstreamCAFile)
+		if cfg.CAFile != "" {
+			pem, err := os.ReadFile(cfg.CAFile)
 			if err != nil {
 				return nil, fmt.Errorf("upstream CA file: %w", err)
 			}
 			roots := x509.NewCertPool()
 			if !roots.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("upstream CA file %s: no PEM certificate in it", cfg.UpstreamCAFile)
+				return nil, fmt.Errorf("upstream CA file %s: no PEM certificate in it", cfg.CAFile)
 			}
-			u.tls.RootCAs = roots
+			u.TLS.RootCAs = roots
 		}
 	}
 	return u, nil
 }
 
-// baseURL is the engine's scheme and host, without a trailing slash.
-func (u *upstream) baseURL() string {
-	if u.addr.tls {
-		return "https://" + u.addr.host
+// BaseURL is the engine's scheme and host, without a trailing slash.
+func (u *Client) BaseURL() string {
+	if u.addr.TLS {
+		return "https://" + u.addr.Host
 	}
-	return "http://" + u.addr.host
+	return "http://" + u.addr.Host
 }
+
+// Host is the engine's host:port.
+func (u *Client) Host() string { return u.addr.Host }
+
+// KernelStamps tells whether the engine's bytes are marked with the
+// kernel's receive time.
+func (u *Client) KernelStamps() bool { return u.kernelStamps }
 
 // upstreamConn is one connection to the engine with its buffers.
 type upstreamConn struct {
@@ -120,7 +150,7 @@ func (c *upstreamConn) Read(p []byte) (int, error) {
 
 // get returns the most recently used pooled connection that is still open,
 // or a new one.
-func (u *upstream) get() (*upstreamConn, error) {
+func (u *Client) get() (*upstreamConn, error) {
 	for {
 		u.mu.Lock()
 		u.reapLocked(time.Now())
@@ -145,7 +175,7 @@ func (u *upstream) get() (*upstreamConn, error) {
 
 // reapLocked closes pooled connections idle for longer than the keep-alive.
 // The pool is ordered by idleSince, oldest first.
-func (u *upstream) reapLocked(now time.Time) {
+func (u *Client) reapLocked(now time.Time) {
 	n := 0
 	for n < len(u.idle) && now.Sub(u.idle[n].idleSince) >= u.keepAlive {
 		u.idle[n].Close()
@@ -156,18 +186,18 @@ func (u *upstream) reapLocked(now time.Time) {
 	}
 }
 
-func (u *upstream) dial() (*upstreamConn, error) {
-	tcp, err := u.dialer.Dial("tcp", u.addr.host)
+func (u *Client) dial() (*upstreamConn, error) {
+	tcp, err := u.dialer.Dial("tcp", u.addr.Host)
 	if err != nil {
 		return nil, err
 	}
 	// TLS reads its records from the stamped connection, so a mark is
 	// the arrival of the record that completed it.
 	recv := netclock.New(tcp, u.kernelStamps)
-	recv.Hold = u.hold
+	recv.Hold = u.Hold
 	var nc net.Conn = recv
-	if u.tls != nil {
-		tc := tls.Client(nc, u.tls)
+	if u.TLS != nil {
+		tc := tls.Client(nc, u.TLS)
 		ctx, cancel := context.WithTimeout(context.Background(), u.dialer.Timeout)
 		err = tc.HandshakeContext(ctx)
 		cancel()
@@ -185,7 +215,7 @@ func (u *upstream) dial() (*upstreamConn, error) {
 }
 
 // put returns a connection whose last response was read to its end.
-func (u *upstream) put(c *upstreamConn) {
+func (u *Client) put(c *upstreamConn) {
 	c.idleSince = time.Now()
 	u.mu.Lock()
 	u.reapLocked(c.idleSince)
@@ -199,8 +229,8 @@ func (u *upstream) put(c *upstreamConn) {
 	}
 }
 
-// closeIdle closes every pooled connection.
-func (u *upstream) closeIdle() {
+// CloseIdle closes every pooled connection.
+func (u *Client) CloseIdle() {
 	u.mu.Lock()
 	idle := u.idle
 	u.idle = nil
@@ -210,16 +240,16 @@ func (u *upstream) closeIdle() {
 	}
 }
 
-// errAborted is returned by an exchange that was aborted because its client
+// ErrAborted is returned by an Exchange that was aborted because its client
 // went away.
-var errAborted = errors.New("client went away")
+var ErrAborted = errors.New("client went away")
 
-// errBadStatus is returned for a status line that is no final HTTP status.
-var errBadStatus = errors.New("the engine's status is not a final HTTP status")
+// ErrBadStatus is returned for a status line that is no final HTTP status.
+var ErrBadStatus = errors.New("the engine's status is not a final HTTP status")
 
-// errBadHeaders is returned for a response header block that parsers
+// ErrBadHeaders is returned for a response header block that parsers
 // could read in more than one way.
-var errBadHeaders = errors.New("the engine's response headers are malformed")
+var ErrBadHeaders = errors.New("the engine's response headers are malformed")
 
 // peekHeaderBlock returns the response's header fields, after the status
 // line and before the blank line, without consuming them; nil if they do
@@ -260,19 +290,19 @@ func blankLine(b []byte) int {
 	return -1
 }
 
-// errHeaderTimeout is returned when the engine sent no response headers
+// ErrHeaderTimeout is returned when the engine sent no response headers
 // within the configured time.
-var errHeaderTimeout = errors.New("no response headers from upstream in time")
+var ErrHeaderTimeout = errors.New("no response headers from upstream in time")
 
-// exchange is one request and its response on one upstream connection.
-// abort may be called from any goroutine at any time.
-type exchange struct {
-	up     *upstream
-	client *clientConn // watched for the client leaving; may be nil
-	out    outgoing    // the request's body
+// Exchange is one request and its response on one connection to the
+// engine. Abort may be called from any goroutine at any time.
+type Exchange struct {
+	up     *Client
+	client Watcher // watched for the client leaving; may be nil
+	out    Body    // the request's body
 	// watcher, when set, is watched for the client leaving once the body
 	// is sent: a body streamed through is read from it until then.
-	watcher *clientConn
+	watcher Watcher
 
 	mu      sync.Mutex
 	conn    *upstreamConn
@@ -284,18 +314,65 @@ type exchange struct {
 	// headersRead is when the engine's response headers had arrived:
 	// the request's accepted mark.
 	headersRead time.Time
-	// recv is the connection the response is read from, for the arrival
+	// Recv is the connection the response is read from, for the arrival
 	// time of the bytes read last; set with the headers and only used by
 	// the response's reader.
-	recv *netclock.Conn
+	Recv *netclock.Conn
 	// early: the engine answered before it took the whole request, so
 	// its connection is not reused.
 	early bool
 }
 
-// abort closes the exchange's connection, so a blocked write or read returns
+// Watcher watches a client's connection for the client leaving while
+// its request is with the engine, and aborts the exchange if it does.
+type Watcher interface {
+	Watch(abort func())
+	Unwatch()
+}
+
+// Body is a request's body for the engine: an edited body, sent with its
+// length (and again on a new connection, if the first was closed under
+// it), or, with Stream set, a client's body streamed through unread, sent
+// once.
+type Body struct {
+	Edit   *rewrite.Edit
+	Stream Stream
+	Size   int // Stream's length; -1 if unknown
+}
+
+// Stream is a client's body streamed through; Err is the error that cut
+// it, which is the client's, not the engine's.
+type Stream interface {
+	io.Reader
+	Err() error
+}
+
+// NewExchange starts an exchange that sends body, watching client for
+// its leaving: once the body is sent when afterBody (a body streamed
+// through is read from the client until then), else from the start.
+// client may be nil.
+func (u *Client) NewExchange(body Body, client Watcher, afterBody bool) *Exchange {
+	x := &Exchange{up: u, out: body}
+	switch {
+	case client == nil:
+	case afterBody:
+		x.watcher = client
+	default:
+		client.Watch(x.Abort)
+		x.client = client
+	}
+	return x
+}
+
+// HeadersRead is when the engine's response headers had arrived.
+func (x *Exchange) HeadersRead() time.Time { return x.headersRead }
+
+// Early tells an engine that answered before it took the whole request.
+func (x *Exchange) Early() bool { return x.early }
+
+// abort closes the Exchange's connection, so a blocked write or read returns
 // at once and the engine sees its client go away.
-func (x *exchange) abort() {
+func (x *Exchange) Abort() {
 	x.mu.Lock()
 	x.aborted = true
 	c := x.conn
@@ -305,7 +382,7 @@ func (x *exchange) abort() {
 	}
 }
 
-func (x *exchange) attach(c *upstreamConn) bool {
+func (x *Exchange) attach(c *upstreamConn) bool {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.aborted {
@@ -315,10 +392,10 @@ func (x *exchange) attach(c *upstreamConn) bool {
 	return true
 }
 
-// release ends the exchange: the connection goes back to the pool when the
+// release ends the Exchange: the connection goes back to the pool when the
 // response was read to its end and both sides allow keep-alive; otherwise
 // it is closed.
-func (x *exchange) release(reusable bool) {
+func (x *Exchange) release(reusable bool) {
 	x.mu.Lock()
 	c := x.conn
 	x.conn = nil
@@ -342,9 +419,9 @@ func (x *exchange) release(reusable bool) {
 
 // finish ends a response the client has been given: it stops watching
 // the client, frees resp and releases the connection.
-func (x *exchange) finish(resp *fasthttp.Response, readToEnd bool) {
+func (x *Exchange) Finish(resp *fasthttp.Response, readToEnd bool) {
 	if x.client != nil {
-		x.client.unwatch()
+		x.client.Unwatch()
 	}
 	reusable := readToEnd && !resp.ConnectionClose() && resp.Header.ContentLength() != -2 && !x.early
 	resp.CloseBodyStream() //nolint:errcheck // only releases the stream
@@ -360,10 +437,10 @@ func (x *exchange) finish(resp *fasthttp.Response, readToEnd bool) {
 // out. (Pooled connections are checked before reuse, so this is a narrow
 // race; an engine that did read the request aborts it when its connection
 // closes, so it does not run twice.)
-func (x *exchange) roundTrip(req *fasthttp.Request, resp *fasthttp.Response) error {
+func (x *Exchange) RoundTrip(req *fasthttp.Request, resp *fasthttp.Response) error {
 	for attempt := 0; ; attempt++ {
 		get := x.up.get
-		if attempt > 0 || x.out.stream != nil {
+		if attempt > 0 || x.out.Stream != nil {
 			// A body streamed through cannot be sent twice: it goes on a
 			// new connection, which no idle timeout of the engine's has
 			// closed.
@@ -375,24 +452,24 @@ func (x *exchange) roundTrip(req *fasthttp.Request, resp *fasthttp.Response) err
 		}
 		if !x.attach(c) {
 			c.Close()
-			return errAborted
+			return ErrAborted
 		}
 		err = x.send(c, req, resp)
 		if err == nil {
 			return nil
 		}
 		x.release(false)
-		if x.isAborted() {
-			return errAborted
+		if x.IsAborted() {
+			return ErrAborted
 		}
-		if attempt == 0 && c.reused && c.nread == 0 && isConnGone(err) && x.out.stream == nil {
+		if attempt == 0 && c.reused && c.nread == 0 && IsConnGone(err) && x.out.Stream == nil {
 			continue
 		}
 		return err
 	}
 }
 
-func (x *exchange) send(c *upstreamConn, req *fasthttp.Request, resp *fasthttp.Response) error {
+func (x *Exchange) send(c *upstreamConn, req *fasthttp.Request, resp *fasthttp.Response) error {
 	c.nread = 0
 	var deadline time.Time
 	if x.up.headerTimeout > 0 {
@@ -400,10 +477,10 @@ func (x *exchange) send(c *upstreamConn, req *fasthttp.Request, resp *fasthttp.R
 	}
 	c.SetDeadline(deadline) //nolint:errcheck // a closed conn fails the write below
 	switch {
-	case x.out.stream != nil:
-		req.SetBodyStream(x.out.stream, x.out.size)
-	case x.out.edit.Len() > 0:
-		req.SetBodyStream(x.out.edit.Reader(), x.out.edit.Len())
+	case x.out.Stream != nil:
+		req.SetBodyStream(x.out.Stream, x.out.Size)
+	case x.out.Edit.Len() > 0:
+		req.SetBodyStream(x.out.Edit.Reader(), x.out.Edit.Len())
 	}
 	bw := x.up.writers.Get().(*bufio.Writer)
 	bw.Reset(c.Conn)
@@ -418,7 +495,7 @@ func (x *exchange) send(c *upstreamConn, req *fasthttp.Request, resp *fasthttp.R
 		// early 413 over its size limit, as llama.cpp's server does) and
 		// close: the write fails, and its answer is what the client gets.
 		// (Not when it was the client's body that failed.)
-		if x.out.stream != nil && x.out.stream.err != nil {
+		if x.out.Stream != nil && x.out.Stream.Err() != nil {
 			return err
 		}
 		c.SetDeadline(time.Now().Add(earlyAnswerWait)) //nolint:errcheck // a closed conn fails the read
@@ -429,7 +506,7 @@ func (x *exchange) send(c *upstreamConn, req *fasthttp.Request, resp *fasthttp.R
 		return nil
 	}
 	if x.watcher != nil {
-		x.watcher.watch(x.abort)
+		x.watcher.Watch(x.Abort)
 		x.client, x.watcher = x.watcher, nil // unwatched as any
 	}
 	return x.readHead(c, resp)
@@ -437,19 +514,19 @@ func (x *exchange) send(c *upstreamConn, req *fasthttp.Request, resp *fasthttp.R
 
 // readHead reads the response's status and headers, checked as a
 // request's are.
-func (x *exchange) readHead(c *upstreamConn, resp *fasthttp.Response) error {
+func (x *Exchange) readHead(c *upstreamConn, resp *fasthttp.Response) error {
 	resp.StreamBody = true
 	// fasthttp reads a status of 000 as 200, and a header block some
 	// parsers read differently from others: both are checked first.
 	if line, _ := c.br.Peek(len("HTTP/1.1 000")); len(line) == len("HTTP/1.1 000") && line[9] == '0' {
-		return errBadStatus
+		return ErrBadStatus
 	}
 	if block := peekHeaderBlock(c.br); block != nil && framing.Check(block) != nil {
-		return errBadHeaders
+		return ErrBadHeaders
 	}
 	if err := resp.Read(c.br); err != nil {
 		if ne, ok := err.(net.Error); errors.Is(err, fasthttp.ErrTimeout) || (ok && ne.Timeout()) {
-			return errHeaderTimeout
+			return ErrHeaderTimeout
 		}
 		return err
 	}
@@ -457,10 +534,10 @@ func (x *exchange) readHead(c *upstreamConn, resp *fasthttp.Response) error {
 		// fasthttp reads past 100 and 103; the sidecar asks for no
 		// upgrade (Upgrade is hop-by-hop), so 101 or any other 1xx
 		// cannot be the answer, and nothing outside 100-599 is HTTP.
-		return errBadStatus
+		return ErrBadStatus
 	}
 	// The read that completed the header block is the latest.
-	x.headersRead, x.recv = c.recv.Received, c.recv
+	x.headersRead, x.Recv = c.recv.Received, c.recv
 	c.SetDeadline(time.Time{}) //nolint:errcheck // the body has its own idle timeout
 	return nil
 }
@@ -469,7 +546,7 @@ func (x *exchange) readHead(c *upstreamConn, resp *fasthttp.Response) error {
 // kernel holds are seen) for the engine's next bytes, and tells whether
 // any are there. It reads them into the connection's buffer, below the
 // body's parser, whose state a timeout therefore never cuts.
-func (x *exchange) awaitBytes(d time.Duration) bool {
+func (x *Exchange) AwaitBytes(d time.Duration) bool {
 	x.mu.Lock()
 	c := x.conn
 	x.mu.Unlock()
@@ -490,7 +567,7 @@ const earlyAnswerWait = time.Second
 
 // buffered is how many bytes of the response the connection has read
 // past its headers.
-func (x *exchange) buffered() int {
+func (x *Exchange) Buffered() int {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.conn == nil {
@@ -501,9 +578,9 @@ func (x *exchange) buffered() int {
 
 // received is when the bytes of the latest read of the response arrived:
 // the mark of whatever that read completed.
-func (x *exchange) received() time.Time { return x.recv.Received }
+func (x *Exchange) Received() time.Time { return x.Recv.Received }
 
-func (x *exchange) isAborted() bool {
+func (x *Exchange) IsAborted() bool {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	return x.aborted
@@ -511,12 +588,12 @@ func (x *exchange) isAborted() bool {
 
 // body returns a reader of the response body that enforces the idle
 // timeout: a read that waits longer fails with a timeout error.
-func (x *exchange) body(resp *fasthttp.Response) io.Reader {
+func (x *Exchange) Body(resp *fasthttp.Response) io.Reader {
 	return idleReader{x: x, r: resp.BodyStream()}
 }
 
 type idleReader struct {
-	x *exchange
+	x *Exchange
 	r io.Reader
 }
 
@@ -556,8 +633,8 @@ func isTrailerError(err error) bool {
 	return !errors.As(err, &ne) && !errors.Is(err, io.ErrUnexpectedEOF) && strings.Contains(err.Error(), "trailer")
 }
 
-// isConnGone reports an error of a connection the peer had already closed.
-func isConnGone(err error) bool {
+// IsConnGone reports an error of a connection the peer had already closed.
+func IsConnGone(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
