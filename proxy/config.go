@@ -1,7 +1,3 @@
-// Package proxy is timing-sidecar's reverse proxy: a fasthttp server in
-// front of an OpenAI-compatible engine that measures chat and completions
-// requests and splices a metrics object into their responses, and passes
-// everything else through untouched.
 package proxy
 
 import (

@@ -9,6 +9,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/timing-sidecar/timing-sidecar/proxy/clientconn"
 	"github.com/timing-sidecar/timing-sidecar/rewrite"
 	"github.com/timing-sidecar/timing-sidecar/telemetry"
 	"github.com/timing-sidecar/timing-sidecar/timing"
@@ -61,8 +62,8 @@ type flight struct {
 	// answer is what the response said of itself, for the trace.
 	answer rewrite.Answer
 	// client is the connection the request came on; nil for one that is
-	// not a clientConn.
-	client *clientConn
+	// not a clientconn.Conn.
+	client *clientconn.Conn
 }
 
 var requestIDHeader = []byte("X-Request-Id")
@@ -73,7 +74,7 @@ func (p *Proxy) begin(ctx *fasthttp.RequestCtx, arrival time.Time) *flight {
 	if f == nil {
 		f = new(flight)
 	}
-	cc, _ := ctx.Conn().(*clientConn)
+	cc, _ := ctx.Conn().(*clientconn.Conn)
 	*f = flight{clock: timing.Clock{Arrival: arrival}, route: routeOf(ctx.Path()), body: f.body[:0], edit: f.edit, client: cc}
 	f.rec = telemetry.Record{
 		Method:   string(ctx.Method()),
@@ -138,11 +139,11 @@ func (p *Proxy) record(f *flight) (ok bool) {
 	}()
 	now := time.Now()
 	if f.client != nil {
-		f.client.ended(now)
+		f.client.Ended(now)
 	}
 	f.rec.Elapsed = now.Sub(f.clock.Arrival)
 	if f.client != nil {
-		f.rec.ClientStall = f.client.recv.Stalled
+		f.rec.ClientStall = f.client.Stalled()
 	}
 	// The client held the engine back: past the read-ahead, or with none.
 	if f.readAhead {

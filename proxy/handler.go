@@ -8,6 +8,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/timing-sidecar/timing-sidecar/proxy/clientconn"
 	"github.com/timing-sidecar/timing-sidecar/proxy/upstream"
 	"github.com/timing-sidecar/timing-sidecar/rewrite"
 	"github.com/timing-sidecar/timing-sidecar/telemetry"
@@ -16,9 +17,9 @@ import (
 func (p *Proxy) handle(ctx *fasthttp.RequestCtx) {
 	dropTrailers(&ctx.Request.Header)
 	arrival := time.Now()
-	if cc, ok := ctx.Conn().(*clientConn); ok {
-		arrival = cc.arrival() // when the request's last bytes arrived
-		cc.newResponse()
+	if cc, ok := ctx.Conn().(*clientconn.Conn); ok {
+		arrival = cc.Arrival() // when the request's last bytes arrived
+		cc.NewResponse()
 	}
 	f := p.begin(ctx, arrival)
 	defer func() {
@@ -47,7 +48,7 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx) {
 		// connection cannot be trusted for another one.
 		e.write(ctx)
 		setResponseID(ctx, f)
-		closeAfterError(ctx)
+		clientconn.CloseAfterError(ctx)
 		return
 	}
 	body, ok := p.readBody(ctx, f)
@@ -56,7 +57,7 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx) {
 	}
 	dropTrailers(&ctx.Request.Header) // a chunked body's, read with it
 	if cc := f.client; cc != nil {
-		f.clock.Arrival = cc.arrival() // the body's last bytes
+		f.clock.Arrival = cc.Arrival() // the body's last bytes
 	}
 	if ctx.IsPost() && f.route.measured {
 		p.serveMeasured(ctx, f, body)
@@ -192,7 +193,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, f *flight, identity bool) (*up
 	if f.unread != nil {
 		body = upstream.Body{Stream: f.unread, Size: f.unreadSize}
 	}
-	cc, _ := ctx.Conn().(*clientConn)
+	cc, _ := ctx.Conn().(*clientconn.Conn)
 	var watcher upstream.Watcher
 	if cc != nil {
 		watcher = cc
@@ -202,9 +203,9 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, f *flight, identity bool) (*up
 	x := p.up.NewExchange(body, watcher, f.unread != nil)
 	err := x.RoundTrip(req, resp)
 	fasthttp.ReleaseRequest(req)
-	if f.unread != nil && cc != nil && f.clock.Arrival.Before(cc.arrival()) {
+	if f.unread != nil && cc != nil && f.clock.Arrival.Before(cc.Arrival()) {
 		// The body streamed through: it had arrived when it was sent.
-		f.clock.Arrival = cc.arrival()
+		f.clock.Arrival = cc.Arrival()
 		if err == nil && x.HeadersRead().Before(f.clock.Arrival) {
 			f.clock.Arrival = x.HeadersRead() // an answer before the body's end
 		}
@@ -215,7 +216,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, f *flight, identity bool) (*up
 			// The rest of the client's body was never read: the
 			// connection ends after the answer, lingering so that the
 			// client reads it rather than a reset.
-			closeAfterError(ctx)
+			clientconn.CloseAfterError(ctx)
 		}
 		f.clock.Accepted = x.HeadersRead()
 		f.rec.Trace.EngineStatus = resp.StatusCode()

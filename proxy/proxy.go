@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
+	"github.com/timing-sidecar/timing-sidecar/proxy/clientconn"
 	"github.com/timing-sidecar/timing-sidecar/proxy/upstream"
 	"github.com/timing-sidecar/timing-sidecar/telemetry"
 )
@@ -208,7 +209,7 @@ func (p *Proxy) handleBadRequest(ctx *fasthttp.RequestCtx, err error) {
 	p.refuse(ctx, e)
 	if e.Status != fasthttp.StatusRequestTimeout {
 		// The client may still be sending; a silent one is not waited for.
-		closeAfterError(ctx)
+		clientconn.CloseAfterError(ctx)
 	}
 }
 
@@ -227,7 +228,7 @@ func (p *Proxy) expectContinue(ctx *fasthttp.RequestCtx) int {
 		return fasthttp.StatusContinue
 	}
 	p.refuse(ctx, *e)
-	closeAfterError(ctx)
+	clientconn.CloseAfterError(ctx)
 	return e.Status
 }
 
@@ -241,7 +242,7 @@ func (p *Proxy) refuse(ctx *fasthttp.RequestCtx, e apiError) {
 
 // Serve answers requests on ln until Shutdown.
 func (p *Proxy) Serve(ln net.Listener) error {
-	return p.server.Serve(clientListener{Listener: ln, kernelStamps: p.up.KernelStamps(), writeTimeout: p.cfg.ClientWriteTimeout, hold: p.clientHold, blocked: p.clientBlocked, sendBuffer: p.clientSendBuffer, tls: p.tls})
+	return p.server.Serve(clientconn.Listener{Listener: ln, KernelStamps: p.up.KernelStamps(), WriteTimeout: p.cfg.ClientWriteTimeout, Hold: p.clientHold, Blocked: p.clientBlocked, SendBuffer: p.clientSendBuffer, TLS: p.tls})
 }
 
 // Shutdown fails readiness, stops accepting connections and waits, until

@@ -41,7 +41,7 @@ func (p *Proxy) relayBody(ctx *fasthttp.RequestCtx, f *flight, x *upstream.Excha
 		ctx.Response.ImmediateHeaderFlush = true
 	case size >= 0 && (readErr != nil || len(prefix)+x.Buffered() < size):
 		// A body with a length that has not all arrived: the headers go
-		// out now and each read of the body as it comes (clientConn's
+		// out now and each read of the body as it comes (clientconn.Conn's
 		// ReadFrom), so if the engine stops short the client still gets
 		// everything it sent, then a close before the length is reached.
 		// A body already here goes out with the headers in one write.
@@ -86,9 +86,7 @@ func startStream(ctx *fasthttp.RequestCtx, f *flight, body streamBody, size int)
 	var once sync.Once
 	end := func(err error) { once.Do(func() { body.CloseWithError(err) }) } //nolint:errcheck // it records, and fails nothing
 	if cc := f.client; cc != nil {
-		cc.mu.Lock()
-		cc.closed = func() { end(net.ErrClosed) }
-		cc.mu.Unlock()
+		cc.OnClose(func() { end(net.ErrClosed) })
 	}
 	ctx.HijackSetNoResponse(true)
 	ctx.Hijack(func(c net.Conn) {
@@ -297,7 +295,7 @@ func (p *Proxy) relayEvents(ctx *fasthttp.RequestCtx, f *flight, x *upstream.Exc
 	r.src.reset(p, x, x.Body(resp))
 	r.events.Reset(&r.src)
 	if f.client != nil {
-		f.client.onStall = r.clientBlocked
+		f.client.OnStall(r.clientBlocked)
 	}
 	if f.plan.wantMetrics && f.trailers {
 		// Announced now, filled in when the stream ends.
@@ -377,7 +375,7 @@ func (r *eventRelay) WriteTo(w io.Writer) (written int64, err error) {
 		if werr != nil {
 			return written, werr
 		}
-		if c := r.f.client; len(r.pending) == 0 && (c == nil || !r.pendingAt.Before(c.recv.StallEnded)) {
+		if c := r.f.client; len(r.pending) == 0 && (c == nil || !r.pendingAt.Before(c.StallEnded())) {
 			r.p.relayed(r.f, delay)
 		}
 	}
@@ -576,7 +574,7 @@ func (r *eventRelay) fillTrailer() {
 func (r *eventRelay) CloseWithError(writeErr error) error {
 	noteEnd(r.f, r.x, r.readErr, writeErr)
 	if c := r.f.client; c != nil {
-		c.onStall = nil
+		c.OnStall(nil)
 	}
 	// The read-ahead's goroutine is done with the engine before the
 	// engine's connection and response are let go.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 
+	"github.com/timing-sidecar/timing-sidecar/proxy/clientconn"
 	"github.com/valyala/fasthttp"
 )
 
@@ -127,7 +128,7 @@ func (p *Proxy) refuseBody(ctx *fasthttp.RequestCtx, f *flight, err error) {
 	e.write(ctx)
 	setResponseID(ctx, f)
 	f.rec.Status = e.Status
-	closeAfterError(ctx)
+	clientconn.CloseAfterError(ctx)
 }
 
 // sent gives back the budget a request's body held, once the engine has

@@ -1,4 +1,4 @@
-package proxy
+package clientconn
 
 import (
 	"crypto/tls"
@@ -12,39 +12,43 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// clientListener wraps accepted connections in clientConn, their reads
+// Listener wraps accepted connections in Conn, their reads
 // stamped with the arrival of what they return (netclock.Conn).
-type clientListener struct {
+type Listener struct {
 	net.Listener
-	kernelStamps bool
-	writeTimeout time.Duration
-	hold         func()      // tests only: runs before each read
-	blocked      func()      // tests only: runs when a write first waits on the client
-	tls          *tls.Config // serve HTTPS, when set
-	sendBuffer   int         // tests only: SO_SNDBUF for each connection, so it fills soon
+	// KernelStamps: mark what clients send with the kernel's receive
+	// time where it gives one.
+	KernelStamps bool
+	// WriteTimeout bounds each write to a client (--client-write-timeout).
+	WriteTimeout time.Duration
+	// TLS serves HTTPS, when set.
+	TLS        *tls.Config
+	Hold       func() // tests only: runs before each read
+	Blocked    func() // tests only: runs when a write first waits on the client
+	SendBuffer int    // tests only: SO_SNDBUF for each connection, so it fills soon
 }
 
-func (l clientListener) Accept() (net.Conn, error) {
+func (l Listener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err
 	}
-	if tc, ok := c.(*net.TCPConn); ok && l.sendBuffer > 0 {
-		tc.SetWriteBuffer(l.sendBuffer) //nolint:errcheck // tests only
+	if tc, ok := c.(*net.TCPConn); ok && l.SendBuffer > 0 {
+		tc.SetWriteBuffer(l.SendBuffer) //nolint:errcheck // tests only
 	}
-	recv := netclock.New(c, l.kernelStamps)
-	recv.Hold = l.hold
-	cc := &clientConn{Conn: recv, recv: recv, writeTimeout: l.writeTimeout, testBlocked: l.blocked}
+	recv := netclock.New(c, l.KernelStamps)
+	recv.Hold = l.Hold
+	cc := &Conn{Conn: recv, recv: recv, writeTimeout: l.WriteTimeout, testBlocked: l.Blocked}
 	recv.SeeStalls(cc.blocked) // bound once: a write allocates nothing
-	if l.tls != nil {
+	if l.TLS != nil {
 		// TLS above the stamped, stall-seeing TCP connection: the marks
 		// and the waits are the socket's, the bytes the client's.
-		cc.Conn = tls.Server(recv, l.tls)
+		cc.Conn = tls.Server(recv, l.TLS)
 	}
 	return cc, nil
 }
 
-// clientConn notices a client that goes away while nothing is being written
+// Conn notices a client that goes away while nothing is being written
 // to it: while the engine is queued or in a long prefill there is no write
 // to fail, and without this the engine would compute for nobody.
 //
@@ -59,7 +63,7 @@ func (l clientListener) Accept() (net.Conn, error) {
 // The read-ahead starts watchDelay after the request is forwarded, so a
 // request answered sooner (a model list, a short completion) costs no
 // goroutine, no extra read and no hand-over of the next request's bytes.
-type clientConn struct {
+type Conn struct {
 	net.Conn // recv
 	recv     *netclock.Conn
 
@@ -96,14 +100,34 @@ type clientConn struct {
 	closed func()
 }
 
+// Stalled is how long the current response's writes waited on the
+// client, and StallEnded when the latest wait ended (see
+// netclock.Conn.SeeStalls). Called by the writing goroutine.
+func (c *Conn) Stalled() time.Duration { return c.recv.Stalled }
+func (c *Conn) StallEnded() time.Time  { return c.recv.StallEnded }
+
+// OnStall sets what runs when a write to the client first waits, for a
+// response's duration (nil to clear): on the writing goroutine, inside
+// the write, so it must not block.
+func (c *Conn) OnStall(f func()) { c.onStall = f }
+
+// OnClose sets what runs, once, when the connection closes: for a body
+// written on the hijacked connection, which fasthttp may close without
+// running the hijack.
+func (c *Conn) OnClose(f func()) {
+	c.mu.Lock()
+	c.closed = f
+	c.mu.Unlock()
+}
+
 // watchDelay is how long a watched request runs before the read-ahead
 // starts: the most a client that leaves goes unnoticed beyond what it
 // takes the read to return.
 const watchDelay = 10 * time.Millisecond
 
-// watch calls onGone once if the client closes the connection before
-// unwatch is called.
-func (c *clientConn) Watch(onGone func()) {
+// Watch calls onGone once if the client closes the connection before
+// Unwatch is called.
+func (c *Conn) Watch(onGone func()) {
 	c.mu.Lock()
 	if c.err != nil {
 		c.mu.Unlock()
@@ -128,7 +152,7 @@ func (c *clientConn) Watch(onGone func()) {
 }
 
 // startReadAhead starts the read-ahead if a request is still watched.
-func (c *clientConn) startReadAhead() {
+func (c *Conn) startReadAhead() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.onGone == nil || c.ahead != nil || len(c.pending) > 0 || c.err != nil {
@@ -141,7 +165,8 @@ func (c *clientConn) startReadAhead() {
 	go c.readAhead(c.ahead)
 }
 
-func (c *clientConn) Unwatch() {
+// Unwatch ends the watch Watch began.
+func (c *Conn) Unwatch() {
 	c.mu.Lock()
 	c.onGone = nil
 	if c.start != nil {
@@ -151,7 +176,7 @@ func (c *clientConn) Unwatch() {
 	c.mu.Unlock()
 }
 
-func (c *clientConn) readAhead(done chan struct{}) {
+func (c *Conn) readAhead(done chan struct{}) {
 	n, err := c.Conn.Read(c.buf[:])
 	var gone func()
 	c.mu.Lock()
@@ -172,7 +197,7 @@ func (c *clientConn) readAhead(done chan struct{}) {
 	}
 }
 
-func (c *clientConn) Read(p []byte) (int, error) {
+func (c *Conn) Read(p []byte) (int, error) {
 	c.mu.Lock()
 	if ahead := c.ahead; ahead != nil {
 		c.mu.Unlock()
@@ -198,11 +223,11 @@ func (c *clientConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// arrival is when the request the server has just read had arrived: the
+// Arrival is when the request the server has just read had arrived: the
 // receive time of the read that completed it. A request pipelined behind
 // another cannot be served before that one ends, so its arrival is then.
 // Called by the server's goroutine, in the handler.
-func (c *clientConn) arrival() time.Time {
+func (c *Conn) Arrival() time.Time {
 	if c.lastRecv.IsZero() {
 		return time.Now()
 	}
@@ -212,22 +237,22 @@ func (c *clientConn) arrival() time.Time {
 	return c.lastRecv
 }
 
-// ended records that the connection's current request has ended (its
+// Ended records that the connection's current request has ended (its
 // response is written, or failed), at now. Called by the server's
 // goroutine.
-func (c *clientConn) ended(now time.Time) { c.free = now }
+func (c *Conn) Ended(now time.Time) { c.free = now }
 
 // Write writes to the client within the write timeout. Moving a deadline
 // costs a runtime timer update, so on a stream of events it moves only once
 // an eighth of the timeout has passed: a write that cannot complete fails
 // after between 1 and 1⅛ times the timeout.
-func (c *clientConn) Write(p []byte) (int, error) {
+func (c *Conn) Write(p []byte) (int, error) {
 	c.extendWriteDeadline()
 	return c.Conn.Write(p)
 }
 
 // blocked runs when a write first finds the client's socket full.
-func (c *clientConn) blocked() {
+func (c *Conn) blocked() {
 	if c.testBlocked != nil {
 		c.testBlocked()
 	}
@@ -236,7 +261,7 @@ func (c *clientConn) blocked() {
 	}
 }
 
-func (c *clientConn) extendWriteDeadline() {
+func (c *Conn) extendWriteDeadline() {
 	d := c.writeTimeout
 	if d <= 0 {
 		return
@@ -248,9 +273,9 @@ func (c *clientConn) extendWriteDeadline() {
 	}
 }
 
-// newResponse starts a response's writes: the server clears the write
+// NewResponse starts a response's writes: the server clears the write
 // deadline for each request, so the next write sets it again.
-func (c *clientConn) newResponse() {
+func (c *Conn) NewResponse() {
 	c.writeDeadlineSet = time.Time{}
 	c.recv.ResetStall()
 }
@@ -260,7 +285,7 @@ func (c *clientConn) newResponse() {
 // length to it once the headers are flushed (see relayBody), so an engine
 // that stops short cannot leave bytes it sent in a buffer that is then
 // dropped with the connection.
-func (c *clientConn) ReadFrom(r io.Reader) (int64, error) {
+func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
 	bp := copyBuffers.Get().(*[]byte)
 	defer copyBuffers.Put(bp)
 	var written int64
@@ -305,19 +330,19 @@ const (
 // lingering counts the connections lingering now.
 var lingering atomic.Int32
 
-// closeAfterError ends the connection once the error response is written,
+// CloseAfterError ends the connection once the error response is written,
 // with a lingering close.
-func closeAfterError(ctx *fasthttp.RequestCtx) {
+func CloseAfterError(ctx *fasthttp.RequestCtx) {
 	ctx.SetConnectionClose()
-	if c, ok := ctx.Conn().(*clientConn); ok {
+	if c, ok := ctx.Conn().(*Conn); ok {
 		c.linger.Store(true)
 	}
 }
 
-// Close closes the connection; after closeAfterError it sends the FIN at
+// Close closes the connection; after CloseAfterError it sends the FIN at
 // once (the response is written) and discards input in the background
 // before closing.
-func (c *clientConn) Close() error {
+func (c *Conn) Close() error {
 	c.mu.Lock()
 	closed := c.closed
 	c.closed = nil
