@@ -84,8 +84,8 @@ func (p *Proxy) relayAssembled(ctx *fasthttp.RequestCtx, f *flight, x *upstream.
 	if f.plan.wantMetrics {
 		mb := p.pools.buffer()
 		defer p.pools.release(mb)
-		var m *timing.Metrics
-		mb.B, m = f.metricsJSON(mb.B[:0], done, engine)
+		mb.B = f.metricsJSON(mb.B[:0], done, engine)
+		m := f.done(done, engine) // a body's end is the request's
 		mb.B = rewrite.AppendEngineMembers(mb.B, r.engineMetrics)
 		spliced := p.pools.buffer()
 		defer p.pools.release(spliced)

@@ -27,9 +27,11 @@ type flight struct {
 	// plan is what the sidecar does with the request, settled before
 	// it is forwarded.
 	plan plan
-	// result is the request's metrics, computed once when it is done;
-	// computed says they are, and lateUsage that counts came after.
+	// result is the request's metrics, computed once when it is done,
+	// from the marks in doneClock; computed says they are, and lateUsage
+	// that counts came after.
 	result              timing.Metrics
+	doneClock           timing.Clock
 	computed, lateUsage bool
 	// trailers: the client accepts trailers (TE: trailers).
 	trailers bool
@@ -158,7 +160,7 @@ func (p *Proxy) record(f *flight) (ok bool) {
 		f.rec.Measured = true
 		f.rec.Metrics = *f.done(f.clock.Done, timing.EngineTiming{})
 		if f.lateUsage {
-			f.rec.Metrics.CountLate(&f.clock, f.usage, f.streamed())
+			f.rec.Metrics.CountLate(&f.doneClock, f.usage, f.streamed())
 		}
 	}
 	if f.rec.Trace.On() {

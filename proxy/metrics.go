@@ -28,7 +28,7 @@ func (f *flight) done(t time.Time, engine timing.EngineTiming) *timing.Metrics {
 		f.clock.Done = t
 		f.result = timing.Compute(&f.clock, f.usage, f.streamed())
 		f.result.SetEngine(engine)
-		f.computed = true
+		f.computed, f.doneClock = true, f.clock
 	}
 	return &f.result
 }
@@ -47,15 +47,15 @@ func (f *flight) addUsage(u timing.Usage) {
 	f.lateUsage = f.lateUsage || f.computed
 }
 
-// metricsJSON marks the request done at done and appends to dst the
-// metrics object its response carries, or null when one object cannot
-// describe several choices (as vLLM does). It returns the metrics too.
-func (f *flight) metricsJSON(dst []byte, done time.Time, engine timing.EngineTiming) ([]byte, *timing.Metrics) {
-	m := f.done(done, engine)
+// metricsJSON appends to dst the metrics object a response carries, the
+// request done at done; or null when one object cannot describe several
+// choices (as vLLM does). Those are not computed here: other choices may
+// still stream, and the record computes them at the request's end.
+func (f *flight) metricsJSON(dst []byte, done time.Time, engine timing.EngineTiming) []byte {
 	if f.plan.multiple {
-		return append(dst, "null"...), m
+		return append(dst, "null"...)
 	}
-	return m.AppendJSON(dst), m
+	return f.done(done, engine).AppendJSON(dst)
 }
 
 // serverTiming formats the W3C Server-Timing value of the measured figures.

@@ -48,10 +48,10 @@ func (p *Proxy) relayBody(ctx *fasthttp.RequestCtx, f *flight, x *upstream.Excha
 		ctx.Response.ImmediateHeaderFlush = true
 	}
 	b := &bodyRelay{p: p, f: f, x: x, resp: resp, body: x.Body(resp), prefix: prefix, err: readErr}
-	if f.measured && !f.plan.wantMetrics {
-		// A body the metrics were not planned for is read for its usage,
-		// up to the buffering limit. (One planned for them comes here only
-		// past that limit.)
+	if f.measured {
+		// A measured body passed through (no metrics planned, or none it
+		// could take) is read for its usage, up to the buffering limit and
+		// within the budget.
 		b.capture = p.pools.buffer()
 		b.capture.B = append(b.capture.B, prefix...)
 	}
@@ -237,8 +237,8 @@ func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *upstrea
 
 	mb := p.pools.buffer()
 	defer p.pools.release(mb)
-	var m *timing.Metrics
-	mb.B, m = f.metricsJSON(mb.B[:0], done, inspected.Engine)
+	mb.B = f.metricsJSON(mb.B[:0], done, inspected.Engine)
+	m := f.done(done, inspected.Engine) // a body's end is the request's
 	metrics := mb.B
 	out := p.pools.buffer()
 	defer p.pools.release(out)
@@ -489,7 +489,10 @@ func (r *eventRelay) inspect(raw []byte, at time.Time) {
 	case actDrop:
 		r.pending = nil
 	case actSplice:
-		r.metrics, _ = f.metricsJSON(r.metrics[:0], at, rewrite.EngineTimingOf(ev.Target()))
+		if !rewrite.TakesMetrics(ev) {
+			break // not an object to splice into: it goes as it came
+		}
+		r.metrics = f.metricsJSON(r.metrics[:0], at, rewrite.EngineTimingOf(ev.Target()))
 		if out, ok := rewrite.AppendEventWithMetrics(r.spliced[:0], raw, ev, r.metrics); ok {
 			r.spliced, r.pending = out, out
 			r.hold.carried()
@@ -539,13 +542,12 @@ func (r *eventRelay) releaseHeld(withMetrics bool, done time.Time) []byte {
 func (r *eventRelay) sendHeld(withMetrics bool, done time.Time) []byte {
 	held := r.held
 	r.held = nil
-	if withMetrics {
-		ev := r.f.route.api.ClassifyEvent(held)
+	if ev := r.f.route.api.ClassifyEvent(held); withMetrics && rewrite.TakesMetrics(ev) {
 		engine := rewrite.EngineTimingOf(ev.Target())
 		if !engine.Reported && !engine.AcceptanceLength.Set {
 			engine = r.engine // from the usage event the client does not get
 		}
-		r.metrics, _ = r.f.metricsJSON(r.metrics[:0], done, engine)
+		r.metrics = r.f.metricsJSON(r.metrics[:0], done, engine)
 		if rewrite.EngineMetrics(ev.Target()) == nil {
 			// The engine's object came on that usage event; the splice
 			// keeps an object on this one itself.

@@ -488,3 +488,68 @@ func TestTheRecordHoldsTheMetricsTheClientGot(t *testing.T) {
 		t.Errorf("the record's e2e latency is not the client's %v: %s", *got["e2e_latency_ms"], all[len(all)-1])
 	}
 }
+
+// Several choices get "metrics": null, and their metrics are computed at
+// the request's end, for the record: a finishing event sent at its hold's
+// bound does not cut the record short of the choices still streaming.
+func TestSeveralChoicesAreRecordedToTheirEnd(t *testing.T) {
+	const gap = 150 * time.Millisecond
+	usage := `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[]` + shapeUsage + "}\n\n"
+	engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, _ []byte) {
+		defer c.Close()
+		io.WriteString(c, sseHead+chunk(shapeEvent(0, `{"content":"a"}`, "", "", ""))+chunk(shapeEvent(0, `{}`, "", "stop", "")))
+		time.Sleep(gap) // past the hold's bound: choice 0's finish goes out first
+		io.WriteString(c, chunk(shapeEvent(1, `{"content":"b"}`, "", "", ""))+chunk(shapeEvent(1, `{}`, "", "stop", ""))+
+			chunk(usage)+chunk("data: [DONE]\n\n")+"0\r\n\r\n")
+	})
+	var log syncBuffer
+	p, base := startSidecar(t, engine.URL(), func(c *Config) { c.MaxEventHold = 20 * time.Millisecond }, &log)
+	resp := post(t, base+"/v1/chat/completions", `{"stream":true,"n":2,"include_metrics":true}`, nil)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), `"metrics":null`) {
+		t.Fatalf("want metrics null for two choices:\n%s", body)
+	}
+	p.telemetry.Flush()
+	var rec struct {
+		E2E        *float64 `json:"e2e_latency_ms"`
+		Generation *float64 `json:"generation_time_ms"`
+		Completion *int     `json:"completion_tokens"`
+	}
+	all := log.lines()
+	json.Unmarshal([]byte(all[len(all)-1]), &rec)
+	// The engine sent choice 1's token gap after choice 0's: a causal
+	// lower bound on both figures.
+	floor := float64(gap / time.Millisecond)
+	if rec.E2E == nil || *rec.E2E < floor || rec.Generation == nil || *rec.Generation < floor || rec.Completion == nil || *rec.Completion != 2 {
+		t.Errorf("the record stops short of the second choice (want e2e and generation ≥ %v ms, 2 tokens): %s", floor, all[len(all)-1])
+	}
+}
+
+// A usage event that cannot take the metrics (data read leniently, not
+// valid JSON) passes as it came, and leaves them to the next one, computed
+// then: with its counts, not the first one's.
+func TestAUsageEventThatCannotTakeTheMetricsLeavesThemUncomputed(t *testing.T) {
+	bad := `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":8,"completion_tokens":8},}` + "\n\n"
+	good := `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[]` + shapeUsage + "}\n\n"
+	engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, _ []byte) {
+		defer c.Close()
+		io.WriteString(c, sseHead+chunk(tokenEvent("a"))+chunk(shapeEvent(0, `{}`, "", "stop", ""))+chunk(bad)+chunk(good)+chunk("data: [DONE]\n\n")+"0\r\n\r\n")
+	})
+	_, base := startSidecar(t, engine.URL(), nil, nil)
+	resp := post(t, base+"/v1/chat/completions", `{"stream":true,"include_metrics":true,"stream_options":{"include_usage":true}}`, nil)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var got map[string]*float64
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.Contains(line, `"metrics"`) {
+			got = metricsOf(t, strings.TrimPrefix(line, "data: "))
+		}
+	}
+	if !strings.Contains(string(body), strings.TrimSuffix(bad, "\n\n")) {
+		t.Errorf("the event that cannot take the metrics was changed:\n%s", body)
+	}
+	if got == nil || got["completion_tokens"] == nil || *got["completion_tokens"] != 2 {
+		t.Errorf("want the metrics on the valid usage event, with its counts:\n%s", body)
+	}
+}

@@ -94,16 +94,15 @@ func (typedAPI) InspectRequest(body []byte) Request {
 
 func (typedAPI) AppendAssembled(dst []byte, _ *Assembly) ([]byte, bool) { return dst, false }
 
-// classifyTyped reads an event's data and its "type" for classify.
-func classifyTyped(raw []byte, classify func(ev *Event, s, typ string)) Event {
+// typedEvent is an event of a typed API with its data and "type" read;
+// false for an event without one data line.
+func typedEvent(raw []byte) (ev Event, s, typ string, ok bool) {
 	at, data := dataLine(raw)
 	if data == nil {
-		return Event{}
+		return Event{}, "", "", false
 	}
-	ev := Event{Data: data, dataAt: at}
-	s := view(data)
-	classify(&ev, s, gjson.Get(s, "type").Str)
-	return ev
+	s = view(data)
+	return Event{Data: data, dataAt: at}, s, gjson.Get(s, "type").Str, true
 }
 
 type messagesAPI struct{ typedAPI }
@@ -112,7 +111,13 @@ type messagesAPI struct{ typedAPI }
 // thinking or partial_json (tool input); message_start's usage gives the
 // input tokens; message_delta carries the final usage and takes the
 // metrics; ping and the lifecycle events are neither.
-func (messagesAPI) ClassifyEvent(raw []byte) Event { return classifyTyped(raw, classifyMessages) }
+func (messagesAPI) ClassifyEvent(raw []byte) Event {
+	ev, s, typ, ok := typedEvent(raw)
+	if ok {
+		classifyMessages(&ev, s, typ)
+	}
+	return ev
+}
 
 func (messagesAPI) ObserveEvent(a *Answer, ev Event) {
 	if ev.Data == nil {
@@ -141,7 +146,13 @@ type responsesAPI struct{ typedAPI }
 // the usage, and the metrics go into its "response" object; the lifecycle
 // events (created, in_progress, output_item.added, *.done) are not
 // tokens.
-func (responsesAPI) ClassifyEvent(raw []byte) Event { return classifyTyped(raw, classifyResponses) }
+func (responsesAPI) ClassifyEvent(raw []byte) Event {
+	ev, s, typ, ok := typedEvent(raw)
+	if ok {
+		classifyResponses(&ev, s, typ)
+	}
+	return ev
+}
 
 func (responsesAPI) ObserveEvent(a *Answer, ev Event) {
 	if ev.Data == nil {

@@ -82,3 +82,45 @@ func TestEachAPIReadsOnlyTheRequestMembersItHas(t *testing.T) {
 		t.Error("Messages reassembled a stream")
 	}
 }
+
+func TestEveryAPIClassifiesWithoutAllocating(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		api  API
+		raw  string
+	}{
+		{"chat", ChatCompletions, `data: {"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}` + "\n\n"},
+		{"completions", Completions, `data: {"choices":[{"index":0,"text":"hi","finish_reason":null}]}` + "\n\n"},
+		{"messages", Messages, "event: content_block_delta\ndata: " + `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi"}}` + "\n\n"},
+		{"responses", Responses, "event: response.output_text.delta\ndata: " + `{"type":"response.output_text.delta","delta":"Hi","sequence_number":4}` + "\n\n"},
+	} {
+		raw := []byte(tt.raw)
+		if tt.api.ClassifyEvent(raw).Kind != EventToken {
+			t.Fatalf("%s: not a token", tt.name)
+		}
+		if n := testing.AllocsPerRun(100, func() { tt.api.ClassifyEvent(raw) }); n != 0 {
+			t.Errorf("%s: %v allocations per event", tt.name, n)
+		}
+	}
+}
+
+func TestTakesMetricsAgreesWithTheSplice(t *testing.T) {
+	for _, data := range []string{
+		`{"choices":[],"usage":{"prompt_tokens":1}}`,
+		`{"choices":[],"usage":{"prompt_tokens":1},}`, // read leniently, not valid JSON
+		`{"choices":[],"usage":{"prompt_tokens":1}`,   // cut short
+		`[1,2]`,
+		`"text"`,
+	} {
+		raw := []byte("data: " + data + "\n\n")
+		ev := ChatCompletions.ClassifyEvent(raw)
+		_, spliced := AppendEventWithMetrics(nil, raw, ev, []byte(`{"e2e_latency_ms":1.000}`))
+		if takes := TakesMetrics(ev); takes != spliced {
+			t.Errorf("%s: TakesMetrics %v, the splice %v", data, takes, spliced)
+		}
+	}
+	raw := []byte("data: {\"type\":\"response.completed\",\"response\":{\"id\":\"r\",\"usage\":{\"input_tokens\":1}}}\n\n")
+	if !TakesMetrics(Responses.ClassifyEvent(raw)) {
+		t.Error("a Responses usage event does not take the metrics")
+	}
+}

@@ -193,6 +193,19 @@ func EngineMetrics(obj []byte) []byte {
 	return obj[m.Index : m.Index+len(m.Raw)]
 }
 
+// TakesMetrics tells whether ev's data (or the object in it the API puts
+// them in) is an object the metrics can be spliced into:
+// AppendEventWithMetrics succeeds exactly when it does. The caller asks
+// before computing what it would splice.
+func TakesMetrics(ev Event) bool {
+	if ev.Data == nil {
+		return false
+	}
+	obj := ev.Target()
+	open, close := firstNonSpace(obj), lastNonSpace(obj)
+	return open >= 0 && obj[open] == '{' && obj[close] == '}' && valid(view(obj))
+}
+
 // AppendEventWithMetrics appends to dst the raw event with the metrics
 // spliced into its data (or the object in it the API puts them in), which
 // ev (from an API's ClassifyEvent(raw)) located. On false, dst
