@@ -469,12 +469,7 @@ func TestTheRecordHoldsTheMetricsTheClientGot(t *testing.T) {
 	resp := post(t, base+"/v1/chat/completions", `{"stream":true,"include_metrics":true,"stream_options":{"include_usage":true}}`, nil)
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	var got map[string]*float64
-	for _, line := range strings.Split(string(body), "\n") {
-		if strings.Contains(line, `"metrics"`) {
-			got = metricsOf(t, strings.TrimPrefix(line, "data: "))
-		}
-	}
+	got := lastStreamMetrics(t, body)
 	if got == nil || got["e2e_latency_ms"] == nil {
 		t.Fatalf("no metrics in the stream:\n%s", body)
 	}
@@ -540,16 +535,24 @@ func TestAUsageEventThatCannotTakeTheMetricsLeavesThemUncomputed(t *testing.T) {
 	resp := post(t, base+"/v1/chat/completions", `{"stream":true,"include_metrics":true,"stream_options":{"include_usage":true}}`, nil)
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	var got map[string]*float64
-	for _, line := range strings.Split(string(body), "\n") {
-		if strings.Contains(line, `"metrics"`) {
-			got = metricsOf(t, strings.TrimPrefix(line, "data: "))
-		}
-	}
+	got := lastStreamMetrics(t, body)
 	if !strings.Contains(string(body), strings.TrimSuffix(bad, "\n\n")) {
 		t.Errorf("the event that cannot take the metrics was changed:\n%s", body)
 	}
 	if got == nil || got["completion_tokens"] == nil || *got["completion_tokens"] != 2 {
 		t.Errorf("want the metrics on the valid usage event, with its counts:\n%s", body)
 	}
+}
+
+// lastStreamMetrics is the metrics object of the last event of a stream
+// that has one; nil if none has.
+func lastStreamMetrics(t *testing.T, stream []byte) map[string]*float64 {
+	t.Helper()
+	var got map[string]*float64
+	for _, line := range strings.Split(string(stream), "\n") {
+		if strings.Contains(line, `"metrics"`) {
+			got = metricsOf(t, strings.TrimPrefix(line, "data: "))
+		}
+	}
+	return got
 }

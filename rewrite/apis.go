@@ -44,11 +44,13 @@ var (
 	// Messages is Anthropic's Messages API (/v1/messages): typed events,
 	// the output in content_block_delta, the final usage in
 	// message_delta.
-	Messages API = messagesAPI{}
+	Messages API = messagesAPI{typedAPI{eventID: "message.id", eventModel: "message.model",
+		eventReason: "delta.stop_reason", bodyReason: "stop_reason"}}
 	// Responses is OpenAI's Responses API (/v1/responses): typed events,
 	// the output in *.delta events, the usage in the "response" of
 	// response.completed.
-	Responses API = responsesAPI{}
+	Responses API = responsesAPI{typedAPI{eventID: "response.id", eventModel: "response.model",
+		eventReason: "response.status", bodyReason: "status"}}
 )
 
 // openAIAPI is Chat Completions (chat) and Completions.
@@ -81,9 +83,13 @@ func (o openAIAPI) AppendAssembled(dst []byte, a *Assembly) ([]byte, bool) {
 }
 
 // typedAPI is what the APIs of typed events (Messages, Responses) share:
-// the OpenAI request members they do not have are left out, and their
-// streams always carry the usage.
-type typedAPI struct{}
+// the OpenAI request members they do not have are left out, their streams
+// always carry the usage, and the answer is read from where each puts it.
+type typedAPI struct {
+	// Where the answer's id and model lie in a stream's events, and its
+	// finish reason in the usage event and in a body.
+	eventID, eventModel, eventReason, bodyReason string
+}
 
 func (typedAPI) InspectRequest(body []byte) Request {
 	r := InspectRequest(body)
@@ -93,6 +99,25 @@ func (typedAPI) InspectRequest(body []byte) Request {
 }
 
 func (typedAPI) AppendAssembled(dst []byte, _ *Assembly) ([]byte, bool) { return dst, false }
+
+func (t typedAPI) ObserveEvent(a *Answer, ev Event) {
+	if ev.Data == nil {
+		return
+	}
+	s := view(ev.Data)
+	if a.ID == "" {
+		a.identify(gjson.Get(s, t.eventID), gjson.Get(s, t.eventModel))
+	}
+	if ev.Kind == EventUsage {
+		a.addReason(gjson.Get(s, t.eventReason))
+	}
+}
+
+func (t typedAPI) ObserveBody(a *Answer, body []byte) {
+	r := gjson.GetManyBytes(body, "id", "model", t.bodyReason)
+	a.identify(r[0], r[1])
+	a.addReason(r[2])
+}
 
 // typedEvent is an event of a typed API with its data and "type" read;
 // false for an event without one data line.
@@ -119,25 +144,6 @@ func (messagesAPI) ClassifyEvent(raw []byte) Event {
 	return ev
 }
 
-func (messagesAPI) ObserveEvent(a *Answer, ev Event) {
-	if ev.Data == nil {
-		return
-	}
-	s := view(ev.Data)
-	if a.ID == "" {
-		a.identify(gjson.Get(s, "message.id"), gjson.Get(s, "message.model"))
-	}
-	if ev.Kind == EventUsage {
-		a.addReason(gjson.Get(s, "delta.stop_reason"))
-	}
-}
-
-func (messagesAPI) ObserveBody(a *Answer, body []byte) {
-	r := gjson.GetManyBytes(body, "id", "model", "stop_reason")
-	a.identify(r[0], r[1])
-	a.addReason(r[2])
-}
-
 type responsesAPI struct{ typedAPI }
 
 // ClassifyEvent: a token is any "response.<...>.delta" event with a
@@ -152,25 +158,6 @@ func (responsesAPI) ClassifyEvent(raw []byte) Event {
 		classifyResponses(&ev, s, typ)
 	}
 	return ev
-}
-
-func (responsesAPI) ObserveEvent(a *Answer, ev Event) {
-	if ev.Data == nil {
-		return
-	}
-	s := view(ev.Data)
-	if a.ID == "" {
-		a.identify(gjson.Get(s, "response.id"), gjson.Get(s, "response.model"))
-	}
-	if ev.Kind == EventUsage {
-		a.addReason(gjson.Get(s, "response.status"))
-	}
-}
-
-func (responsesAPI) ObserveBody(a *Answer, body []byte) {
-	r := gjson.GetManyBytes(body, "id", "model", "status")
-	a.identify(r[0], r[1])
-	a.addReason(r[2])
 }
 
 func classifyMessages(ev *Event, s, typ string) {
