@@ -1,7 +1,3 @@
-// Package rewrite does the byte-level work on OpenAI-compatible bodies:
-// it inspects and edits requests, frames and classifies server-sent
-// events, and splices the metrics object into JSON, without decoding more
-// of a document than the keys it needs.
 package rewrite
 
 import (

@@ -1,0 +1,3 @@
+// Package timing holds a request's clock marks and turns them, with the
+// engine's token counts, into the per-request metrics object.
+package timing
