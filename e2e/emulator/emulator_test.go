@@ -133,6 +133,14 @@ func TestErrors(t *testing.T) {
 	if resp.StatusCode != 400 || !strings.Contains(body[0], `"type":"BadRequestError"`) || !strings.Contains(body[0], "include_metrics") {
 		t.Errorf("strict server accepted an unknown field: %d %s", resp.StatusCode, body[0])
 	}
+	for path, req := range map[string]string{
+		"/v1/responses": `{"model":"m","input":"x","instructions":"be brief","max_output_tokens":8}`,
+		"/v1/messages":  `{"model":"m","system":"be brief","messages":[{"role":"user","content":"x"}],"max_tokens":8,"stop_sequences":["z"]}`,
+	} {
+		if resp, body := call(t, s, path, req); resp.StatusCode != 200 {
+			t.Errorf("strict server refused its own API's fields on %s: %d %s", path, resp.StatusCode, body[0])
+		}
+	}
 	resp, body = call(t, s, "/v1/chat/completions", `{"messages":[]}`, HeaderStatus, "503")
 	if resp.StatusCode != 503 || !strings.HasPrefix(body[0], `{"error":{"message":`) {
 		t.Errorf("injected status: %d %s", resp.StatusCode, body[0])

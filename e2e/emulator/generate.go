@@ -37,6 +37,9 @@ var knownFields = map[string]bool{
 	"seed": true, "logprobs": true, "top_logprobs": true, "user": true, "presence_penalty": true,
 	"frequency_penalty": true, "tools": true, "tool_choice": true, "response_format": true, "echo": true,
 	"best_of": true, "suffix": true, "logit_bias": true, "ignore_eos": true, "min_tokens": true,
+	// Messages' and Responses' own.
+	"system": true, "stop_sequences": true, "top_k": true, "metadata": true,
+	"input": true, "instructions": true, "max_output_tokens": true,
 }
 
 // words is the emulated model's vocabulary: one word is one token.
