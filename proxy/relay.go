@@ -542,26 +542,39 @@ func (r *eventRelay) releaseHeld(withMetrics bool, done time.Time) []byte {
 func (r *eventRelay) sendHeld(withMetrics bool, done time.Time) []byte {
 	held := r.held
 	r.held = nil
-	if ev := r.f.route.api.ClassifyEvent(held); withMetrics && rewrite.TakesMetrics(ev) {
-		engine := rewrite.EngineTimingOf(ev.Target())
-		if !engine.Reported && !engine.AcceptanceLength.Set {
-			engine = r.engine // from the usage event the client does not get
-		}
-		r.metrics = r.f.metricsJSON(r.metrics[:0], done, engine)
-		if rewrite.EngineMetrics(ev.Target()) == nil {
-			// The engine's object came on that usage event; the splice
-			// keeps an object on this one itself.
-			r.metrics = rewrite.AppendEngineMembers(r.metrics, r.engineMetrics)
-		}
-		if out, ok := rewrite.AppendEventWithMetrics(r.heldOut[:0], held, ev, r.metrics); ok {
-			r.heldOut = out
-			r.hold.carried()
+	if withMetrics {
+		if out, ok := r.spliceHeld(held, done); ok {
 			return out
 		}
 	}
 	// A copy: heldBuf may take the next event before this one is out.
 	r.heldOut = append(r.heldOut[:0], held...)
 	return r.heldOut
+}
+
+// spliceHeld splices the metrics, the request done at done, into the
+// held event, when it is an object that can take them.
+func (r *eventRelay) spliceHeld(held []byte, done time.Time) ([]byte, bool) {
+	ev := r.f.route.api.ClassifyEvent(held)
+	if !rewrite.TakesMetrics(ev) {
+		return nil, false
+	}
+	engine := rewrite.EngineTimingOf(ev.Target())
+	if !engine.Reported && !engine.AcceptanceLength.Set {
+		engine = r.engine // from the usage event the client does not get
+	}
+	r.metrics = r.f.metricsJSON(r.metrics[:0], done, engine)
+	if rewrite.EngineMetrics(ev.Target()) == nil {
+		// The engine's object came on that usage event; the splice
+		// keeps an object on this one itself.
+		r.metrics = rewrite.AppendEngineMembers(r.metrics, r.engineMetrics)
+	}
+	out, ok := rewrite.AppendEventWithMetrics(r.heldOut[:0], held, ev, r.metrics)
+	if ok {
+		r.heldOut = out
+		r.hold.carried()
+	}
+	return out, ok
 }
 
 // fillTrailer sets the Server-Timing trailer for the whole stream.
