@@ -301,7 +301,7 @@ func TestSoakMixedTraffic(t *testing.T) {
 		{name: "client cancels", path: "/v1/chat/completions", body: `{"model":"m","stream":true,"max_tokens":1200,"messages":` + msgs + `}`,
 			headers: map[string]string{emulator.HeaderITL: "50ms"}, cancel: true,
 			check: func(s int, b string, err error) bool { return err != nil }},
-		{name: "bad include_metrics", path: "/v1/chat/completions", body: `{"model":"m","include_metrics":"yes"}`,
+		{name: "bad include_metrics", path: "/v1/chat/completions", body: `{"model":"m","include_metrics":"maybe"}`,
 			check: func(s int, b string, err error) bool {
 				return err == nil && s == 400 && strings.Contains(b, "invalid_include_metrics")
 			}},

@@ -110,7 +110,7 @@ func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight, body []byte) 
 	if pl.refuse {
 		// The sidecar's own field: its client gets told, not the engine.
 		apiError{Status: fasthttp.StatusBadRequest, Type: "invalid_request_error", Code: "invalid_include_metrics",
-			Param: "include_metrics", Message: "timing-sidecar: include_metrics must be true or false"}.write(ctx)
+			Param: "include_metrics", Message: "timing-sidecar: include_metrics must be a boolean"}.write(ctx)
 		setResponseID(ctx, f)
 		return
 	}

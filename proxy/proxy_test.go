@@ -355,7 +355,7 @@ func TestRequestsWithoutMetricsPassByteForByte(t *testing.T) {
 		{"not opted in, unary", ModeOptIn, "/v1/completions", `{"model":"m","prompt":"hi"}`, true},
 		{"off mode keeps include_metrics", ModeOff, "/v1/chat/completions", `{"stream":true,"include_metrics":true}`, true},
 		{"not JSON", ModeAlways, "/v1/chat/completions", `{"stream":true,`, true},
-		{"stream of the wrong type", ModeOptIn, "/v1/chat/completions", `{"stream":"yes","include_metrics":true}`, true},
+		{"stream the engine refuses", ModeOptIn, "/v1/chat/completions", `{"stream":"maybe","include_metrics":true}`, true},
 		{"running usage without include_usage", ModeOptIn, "/v1/chat/completions", `{"stream":true,"stream_options":{"continuous_usage_stats":true,"include_usage":false}}`, true},
 		{"stream options without include_usage (vLLM sends usage)", ModeOptIn, "/v1/chat/completions", `{"stream":true,"stream_options":{}}`, true},
 	}

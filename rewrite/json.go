@@ -111,9 +111,18 @@ func valueEnd(s string, i int) int {
 	return i
 }
 
-// maxKeyBytes: keys longer than this (as sent, escapes included) are not
-// unescaped; none the sidecar reads comes near it.
-const maxKeyBytes = 64
+// maxKeyBytes bounds the keys eachMember unescapes, as sent with their
+// quotes. The engine decodes every escape in a key ("\u0073tream" is
+// "stream" to Python's json), so the sidecar must too, for every key that
+// could decode to one it reads. None it reads is longer than maxKeyChars
+// characters, and an ASCII character takes at most six bytes escaped
+// (\u0073), so a longer key is none of them, whatever it decodes to: it is
+// left as sent, which matches nothing. TestEscapedKeysAreRead holds the
+// longest key read to this bound.
+const (
+	maxKeyChars = 32
+	maxKeyBytes = maxKeyChars*len(`\u0000`) + 2
+)
 
 // eachMember calls fn with each member of the valid JSON object s, or each
 // element of the array s (key ""), until fn returns false: the key's text

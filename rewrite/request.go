@@ -97,12 +97,12 @@ func (in *inspection) member(key string, keyAt int, raw string, at int) bool {
 	switch key {
 	case "include_metrics":
 		r.includeMetrics.add(keyAt, raw, at)
-		r.readIncludeMetrics(value)
+		r.readIncludeMetrics(raw)
 	case "stream":
 		r.stream.add(keyAt, raw, at)
-		r.Stream = value.Type == gjson.True
-		if !value.IsBool() && value.Type != gjson.Null {
-			r.Understood = false
+		var ok bool
+		if r.Stream, ok = optionalBool(raw); !ok {
+			r.Understood = false // the engine refuses it: its answer, untouched
 		}
 	case "model":
 		r.Repeated = r.Repeated || in.seenModel
@@ -113,7 +113,7 @@ func (in *inspection) member(key string, keyAt int, raw string, at int) bool {
 		}
 	case "stream_options":
 		r.streamOptions.add(keyAt, raw, at)
-		r.readStreamOptions(raw, value)
+		r.readStreamOptions(raw)
 	case "n":
 		r.Repeated = r.Repeated || in.seenN
 		in.seenN = true
@@ -144,39 +144,49 @@ func (in *inspection) result() Request {
 	return r
 }
 
-// readIncludeMetrics reads include_metrics. The last one counts, as in
-// the engine's parser: a bad value followed by a good one is fine.
-func (r *Request) readIncludeMetrics(value gjson.Result) {
+// readIncludeMetrics reads include_metrics as the engine reads it
+// (laxBool; null is no opt-in). A value the engine would refuse is the
+// sidecar's to refuse, as it removes the field before forwarding.
+func (r *Request) readIncludeMetrics(raw string) {
 	r.HasIncludeMetrics, r.IncludeMetrics, r.InvalidIncludeMetrics = false, false, false
-	switch {
-	case value.IsBool():
-		r.HasIncludeMetrics, r.IncludeMetrics = true, value.Bool()
-	case value.Type != gjson.Null:
-		r.InvalidIncludeMetrics = true
+	if raw[0] == 'n' {
+		return
 	}
+	v, ok := laxBool(raw)
+	r.HasIncludeMetrics, r.IncludeMetrics, r.InvalidIncludeMetrics = ok, v, !ok
 }
 
-// readStreamOptions reads stream_options. vLLM's default is true once
-// stream_options is there: only an explicit false or null turns usage
-// off. The last copy of a key counts here too.
-func (r *Request) readStreamOptions(raw string, value gjson.Result) {
+// readStreamOptions reads stream_options as vLLM's StreamOptions model:
+// include_usage defaults to true once stream_options is there, and only a
+// value read as false, or null, turns usage off; continuous_usage_stats
+// defaults to false. Where a key repeats the last copy counts, as in
+// Python's json, so each is read once the object is through. A value the
+// engine refuses, or stream_options neither an object nor null, leaves
+// the request not Understood.
+func (r *Request) readStreamOptions(raw string) {
 	r.IncludeUsage, r.ContinuousUsage = false, false
-	switch {
-	case value.IsObject():
-		r.IncludeUsage = true
-		eachMember(raw, func(k string, _ int, v string, _ int) bool {
-			switch k {
-			case "include_usage":
-				t := shallow(v).Type
-				r.IncludeUsage = t != gjson.False && t != gjson.Null
-			case "continuous_usage_stats":
-				r.ContinuousUsage = shallow(v).Type == gjson.True
-			}
-			return true
-		})
-	case value.Type != gjson.Null:
+	switch raw[0] {
+	case 'n':
+		return
+	case '{':
+	default:
 		r.Understood = false
+		return
 	}
+	usage, continuous := "true", "false"
+	eachMember(raw, func(k string, _ int, v string, _ int) bool {
+		switch k {
+		case "include_usage":
+			usage = v
+		case "continuous_usage_stats":
+			continuous = v
+		}
+		return true
+	})
+	var ok1, ok2 bool
+	r.IncludeUsage, ok1 = optionalBool(usage)
+	r.ContinuousUsage, ok2 = optionalBool(continuous)
+	r.Understood = r.Understood && ok1 && ok2
 }
 
 // readN reads n: a number above 1 asks for several choices.
@@ -239,28 +249,45 @@ const MaxModelBytes = 256 + 4
 // does not carry (prompt_logprobs, echo, best_of > 1, kv_transfer_params)
 // are not, and neither is a field the sidecar does not know.
 func upgradableField(key string, v gjson.Result) bool {
-	switch key {
-	case "model", "messages", "prompt", "suffix", "max_tokens", "max_completion_tokens",
-		"temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
-		"repetition_penalty", "length_penalty", "stop", "stop_token_ids", "seed", "logprobs",
-		"top_logprobs", "logit_bias", "user", "n", "include_metrics", "tools", "tool_choice",
-		"parallel_tool_calls", "response_format", "structured_outputs", "guided_json",
-		"guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
-		"ignore_eos", "min_tokens", "skip_special_tokens", "spaces_between_special_tokens",
-		"include_stop_str_in_output", "chat_template", "chat_template_kwargs",
-		"add_generation_prompt", "continue_final_message", "add_special_tokens", "documents",
-		"mm_processor_kwargs", "priority", "request_id", "reasoning_effort", "metadata",
-		"truncate_prompt_tokens", "bad_words", "allowed_token_ids", "return_tokens_as_token_ids",
-		"cache_salt":
+	if generationFields[key] {
 		return true
+	}
+	switch key {
 	case "stream", "echo":
-		return v.Type == gjson.False || v.Type == gjson.Null
+		on, ok := optionalBool(v.Raw)
+		return ok && !on
 	case "stream_options", "prompt_logprobs":
 		return v.Type == gjson.Null
 	case "best_of":
 		return v.Type == gjson.Null || (v.Type == gjson.Number && v.Num <= 1)
 	}
 	return false
+}
+
+// generationFields are the request fields that only shape what is
+// generated, or that the sidecar reads itself: a stream reassembled
+// answers them as a non-streaming response does.
+var generationFields = keySet(
+	"model", "messages", "prompt", "suffix", "max_tokens", "max_completion_tokens",
+	"temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
+	"repetition_penalty", "length_penalty", "stop", "stop_token_ids", "seed", "logprobs",
+	"top_logprobs", "logit_bias", "user", "n", "include_metrics", "tools", "tool_choice",
+	"parallel_tool_calls", "response_format", "structured_outputs", "guided_json",
+	"guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
+	"ignore_eos", "min_tokens", "skip_special_tokens", "spaces_between_special_tokens",
+	"include_stop_str_in_output", "chat_template", "chat_template_kwargs",
+	"add_generation_prompt", "continue_final_message", "add_special_tokens", "documents",
+	"mm_processor_kwargs", "priority", "request_id", "reasoning_effort", "metadata",
+	"truncate_prompt_tokens", "bad_words", "allowed_token_ids", "return_tokens_as_token_ids",
+	"cache_salt")
+
+// keySet is a set of the keys given.
+func keySet(keys ...string) map[string]bool {
+	m := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		m[k] = true
+	}
+	return m
 }
 
 // multiplePrompts tells whether a completions prompt holds several prompts:

@@ -41,9 +41,36 @@ func TestInspectRequest(t *testing.T) {
 		{"model repeated", `{"model":"a","model":"b"}`, Request{Repeated: true}},
 		{"not JSON", `{"model":`, Request{}},
 		{"not an object", `[1,2]`, Request{}},
-		{"include_metrics of the wrong type", `{"include_metrics":"yes"}`, Request{InvalidIncludeMetrics: true}},
+		{"include_metrics the engine refuses", `{"include_metrics":"maybe"}`, Request{InvalidIncludeMetrics: true}},
+		{"include_metrics a number the engine refuses", `{"include_metrics":2}`, Request{InvalidIncludeMetrics: true}},
+		{"include_metrics an object", `{"include_metrics":{}}`, Request{InvalidIncludeMetrics: true}},
 		{"include_metrics repeated", `{"include_metrics":"yes","include_metrics":true}`, Request{Repeated: true}},
-		{"stream of the wrong type", `{"stream":"true","include_metrics":true}`, Request{}},
+		{"stream the engine refuses", `{"stream":"sure","include_metrics":true}`, Request{}},
+		{"stream a number the engine refuses", `{"stream":2}`, Request{}},
+		{"include_usage the engine refuses", `{"stream":true,"stream_options":{"include_usage":"maybe"}}`, Request{}},
+		{"continuous_usage_stats the engine refuses", `{"stream":true,"stream_options":{"continuous_usage_stats":[]}}`, Request{}},
+		{"include_usage refused, then repeated right: the last counts",
+			`{"stream":true,"stream_options":{"include_usage":"maybe","include_usage":0}}`, Request{Understood: true, Stream: true}},
+		// Pydantic's lax booleans, as vLLM reads them.
+		{"include_metrics \"yes\"", `{"include_metrics":"yes"}`, Request{Understood: true, HasIncludeMetrics: true, IncludeMetrics: true}},
+		{"include_metrics 1", `{"include_metrics":1}`, Request{Understood: true, HasIncludeMetrics: true, IncludeMetrics: true}},
+		{"include_metrics \"Off\"", `{"include_metrics":"Off"}`, Request{Understood: true, HasIncludeMetrics: true}},
+		{"stream \"true\"", `{"stream":"true"}`, Request{Understood: true, Stream: true}},
+		{"stream 1.0", `{"stream":1.0}`, Request{Understood: true, Stream: true}},
+		{"stream \"0\"", `{"stream":"0","stream_options":{}}`, Request{Understood: true, IncludeUsage: true}},
+		{"include_usage 0", `{"stream":true,"stream_options":{"include_usage":0}}`, Request{Understood: true, Stream: true}},
+		{"include_usage \"no\"", `{"stream":true,"stream_options":{"include_usage":"no"}}`, Request{Understood: true, Stream: true}},
+		{"include_usage \"N\"", `{"stream":true,"stream_options":{"include_usage":"N"}}`, Request{Understood: true, Stream: true}},
+		{"continuous_usage_stats \"on\"", `{"stream":true,"stream_options":{"continuous_usage_stats":"on"}}`,
+			Request{Understood: true, Stream: true, IncludeUsage: true, ContinuousUsage: true}},
+		// Escaped keys, as the engine's JSON decoder unescapes them.
+		{"escaped stream_options", `{"stream":true,"\u0073\u0074\u0072\u0065\u0061\u006d\u005f\u006f\u0070\u0074\u0069\u006f\u006e\u0073":{"include_usage":true}}`,
+			Request{Understood: true, Stream: true, IncludeUsage: true}},
+		{"escaped include_usage", `{"stream":true,"stream_options":{"\u0069\u006e\u0063\u006c\u0075\u0064\u0065\u005f\u0075\u0073\u0061\u0067\u0065":false}}`,
+			Request{Understood: true, Stream: true}},
+		{"escaped include_metrics", `{"\u0069\u006e\u0063\u006c\u0075\u0064\u0065\u005f\u006d\u0065\u0074\u0072\u0069\u0063\u0073":true}`,
+			Request{Understood: true, HasIncludeMetrics: true, IncludeMetrics: true}},
+		{"escaped and plain stream: repeated", `{"stream":true,"\u0073tream":false}`, Request{Repeated: true}},
 		{"n of the wrong type", `{"n":"2"}`, Request{}},
 		{"stream_options of the wrong type", `{"stream":true,"stream_options":true}`, Request{}},
 	}
@@ -72,7 +99,9 @@ func TestUpgradable(t *testing.T) {
 		`{"model":"m","messages":[],"stream_options":{}}`:     false, // the engine refuses it without stream
 		`{"model":"m","messages":[],"kv_transfer_params":{}}`: false,
 		`{"model":"m","messages":[],"some_new_field":1}`:      false, // unknown: not risked
-		`{"model":"m","messages":[],"stream":"no"}`:           false, // not understood
+		`{"model":"m","messages":[],"stream":"no"}`:           true,  // read as false, as the engine does
+		`{"model":"m","prompt":"a","echo":"on"}`:              false, // read as true
+		`{"model":"m","messages":[],"stream":"nope"}`:         false, // refused by the engine: not understood
 	} {
 		if got := InspectRequest([]byte(body)).Upgradable; got != want {
 			t.Errorf("Upgradable(%s) = %v, want %v", body, got, want)

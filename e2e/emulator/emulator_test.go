@@ -87,6 +87,34 @@ func TestUsageOnlyWhenAsked(t *testing.T) {
 	}
 }
 
+// TestRequestsReadAsVLLMReadsThem: lax booleans, exact keys, escapes.
+func TestRequestsReadAsVLLMReadsThem(t *testing.T) {
+	s := start(t, Config{Timing: Timing{OutputTokens: 2}})
+	usage := func(ev []string) bool { return strings.Contains(strings.Join(ev, "\n"), `"choices":[],"usage"`) }
+	for _, tt := range []struct {
+		name, body string
+		status     int
+		stream     bool
+		usage      bool
+	}{
+		{"stream \"yes\"", `{"prompt":"a","stream":"yes"}`, 200, true, false},
+		{"stream 1.0, usage by default", `{"prompt":"a","stream":1.0,"stream_options":{}}`, 200, true, true},
+		{"include_usage 0", `{"prompt":"a","stream":true,"stream_options":{"include_usage":0}}`, 200, true, false},
+		{"include_usage \"OFF\"", `{"prompt":"a","stream":true,"stream_options":{"include_usage":"OFF"}}`, 200, true, false},
+		{"escaped stream_options", `{"prompt":"a","stream":true,"\u0073tream_options":{"include_usage":true}}`, 200, true, true},
+		{"Stream is not stream", `{"prompt":"a","Stream":true}`, 200, false, false},
+		{"stream refused", `{"prompt":"a","stream":"nope"}`, 400, false, false},
+		{"stream 2 refused", `{"prompt":"a","stream":2}`, 400, false, false},
+		{"include_usage refused", `{"prompt":"a","stream":true,"stream_options":{"include_usage":"yeſ"}}`, 400, false, false},
+	} {
+		resp, ev := call(t, s, "/v1/completions", tt.body)
+		stream := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+		if resp.StatusCode != tt.status || stream != tt.stream || (stream && usage(ev) != tt.usage) {
+			t.Errorf("%s: status %d, stream %v, events:\n%s", tt.name, resp.StatusCode, stream, strings.Join(ev, "\n"))
+		}
+	}
+}
+
 func TestSeveralChoicesInterleave(t *testing.T) {
 	s := start(t, Config{Timing: Timing{OutputTokens: 2}})
 	_, ev := call(t, s, "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"n":2,"stream":true,"stream_options":{"include_usage":true}}`)

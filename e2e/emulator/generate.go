@@ -16,18 +16,18 @@ type request struct {
 	Messages      json.RawMessage `json:"messages"`
 	Input         json.RawMessage `json:"input"` // the Responses API's
 	Prompt        json.RawMessage `json:"prompt"`
-	Stream        bool            `json:"stream"`
+	Stream        LaxBool         `json:"stream"`
 	StreamOptions *struct {
 		// A pointer: vLLM defaults it to true when stream_options is sent.
-		IncludeUsage         *bool `json:"include_usage"`
-		ContinuousUsageStats bool  `json:"continuous_usage_stats"`
+		IncludeUsage         *LaxBool `json:"include_usage"`
+		ContinuousUsageStats LaxBool  `json:"continuous_usage_stats"`
 	} `json:"stream_options"`
 	N                   *int            `json:"n"`
 	MaxTokens           *int            `json:"max_tokens"`
 	MaxCompletionTokens *int            `json:"max_completion_tokens"`
 	Logprobs            json.RawMessage `json:"logprobs"` // chat: a boolean; completions: how many alternatives
 	TopLogprobs         int             `json:"top_logprobs"`
-	IncludeMetrics      bool            `json:"include_metrics"`
+	IncludeMetrics      LaxBool         `json:"include_metrics"`
 }
 
 // knownFields are the request fields a strict server accepts.
@@ -98,17 +98,17 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request) {
 		g.fail(http.StatusBadRequest, "BadRequestError", msg)
 		return
 	}
-	g.e.rec.Stream = g.req.Stream
+	g.e.rec.Stream = bool(g.req.Stream)
 	switch {
-	case g.api == apiMessages && g.req.Stream:
+	case g.api == apiMessages && bool(g.req.Stream):
 		g.streamTyped(g.messagesEvents())
 	case g.api == apiMessages:
 		g.unaryMessages()
-	case g.api == apiResponses && g.req.Stream:
+	case g.api == apiResponses && bool(g.req.Stream):
 		g.streamTyped(g.responsesEvents())
 	case g.api == apiResponses:
 		g.unaryResponses()
-	case g.req.Stream:
+	case bool(g.req.Stream):
 		g.stream()
 	default:
 		g.unary()
@@ -247,7 +247,17 @@ func (g *generation) decode(body []byte) string {
 			}
 		}
 	}
-	if err := json.Unmarshal(body, &g.req); err != nil {
+	// Python's json and pydantic match keys exactly; encoding/json would
+	// match "Stream" to stream. Only the exact keys are decoded, each
+	// one's last copy (as in the map).
+	exact := make(map[string]json.RawMessage, len(fields))
+	for k, v := range fields {
+		if g.accepts(k) || k == "include_metrics" {
+			exact[k] = v
+		}
+	}
+	b, _ := json.Marshal(exact)
+	if err := json.Unmarshal(b, &g.req); err != nil {
 		return "invalid request: " + err.Error()
 	}
 	return ""
@@ -385,7 +395,7 @@ func text(from, n int) string {
 // is sent, unless include_usage is false or null.
 func (g *generation) includeUsage() bool {
 	so := g.req.StreamOptions
-	return so != nil && (so.IncludeUsage == nil || *so.IncludeUsage)
+	return so != nil && (so.IncludeUsage == nil || bool(*so.IncludeUsage))
 }
 
 func (g *generation) finishReason() string {
@@ -522,7 +532,7 @@ func decodeString(raw []byte) string {
 // (headers sent) to the first and last token.
 func (g *generation) engineMetrics(scheduled, first, last time.Time, tokens int) json.RawMessage {
 	spec := g.s.cfg.SpecDecodeMetrics
-	if !g.s.cfg.PerRequestMetrics && spec == "" || !g.req.IncludeMetrics {
+	if !g.s.cfg.PerRequestMetrics && spec == "" || !bool(g.req.IncludeMetrics) {
 		return nil
 	}
 	if g.choices > 1 {

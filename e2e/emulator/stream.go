@@ -58,7 +58,7 @@ func (g *generation) newChunkStream(f http.Flusher) *chunkStream {
 		format = chatChunks{g: g}
 	}
 	return &chunkStream{g: g, flusher: f, format: format,
-		continuous: g.includeUsage() && g.req.StreamOptions.ContinuousUsageStats, reason: g.finishReason()}
+		continuous: g.includeUsage() && bool(g.req.StreamOptions.ContinuousUsageStats), reason: g.finishReason()}
 }
 
 // send writes one chunk with these choices; false when the client is gone.
