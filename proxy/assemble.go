@@ -91,7 +91,8 @@ func (p *Proxy) relayAssembled(ctx *fasthttp.RequestCtx, f *flight, x *upstream.
 		defer p.pools.release(spliced)
 		if withMetrics, ok := rewrite.InspectBody(body).AppendWithMetrics(spliced.B[:0], body, mb.B); ok {
 			spliced.B, body = withMetrics, withMetrics
-			ctx.Response.Header.SetBytesV("Server-Timing", serverTiming(m))
+			// After the engine's own entries: Server-Timing is a list.
+			ctx.Response.Header.AddBytesV("Server-Timing", serverTiming(m))
 		}
 	}
 	ctx.Response.SetBody(body)

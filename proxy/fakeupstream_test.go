@@ -31,6 +31,7 @@ import (
 //	X-Fake-Status        a status other than 200, with an OpenAI error body
 //	X-Fake-Cut-After     close the connection after this many token events
 //	X-Fake-Body          send this body verbatim (non-streaming)
+//	X-Fake-Server-Timing send each of these values as a Server-Timing field line
 type fakeEngine struct {
 	t   *testing.T
 	srv *httptest.Server
@@ -157,6 +158,9 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("X-Engine", "fake")
+	for _, v := range r.Header.Values("X-Fake-Server-Timing") {
+		w.Header().Add("Server-Timing", v)
+	}
 	if r.Header.Get("X-Fake-Hop") != "" {
 		w.Header().Set("Connection", "X-Resp-Drop")
 		w.Header().Set("X-Resp-Drop", "1")

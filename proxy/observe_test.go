@@ -274,6 +274,84 @@ func TestServerTiming(t *testing.T) {
 	}
 }
 
+// TestServerTimingKeepsTheEngines: Server-Timing is a list; the engine's
+// entries (several, on several field lines) reach the client as the
+// engine sent them, and the sidecar's come after them: in the header of a
+// body, and in the trailer of a stream, which then carries the engine's
+// too (a field is a header or a trailer of a message, by its name).
+func TestServerTimingKeepsTheEngines(t *testing.T) {
+	engine := newFakeEngine(t)
+	base := startProxy(t, engine.URL(), func(c *Config) { c.UpgradeNonStreaming = true })
+	engineTiming := []string{`cache;desc="prefix hit", db;dur=2.5`, "gw;dur=0.4"}
+	fields := func(h http.Header) []string {
+		var all []string
+		for _, v := range h.Values("Server-Timing") {
+			for e := range strings.SplitSeq(v, ",") {
+				all = append(all, strings.TrimSpace(e))
+			}
+		}
+		return all
+	}
+	ours := regexp.MustCompile(`^(queue|ttft|gen|e2e);dur=\d+\.\d{3}$`)
+	// The field as a client reads it: the header's lines, then the
+	// trailer's (RFC 9110 6.5.1).
+	check := func(what string, header, trailer http.Header) {
+		t.Helper()
+		got := append(fields(header), fields(trailer)...)
+		if len(got) < 3 || strings.Join(got[:3], ", ") != `cache;desc="prefix hit", db;dur=2.5, gw;dur=0.4` {
+			t.Fatalf("%s: the engine's entries do not come first: %q", what, got)
+		}
+		if len(got) == 3 {
+			t.Fatalf("%s: no sidecar entries (header %q, trailer %q)", what, header, trailer)
+		}
+		for _, e := range got[3:] {
+			if !ours.MatchString(e) {
+				t.Fatalf("%s: %q is not the sidecar's", what, e)
+			}
+		}
+	}
+	headers := map[string]string{"X-Fake-TTFT": "5"}
+	// A body read whole, and one the sidecar upgrades to a stream and
+	// reassembles.
+	for _, body := range []string{`{"include_metrics":true,"not_upgradable":1}`, `{"include_metrics":true,"model":"m","messages":[]}`} {
+		req, _ := http.NewRequest("POST", base+"/v1/chat/completions", strings.NewReader(body))
+		for k, v := range headers {
+			req.Header.Set(k, v)
+		}
+		for _, v := range engineTiming {
+			req.Header.Add("X-Fake-Server-Timing", v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		check(body, resp.Header, nil)
+	}
+
+	conn, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"stream":true,"include_metrics":true}`
+	io.WriteString(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTE: trailers\r\n"+
+		"X-Fake-Server-Timing: "+engineTiming[0]+"\r\nX-Fake-Server-Timing: "+engineTiming[1]+"\r\n"+
+		"Content-Length: "+itoa(len(body))+"\r\n\r\n"+body)
+	sresp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, sresp.Body)
+	check("stream", sresp.Header, sresp.Trailer)
+	for _, e := range fields(sresp.Header) {
+		if ours.MatchString(e) {
+			t.Fatalf("stream: the sidecar's %q in the header, before the figures were known", e)
+		}
+	}
+}
+
 func itoa(n int) string { return strconv.Itoa(n) }
 
 func TestTenantLabel(t *testing.T) {

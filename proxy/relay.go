@@ -245,7 +245,8 @@ func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *upstrea
 	body, ok := inspected.AppendWithMetrics(out.B[:0], buf.B, metrics)
 	if ok {
 		out.B = body // keep the grown buffer for the pool
-		ctx.Response.Header.SetBytesV("Server-Timing", serverTiming(m))
+		// After the engine's own entries: Server-Timing is a list.
+		ctx.Response.Header.AddBytesV("Server-Timing", serverTiming(m))
 	} else {
 		body = buf.B // not a JSON object: as the engine sent it
 	}
@@ -583,7 +584,9 @@ func (r *eventRelay) fillTrailer() {
 		return
 	}
 	m := r.f.done(r.f.clock.Done, timing.EngineTiming{})
-	r.trailer.SetBytesV("Server-Timing", serverTiming(m))
+	// After the engine's entries, which announcing the trailer moved here:
+	// fasthttp keeps a field name in the header or in the trailer.
+	r.trailer.AddBytesV("Server-Timing", serverTiming(m))
 }
 
 func (r *eventRelay) CloseWithError(writeErr error) error {
