@@ -81,6 +81,56 @@ func TestLargeUploadsStayWithinTheMemoryLimit(t *testing.T) {
 	}
 }
 
+// TestLargeAnswersStayWithinTheMemoryLimit: six non-streaming answers of
+// about 15 MB at once, each asking for metrics (so each is held, spliced
+// into and held again until its client has it), against the release
+// binary with the manifests' settings: every one is answered, those the
+// budget has room for with metrics, and the peak resident memory stays
+// well under the container's limit.
+func TestLargeAnswersStayWithinTheMemoryLimit(t *testing.T) {
+	engine := startEngine(t, emulator.Config{MaxModelLen: 1 << 30})
+	sc := startSidecar(t, []string{"--upstream", engine.URL(), "--access-log=false"}, "GOMEMLIMIT="+manifestGoMemLimit)
+	const answers, tokens = 6, 2_400_000 // about 15 MB of words each
+	var wg sync.WaitGroup
+	errs := make(chan error, answers)
+	var mu sync.Mutex
+	withMetrics := 0
+	for i := range answers {
+		wg.Go(func() {
+			body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":%d,"include_metrics":true,"user":"u%d"}`, tokens, i)
+			resp, err := http.Post(sc.base+"/v1/chat/completions", "application/json", strings.NewReader(body))
+			if err != nil {
+				errs <- err
+				return
+			}
+			answer, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 || len(answer) < 10<<20 {
+				errs <- fmt.Errorf("answer %d: status %d, %d bytes", i, resp.StatusCode, len(answer))
+				return
+			}
+			if bytes.Contains(answer[len(answer)-4096:], []byte(`"metrics":{`)) {
+				mu.Lock()
+				withMetrics++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	peak := peakRSS(t, sc.cmd.Process.Pid)
+	t.Logf("peak RSS with %d answers of 15 MB: %.1f MiB (limit %d MiB), %d with metrics", answers, float64(peak)/(1<<20), manifestMemoryLimit>>20, withMetrics)
+	if peak > manifestMemoryLimit*3/4 {
+		t.Fatalf("peak RSS %.1f MiB: not well under the container's %d MiB", float64(peak)/(1<<20), manifestMemoryLimit>>20)
+	}
+	if withMetrics == 0 {
+		t.Fatal("no answer had room for its metrics")
+	}
+}
+
 // peakRSS is the process's peak resident set (VmHWM), in bytes.
 func peakRSS(t *testing.T, pid int) int64 {
 	t.Helper()

@@ -718,8 +718,9 @@ func TestEarlyAnswersFromTheEngineAreRelayed(t *testing.T) {
 
 // TestHeldResponsesShareTheMemoryBudget: a non-streaming response held to
 // splice the metrics in takes room in --max-body-memory past its first
-// 64 KiB; one the budget has no room for passes through as the engine
-// sent it, without metrics, as one over --max-buffered-response-size.
+// 64 KiB, for the engine's body and for the spliced copy; one the budget
+// has no room for passes through as the engine sent it, without metrics,
+// as one over --max-buffered-response-size.
 func TestHeldResponsesShareTheMemoryBudget(t *testing.T) {
 	answer := func(size int) string {
 		return `{"id":"c","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"` +
@@ -731,7 +732,9 @@ func TestHeldResponsesShareTheMemoryBudget(t *testing.T) {
 		body := answer(size)
 		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 	})
-	p, base := startSidecar(t, engine.URL(), func(c *Config) { c.MaxBodyMemory = 128 << 10 }, nil)
+	// Room for a 100 KiB answer twice (its read may take up to 64 KiB
+	// ahead), not for a 400 KiB one once.
+	p, base := startSidecar(t, engine.URL(), func(c *Config) { c.MaxBodyMemory = 320 << 10 }, nil)
 	// One connection: each request is served once the one before it has
 	// ended, its budget given back.
 	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
@@ -744,7 +747,7 @@ func TestHeldResponsesShareTheMemoryBudget(t *testing.T) {
 	for _, tc := range []struct {
 		size    int
 		metrics bool
-	}{{300 << 10, false}, {100 << 10, true}} {
+	}{{400 << 10, false}, {100 << 10, true}} {
 		fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Size: %d\r\nContent-Length: %d\r\n\r\n%s", tc.size, len(body), body)
 		resp, err := http.ReadResponse(br, nil)
 		if err != nil {

@@ -67,9 +67,10 @@ func (p *Proxy) relayAssembled(ctx *fasthttp.RequestCtx, f *flight, x *upstream.
 		f.rec.Status, f.rec.BytesOut = status, len(body)
 		return
 	}
-	out := p.pools.buffer()
-	defer p.pools.release(out)
-	body, ok := f.route.api.AppendAssembled(out.B[:0], a)
+	// The body is built for the response, which takes it without a copy;
+	// it is charged to the budget from here until the client has it (the
+	// assembly, charged as it grew, goes when the handler returns).
+	body, ok := f.route.api.AppendAssembled(nil, a)
 	if !ok {
 		p.log.Warn("an upgraded stream held data that is not JSON", "path", f.rec.Path, "request_id", f.rec.ID)
 		f.rec.UpstreamError = telemetry.ErrorBadResponse
@@ -80,22 +81,24 @@ func (p *Proxy) relayAssembled(ctx *fasthttp.RequestCtx, f *flight, x *upstream.
 		f.rec.Status = e.Status
 		return
 	}
-	out.B = body
 	if f.plan.wantMetrics {
 		mb := p.pools.buffer()
 		defer p.pools.release(mb)
 		mb.B = f.metricsJSON(mb.B[:0], done, engine)
 		m := f.done(done, engine) // a body's end is the request's
 		mb.B = rewrite.AppendEngineMembers(mb.B, r.engineMetrics)
-		spliced := p.pools.buffer()
-		defer p.pools.release(spliced)
-		if withMetrics, ok := rewrite.InspectBody(body).AppendWithMetrics(spliced.B[:0], body, mb.B); ok {
-			spliced.B, body = withMetrics, withMetrics
+		if withMetrics, ok := rewrite.InspectBody(body).AppendWithMetrics(nil, body, mb.B); ok {
+			body = withMetrics
 			// After the engine's own entries: Server-Timing is a list.
 			ctx.Response.Header.AddBytesV("Server-Timing", serverTiming(m))
 		}
 	}
-	ctx.Response.SetBody(body)
+	room := 0
+	if len(body) > responseFree {
+		room = len(body)
+		p.bodies.charge(room)
+	}
+	p.respondHeld(ctx, body, room)
 	f.rec.Status, f.rec.BytesOut = fasthttp.StatusOK, len(body)
 }
 

@@ -1,10 +1,13 @@
 package proxy
 
 import (
+	"bytes"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/valyala/fasthttp"
 )
 
 // bodyBudget bounds the bytes the sidecar holds at once for requests'
@@ -38,6 +41,8 @@ type bodyBudget struct {
 	waiting atomic.Int32
 	mu      sync.Mutex
 	freed   chan struct{}
+	// growing: a body that holds room waits for more (awaitGrowth).
+	growing atomic.Bool
 	// returning: memory is to go back to the system soon.
 	returning atomic.Bool
 }
@@ -104,6 +109,18 @@ func (b *bodyBudget) take(n int, wait time.Duration) bool {
 			return false
 		}
 	}
+}
+
+// awaitGrowth takes n bytes for a body that holds room already, waiting
+// up to bodyBudgetWait, when no other such body waits: one waits at a
+// time, so that bodies holding room never all wait on each other. false
+// when another waits or the room does not come in time.
+func (b *bodyBudget) awaitGrowth(n int) bool {
+	if !b.growing.CompareAndSwap(false, true) {
+		return false
+	}
+	defer b.growing.Store(false)
+	return b.take(n, bodyBudgetWait)
 }
 
 // give returns n bytes taken before, and wakes the takes that wait. Once
@@ -179,4 +196,40 @@ func (p *Proxy) holdResponse(f *flight, n int) bool {
 	}
 	f.responseTaken += step
 	return true
+}
+
+// charge counts n bytes the sidecar already holds, room or not: the
+// budget counts what is held, and takes fail until it is given back.
+func (b *bodyBudget) charge(n int) {
+	if n > 0 {
+		b.used.Add(int64(n))
+	}
+}
+
+// respondHeld makes body, which the response now owns (no copy is made),
+// the response's body. room is what the budget holds for it: given back
+// once fasthttp has written the body to the client, or failed to, not
+// when the handler returns, since the body is held until then.
+func (p *Proxy) respondHeld(ctx *fasthttp.RequestCtx, body []byte, room int) {
+	if room <= 0 {
+		ctx.Response.SetBodyRaw(body)
+		ctx.Response.Header.SetContentLength(len(body))
+		return
+	}
+	ctx.Response.SetBodyStream(&heldBody{Reader: bytes.NewReader(body), budget: p.bodies, room: room}, len(body))
+}
+
+// heldBody is a response body held in memory, with its room in the budget.
+type heldBody struct {
+	*bytes.Reader
+	budget *bodyBudget
+	room   int
+}
+
+// Close is called by fasthttp once the body is written, or the write
+// failed, and for a response that is never sent.
+func (h *heldBody) Close() error {
+	h.budget.give(h.room)
+	h.room = 0
+	return nil
 }

@@ -57,6 +57,8 @@ type flight struct {
 	// the engine gets edit.
 	unread     *clientBody
 	unreadSize int
+	// readRoom is the room held by what was read of an unread body.
+	readRoom *readRoom
 	// readAhead: the stream was read ahead of a stalled client, and
 	// aheadWaited is how long the engine waited on it even so.
 	readAhead   bool

@@ -170,12 +170,23 @@ var errPanic = errors.New("timing-sidecar: internal error while relaying the res
 // and the panic logged with its stack.
 func (p *Proxy) recoverRead(f *flight, err *error) {
 	if r := recover(); r != nil {
-		if p.telemetry != nil {
-			p.telemetry.Panic()
-		}
+		p.countPanic()
 		p.log.Error("panic while relaying a response", "panic", r, "path", f.rec.Path,
 			"request_id", f.rec.ID, "stack", string(debug.Stack()))
 		*err = errPanic
+	}
+}
+
+// panicked logs and counts a panic recovered on a goroutine the sidecar
+// started for one request, which that request's end reports.
+func (p *Proxy) panicked(r any) {
+	p.countPanic()
+	p.log.Error("panic in a stream's read-ahead", "panic", r, "stack", string(debug.Stack()))
+}
+
+func (p *Proxy) countPanic() {
+	if p.telemetry != nil {
+		p.telemetry.Panic()
 	}
 }
 
@@ -202,6 +213,11 @@ func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *upstrea
 	}
 	buf := p.pools.buffer()
 	defer p.pools.release(buf)
+	if n := resp.Header.ContentLength(); n > cap(buf.B) && p.holdResponse(f, n) {
+		// Room for the declared length at once: growing to it would leave
+		// copies of the body to the collector on the way.
+		buf.B = slices.Grow(buf.B, n)
+	}
 	complete, err := readUpTo(buf, x.Body(resp), limit, func(n int) bool { return p.holdResponse(f, n) })
 	done := x.Received() // the engine's whole body
 	if err != nil {
@@ -239,19 +255,32 @@ func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *upstrea
 	defer p.pools.release(mb)
 	mb.B = f.metricsJSON(mb.B[:0], done, inspected.Engine)
 	m := f.done(done, inspected.Engine) // a body's end is the request's
-	metrics := mb.B
-	out := p.pools.buffer()
-	defer p.pools.release(out)
-	body, ok := inspected.AppendWithMetrics(out.B[:0], buf.B, metrics)
+	// The spliced body is a second copy, held until the client has it:
+	// the budget is asked for its room first, and without room the
+	// engine's body goes as it came. Either way the response takes the
+	// body held, without copying it again.
+	room := inspected.SplicedSize(len(buf.B), len(mb.B))
+	if room <= responseFree {
+		room = 0 // counted per request (deploy/README.md)
+	}
+	var body []byte
+	ok := p.bodies.take(room, 0)
 	if ok {
-		out.B = body // keep the grown buffer for the pool
+		body, ok = inspected.AppendWithMetrics(nil, buf.B, mb.B)
+		if !ok {
+			p.bodies.give(room)
+		}
+	}
+	if ok {
 		// After the engine's own entries: Server-Timing is a list.
 		ctx.Response.Header.AddBytesV("Server-Timing", serverTiming(m))
 	} else {
-		body = buf.B // not a JSON object: as the engine sent it
+		// As the engine sent it: the read buffer, and its room, go to the
+		// response.
+		body, buf.B = buf.B, nil
+		room, f.responseTaken = f.responseTaken, 0
 	}
-	ctx.Response.SetBody(body)
-	ctx.Response.Header.SetContentLength(len(body))
+	p.respondHeld(ctx, body, room)
 	f.rec.BytesOut = len(body)
 }
 

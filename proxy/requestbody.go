@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"sync/atomic"
 
 	"github.com/timing-sidecar/timing-sidecar/proxy/clientconn"
 	"github.com/valyala/fasthttp"
@@ -28,9 +29,9 @@ func (c *clientBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// bodyStepUp is how far a body of known length grows by doubling before
-// it takes the rest of its length at once.
-const bodyStepUp = 1 << 20
+// bodyJumpShare: a body of known length takes the rest of it at once when
+// 1/bodyJumpShare of it has come (see readBody).
+const bodyJumpShare = 8
 
 // maxBodyRoom: room grown past this for a large body is left to the
 // garbage collector rather than kept with the pooled flight.
@@ -59,14 +60,23 @@ func (p *Proxy) readBody(ctx *fasthttp.RequestCtx, f *flight) ([]byte, bool) {
 		f.rec.BytesIn = n
 	}
 	// The room grows as the bytes arrive, each step taken from the budget
-	// first: a client that declares 60 MB and sends little holds little.
-	// It doubles up to bodyStepUp, then a body of known length gets the
-	// rest at once (each doubling leaves the old room to the collector:
-	// up to the body's size again, for a large one), and a chunked one
-	// goes on doubling. Only the first step waits for room; a body
-	// holding room that finds none for its next step sends what it has
-	// and the rest through unread, so that two bodies never wait on each
-	// other.
+	// first: it doubles, and once an eighth of a declared length has come
+	// it takes the rest at once. A body holds at most eight times what it
+	// has sent (twice, below an eighth), whatever it declares, so that
+	// clients that declare 64 MB and trickle it cannot hold the budget
+	// from the rest (and --client-read-timeout bounds how long they hold
+	// it). Each doubling leaves the old room to the collector (GOMEMLIMIT
+	// makes it collect before the container's limit): stepping to the
+	// whole length at an eighth keeps that garbage, and the room a body
+	// that loses the race for the rest holds, to an eighth of the body,
+	// which keeps concurrent large uploads' peak well under the
+	// container's limit (deploy/README.md). The first step waits for
+	// room; of the bodies holding room, one at a time may wait for its
+	// next step (awaitGrowth), and the others, finding none, send what
+	// they have and the rest through unread, their room given back as
+	// soon as what they had has gone to the engine: the bodies that hold
+	// room never all wait, and concurrent large bodies leave one to be
+	// read rather than none.
 	limit := n
 	if n < 0 {
 		limit = p.cfg.MaxRequestBodySize + 1 // one past: a chunked body over the limit shows
@@ -75,11 +85,11 @@ func (p *Proxy) readBody(ctx *fasthttp.RequestCtx, f *flight) ([]byte, bool) {
 	for {
 		if len(body) == cap(body) {
 			grown := min(limit, max(2*cap(body), 16<<10))
-			if n >= 0 && cap(body) >= bodyStepUp {
-				grown = n
+			if n >= 0 && len(body) >= n/bodyJumpShare {
+				grown = n // one copy fewer, and no more garbage
 			}
-			if !p.bodies.take(grown-cap(body), wait) {
-				p.streamUnread(f, &clientBody{r: io.MultiReader(bytes.NewReader(body), stream)}, n)
+			if !p.bodies.take(grown-cap(body), wait) && (wait > 0 || !p.bodies.awaitGrowth(grown-cap(body))) {
+				p.streamUnread(f, body, stream, n)
 				return nil, true
 			}
 			f.bodyTaken += grown - cap(body)
@@ -111,8 +121,14 @@ func (p *Proxy) readBody(ctx *fasthttp.RequestCtx, f *flight) ([]byte, bool) {
 }
 
 // streamUnread sends a body the budget has no room for to the engine as it
-// arrives, unread: the request is answered, without the metrics object.
-func (p *Proxy) streamUnread(f *flight, body *clientBody, size int) {
+// arrives, unread: what was read of it, then the rest. The request is
+// answered, without the metrics object. The room what was read holds is
+// given back once it has gone to the engine.
+func (p *Proxy) streamUnread(f *flight, read []byte, rest io.Reader, size int) {
+	room := &readRoom{budget: p.bodies}
+	room.n.Store(int64(f.bodyTaken))
+	f.bodyTaken, f.readRoom = 0, room
+	body := &clientBody{r: io.MultiReader(&roomReader{Reader: bytes.NewReader(read), room: room}, rest)}
 	f.unread, f.unreadSize = body, size
 	p.log.Warn("no room in --max-body-memory for the request body; it goes to the engine unread, and is answered without metrics",
 		"request_id", f.rec.ID, "content_length", size, "max_body_memory", p.cfg.MaxBodyMemory)
@@ -137,5 +153,33 @@ func (p *Proxy) refuseBody(ctx *fasthttp.RequestCtx, f *flight, err error) {
 func (p *Proxy) sent(f *flight) {
 	p.bodies.give(f.bodyTaken)
 	f.bodyTaken = 0
+	if f.readRoom != nil {
+		f.readRoom.give()
+		f.readRoom = nil
+	}
 	f.edit.Reset(nil)
+}
+
+// readRoom is the room held by what was read of a body that then streams
+// through unread; given back once, by whichever comes first: the last of
+// those bytes going to the engine, or the request's end.
+type readRoom struct {
+	budget *bodyBudget
+	n      atomic.Int64
+}
+
+func (r *readRoom) give() { r.budget.give(int(r.n.Swap(0))) }
+
+// roomReader gives back its room once its bytes have all been read.
+type roomReader struct {
+	*bytes.Reader
+	room *readRoom
+}
+
+func (r *roomReader) Read(p []byte) (int, error) {
+	n, err := r.Reader.Read(p)
+	if r.Len() == 0 {
+		r.room.give()
+	}
+	return n, err
 }

@@ -93,10 +93,12 @@ func InspectBody(body []byte) Body {
 // the engine's own member replaced where it lies, keeping the engine's
 // members the sidecar does not write (AppendEngineMembers), or a new one
 // at the end. sjson does the edit, as the design has it: once per
-// request, where its copy of the body costs nothing that matters (the
-// per-event splice, which must not allocate, is objectEdit's). A body
-// that is not a JSON object, or repeats "usage" or "metrics", is not
-// spliced into: false, and the caller passes it on as it came.
+// request (the per-event splice, which must not allocate, is
+// objectEdit's). sjson returns a new document; with an empty dst that
+// document is the result, so that a response of megabytes is held twice
+// (the engine's and the spliced), not three times. A body that is not a
+// JSON object, or repeats "usage" or "metrics", is not spliced into:
+// false, and the caller passes it on as it came.
 func (b Body) AppendWithMetrics(dst, body, metrics []byte) ([]byte, bool) {
 	if !b.object || b.repeated {
 		return dst, false
@@ -108,7 +110,17 @@ func (b Body) AppendWithMetrics(dst, body, metrics []byte) ([]byte, bool) {
 	if err != nil {
 		return dst, false
 	}
+	if len(dst) == 0 {
+		return out, true
+	}
 	return append(dst, out...), true
+}
+
+// SplicedSize bounds the size of what AppendWithMetrics makes of the
+// body b was read from, n bytes, with a metrics object of m bytes (the
+// engine's members kept in it included): room to take before making it.
+func (b Body) SplicedSize(n, m int) int {
+	return n + m + (b.metricsEnd - b.metricsAt) + len(`,"":`) + len(metricsKey)
 }
 
 // spliceOptions are the options of the body splice's sjson edit.
