@@ -119,51 +119,88 @@ func (s *streamSource) clientBlocked() {
 	a := &readAhead{buf: make([]byte, readAheadBytes), marks: make([]aheadMark, readAheadReads),
 		ready: make(chan struct{}, 1), room: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	s.ahead = a
-	go a.run(s.body, s.x)
+	go a.run(s.body, s.x, s.p.panicked)
 }
 
-// run reads the engine's side until its end, an error, or stop.
-func (a *readAhead) run(body io.Reader, x *upstream.Exchange) {
+// run reads the engine's side until its end, an error, or stop. It is a
+// goroutine of the sidecar's own, so it is its own panic boundary: a
+// panic ends the read-ahead with errPanic, which ends this request's
+// stream and no other, and is logged and counted (onPanic). Every locked
+// section is a function that unlocks on the way out, so that a panic
+// cannot leave the relay waiting on the lock.
+func (a *readAhead) run(body io.Reader, x *upstream.Exchange, onPanic func(any)) {
 	defer close(a.done)
+	defer func() {
+		if r := recover(); r != nil {
+			a.end(errPanic)
+			onPanic(r)
+		}
+	}()
 	for {
-		a.mu.Lock()
-		for a.n == len(a.buf) || a.mn == len(a.marks) {
-			a.mu.Unlock()
-			full := time.Now()
-			select {
-			case <-a.room:
-			case <-a.stop:
-				return
-			}
-			a.waited += time.Since(full)
-			a.mu.Lock()
-		}
-		// The free room from the write position, to the ring's end or to
-		// the unread bytes: the relay does not touch it.
-		w := (a.r + a.n) % len(a.buf)
-		free := len(a.buf) - w
-		if w < a.r {
-			free = a.r - w
-		}
-		a.mu.Unlock()
-		n, err := body.Read(a.buf[w : w+free])
-		at := x.Received()
-		a.mu.Lock()
-		a.n += n
-		a.total += int64(n)
-		if n > 0 {
-			a.marks[(a.mr+a.mn)%len(a.marks)] = aheadMark{end: a.total, at: at}
-			a.mn++
-		}
-		if err != nil {
-			a.err = err
-		}
-		a.mu.Unlock()
-		signal(a.ready)
-		if err != nil {
+		w, free, ok := a.awaitRoom()
+		if !ok {
 			return
 		}
+		n, err := body.Read(a.buf[w : w+free])
+		a.commit(n, x.Received())
+		if err != nil {
+			a.end(err)
+			return
+		}
+		signal(a.ready)
 	}
+}
+
+// awaitRoom waits for room in the ring and returns where it is: from the
+// write position to the ring's end or to the unread bytes, which the
+// relay does not touch. false when the relay is done.
+func (a *readAhead) awaitRoom() (w, free int, ok bool) {
+	for {
+		if w, free, ok = a.writable(); ok {
+			return w, free, true
+		}
+		full := time.Now()
+		select {
+		case <-a.room:
+		case <-a.stop:
+			return 0, 0, false
+		}
+		a.waited += time.Since(full)
+	}
+}
+
+func (a *readAhead) writable() (w, free int, ok bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.n == len(a.buf) || a.mn == len(a.marks) {
+		return 0, 0, false
+	}
+	w = (a.r + a.n) % len(a.buf)
+	free = len(a.buf) - w
+	if w < a.r {
+		free = a.r - w
+	}
+	return w, free, true
+}
+
+// commit adds n bytes read, which arrived at at, to the ring.
+func (a *readAhead) commit(n int, at time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.n += n
+	a.total += int64(n)
+	if n > 0 {
+		a.marks[(a.mr+a.mn)%len(a.marks)] = aheadMark{end: a.total, at: at}
+		a.mn++
+	}
+}
+
+// end records how the engine side ended, and wakes the relay.
+func (a *readAhead) end(err error) {
+	a.mu.Lock()
+	a.err = err
+	a.mu.Unlock()
+	signal(a.ready)
 }
 
 func (a *readAhead) read(b []byte, at *time.Time) (int, error) {

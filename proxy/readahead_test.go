@@ -2,13 +2,17 @@ package proxy
 
 import (
 	"bytes"
+	"errors"
 	"io"
+	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/timing-sidecar/timing-sidecar/proxy/netclock"
 	"github.com/timing-sidecar/timing-sidecar/proxy/upstream"
+	"github.com/timing-sidecar/timing-sidecar/telemetry"
 )
 
 // stampedChunks is an engine body read in set chunks, each read stamping
@@ -94,6 +98,42 @@ func TestReadAheadKeepsBytesAndStamps(t *testing.T) {
 	}
 	if ran, _ := s.close(func() { t.Error("aborted a stream that ended") }); !ran {
 		t.Fatal("no read-ahead ran")
+	}
+	if used := p.bodies.used.Load(); used != 0 {
+		t.Fatalf("%d bytes of the budget still held", used)
+	}
+}
+
+// panickingBody is an engine body whose read panics: a bug below the
+// read-ahead's goroutine.
+type panickingBody struct{}
+
+func (panickingBody) Read([]byte) (int, error) { panic("engine body bug") }
+
+// TestReadAheadPanicEndsOnlyItsStream: a panic on the read-ahead's own
+// goroutine ends that stream's reads with an error, is counted and
+// logged, and leaves the process, and the budget, as they were.
+func TestReadAheadPanicEndsOnlyItsStream(t *testing.T) {
+	var log syncBuffer
+	p := &Proxy{bodies: newBodyBudget(DefaultMaxBodyMemory), registry: newRegistry(),
+		log: slog.New(slog.NewJSONHandler(&log, nil))}
+	p.telemetry = telemetry.NewRecorder(p.registry, telemetry.Options{})
+	var s streamSource
+	x := &upstream.Exchange{Recv: &netclock.Conn{}}
+	s.reset(p, x, panickingBody{})
+	s.clientBlocked()
+	if s.ahead == nil {
+		t.Fatal("no read-ahead with room in the budget")
+	}
+	if _, err := s.Read(make([]byte, 64)); !errors.Is(err, errPanic) {
+		t.Fatalf("read after the read-ahead panicked: %v, want errPanic", err)
+	}
+	s.close(func() {})
+	if n := counterValue(t, p, "timing_sidecar_panics_total", nil); n != 1 {
+		t.Fatalf("panics counted: %v", n)
+	}
+	if !strings.Contains(log.String(), "engine body bug") {
+		t.Fatalf("the panic is not logged: %s", log.String())
 	}
 	if used := p.bodies.used.Load(); used != 0 {
 		t.Fatalf("%d bytes of the budget still held", used)
