@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"math/rand/v2"
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -68,6 +69,9 @@ type flight struct {
 	// client is the connection the request came on; nil for one that is
 	// not a clientconn.Conn.
 	client *clientconn.Conn
+	// cut, for a stream: Shutdown cut it at the grace's end (set from
+	// its goroutine; one per stream, see startStream).
+	cut *atomic.Bool
 }
 
 var requestIDHeader = []byte("X-Request-Id")
@@ -122,7 +126,11 @@ func (p *Proxy) relayed(f *flight, delay time.Duration) {
 func (p *Proxy) finish(f *flight) {
 	p.bodies.give(f.responseTaken)
 	f.responseTaken = 0
-	if p.record(f) {
+	recorded := p.record(f)
+	// Out of the streams Shutdown drains once recorded, so that the
+	// record is in what it flushes.
+	p.streams.done(f)
+	if recorded {
 		// Nothing holds the flight after this: it is reused.
 		p.pools.flights.Put(f)
 	}

@@ -42,6 +42,8 @@ type Proxy struct {
 	probeOnce     sync.Once
 	stop          chan struct{}
 	stopOnce      sync.Once
+	// streams are the responses being streamed, for Shutdown to drain.
+	streams *streamSet
 	// clientHold, when set (tests only), runs before each read from a
 	// client.
 	clientHold func()
@@ -78,7 +80,7 @@ func New(cfg Config, log *slog.Logger, accessLog io.Writer) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{cfg: cfg, log: log, up: up, pools: newPools(cfg.MaxEventSize), registry: newRegistry(), stop: make(chan struct{}),
+	p := &Proxy{cfg: cfg, log: log, up: up, pools: newPools(cfg.MaxEventSize), registry: newRegistry(), stop: make(chan struct{}), streams: newStreamSet(),
 		bodies: newBodyBudget(cfg.MaxBodyMemory), tls: serveTLS}
 	opts := telemetry.Options{MaxModels: cfg.MaxModelLabels, TenantLabel: cfg.TenantLabel, MaxTenants: cfg.MaxTenantLabels,
 		Objectives:       telemetry.Objectives{TTFT: cfg.SLOTTFT, ITL: cfg.SLOITL, E2E: cfg.SLOE2E},
@@ -258,10 +260,23 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 	if errors.Is(err, context.DeadlineExceeded) {
 		err = errInFlightAtGrace
 	}
-	// Requests have ended (or the grace has: then the ones still open
-	// lose their log lines, counted, and their spans): the access log's
-	// last lines, and the queued spans, go out in what is left of it.
-	p.telemetry.Close(ctx)
+	// The streams fasthttp does not wait for (HTTP/1.0's, on hijacked
+	// connections) drain too; at the grace's end every stream still open
+	// is cut, and recorded with what it sent.
+	if n := p.streams.drain(ctx, cutEndWait); n > 0 {
+		err = streamsCut{n: n}
+	}
+	// Requests have ended (or the grace has: then requests other than
+	// streams still open lose their log lines, counted, and their spans):
+	// the access log's last lines, and the queued spans, go out in what is
+	// left of it, and the lines of streams cut get cutEndWait past it.
+	flush := ctx
+	if ctx.Err() != nil {
+		var cancel context.CancelFunc
+		flush, cancel = context.WithTimeout(context.WithoutCancel(ctx), cutEndWait)
+		defer cancel()
+	}
+	p.telemetry.Close(flush)
 	if terr := p.tracer.Shutdown(ctx); errors.Is(terr, context.DeadlineExceeded) {
 		err = errors.Join(err, errSpansAtGrace)
 	} else if terr != nil {
@@ -335,7 +350,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, accessLog io.Writer)
 	shutdownCtx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	err = p.Shutdown(shutdownCtx)
-	if errors.Is(err, errInFlightAtGrace) {
+	var cut streamsCut
+	switch {
+	case errors.As(err, &cut):
+		log.Warn("shutdown grace over; cut the streams still in flight, each recorded with what it sent", "streams_cut", cut.n)
+	case errors.Is(err, errInFlightAtGrace):
 		log.Warn("shutdown grace over; closing the requests still in flight")
 	}
 	if errors.Is(err, errSpansAtGrace) {
@@ -344,7 +363,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, accessLog io.Writer)
 	if err = withoutGraceEnds(err); err != nil {
 		return fmt.Errorf("shut down: %w", err)
 	}
-	log.Info("timing-sidecar stopped")
+	log.Info("timing-sidecar stopped", "streams_cut", cut.n)
 	return nil
 }
 

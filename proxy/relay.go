@@ -7,6 +7,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -55,14 +56,16 @@ func (p *Proxy) relayBody(ctx *fasthttp.RequestCtx, f *flight, x *upstream.Excha
 		b.capture = p.pools.buffer()
 		b.capture.B = append(b.capture.B, prefix...)
 	}
-	startStream(ctx, f, b, size)
+	p.startStream(ctx, f, b, size)
 }
 
 // streamBody is a response body the client gets as it is read: fasthttp
-// calls CloseWithError once it is written, or its write failed.
+// calls CloseWithError once it is written, or its write failed. exchange
+// is the engine's side it reads.
 type streamBody interface {
 	io.Reader
 	CloseWithError(error) error
+	exchange() *upstream.Exchange
 }
 
 // startStream sends body to the client after the handler, size bytes or,
@@ -70,8 +73,24 @@ type streamBody interface {
 // no chunked encoding (fasthttp would send it anyway), so an HTTP/1.0
 // client gets such a body as it is read and the end of the connection
 // ends it, as nginx does; no trailer.
-func startStream(ctx *fasthttp.RequestCtx, f *flight, body streamBody, size int) {
+//
+// The stream is in p.streams until its record is made, for Shutdown to
+// drain it, or at the grace's end to cut it: its reading of the engine
+// and its client connection end, and it is recorded as cut.
+func (p *Proxy) startStream(ctx *fasthttp.RequestCtx, f *flight, body streamBody, size int) {
 	f.streaming = true
+	// The cut holds this stream's own parts, not the flight's or the
+	// relay's fields: those are reused once the stream has ended, and a
+	// cut may come just after.
+	cut, x, cc := new(atomic.Bool), body.exchange(), f.client
+	f.cut = cut
+	p.streams.add(f, func() {
+		cut.Store(true)
+		x.Abort()
+		if cc != nil {
+			cc.Close() //nolint:errcheck // a write to it fails, which ends the stream
+		}
+	})
 	if size >= 0 || ctx.Request.Header.IsHTTP11() {
 		ctx.SetBodyStream(body, size)
 		return
@@ -80,21 +99,38 @@ func startStream(ctx *fasthttp.RequestCtx, f *flight, body streamBody, size int)
 	h.SetContentLength(-2) // no framing header; the connection closes
 	h.Del("Trailer")
 	head := append([]byte(nil), h.Header()...)
-	// The body is closed once: after it is written, or, if fasthttp
-	// closes the connection without running the hijack (a failed flush
-	// of an earlier response), when the connection closes.
-	var once sync.Once
-	end := func(err error) { once.Do(func() { body.CloseWithError(err) }) } //nolint:errcheck // it records, and fails nothing
+	// The body is closed once, by the hijack after it is written; or, if
+	// fasthttp closes the connection without running the hijack (a failed
+	// flush of an earlier response), when the connection closes. Once the
+	// hijack runs, a close (Shutdown's cut) only fails its writes: the
+	// body is the hijack's to close.
+	var mu sync.Mutex
+	hijacked, ended := false, false
 	if cc := f.client; cc != nil {
-		cc.OnClose(func() { end(net.ErrClosed) })
+		cc.OnClose(func() {
+			mu.Lock()
+			first := !hijacked && !ended
+			ended = true
+			mu.Unlock()
+			if first {
+				body.CloseWithError(net.ErrClosed) //nolint:errcheck // it records, and fails nothing
+			}
+		})
 	}
 	ctx.HijackSetNoResponse(true)
 	ctx.Hijack(func(c net.Conn) {
+		mu.Lock()
+		run := !ended
+		hijacked = true
+		mu.Unlock()
+		if !run {
+			return
+		}
 		_, err := c.Write(head)
 		if err == nil {
 			_, err = io.Copy(c, body)
 		}
-		end(err)
+		body.CloseWithError(err) //nolint:errcheck // it records, and fails nothing
 	})
 }
 
@@ -142,6 +178,8 @@ func (b *bodyRelay) Read(p []byte) (n int, err error) {
 	}
 	return n, err
 }
+
+func (b *bodyRelay) exchange() *upstream.Exchange { return b.x }
 
 // CloseWithError is called by fasthttp once the body is written or the
 // write failed (the client left).
@@ -194,6 +232,8 @@ func (p *Proxy) countPanic() {
 // a client that left (writeErr, or the watcher's abort).
 func noteEnd(f *flight, x *upstream.Exchange, readErr, writeErr error) {
 	switch {
+	case f.cut != nil && f.cut.Load():
+		f.rec.CutAtShutdown = true // neither the client's doing nor the engine's
 	case x.IsAborted() || (writeErr != nil && readErr == nil):
 		f.rec.ClientGone = true
 	case readErr != nil && readErr != io.EOF:
@@ -333,7 +373,7 @@ func (p *Proxy) relayEvents(ctx *fasthttp.RequestCtx, f *flight, x *upstream.Exc
 		r.trailer = &ctx.Response.Header
 	}
 	ctx.Response.ImmediateHeaderFlush = true
-	startStream(ctx, f, r, -1)
+	p.startStream(ctx, f, r, -1)
 }
 
 // eventRelay is the client's body stream for a measured event stream. Each
@@ -617,6 +657,8 @@ func (r *eventRelay) fillTrailer() {
 	// fasthttp keeps a field name in the header or in the trailer.
 	r.trailer.AddBytesV("Server-Timing", serverTiming(m))
 }
+
+func (r *eventRelay) exchange() *upstream.Exchange { return r.x }
 
 func (r *eventRelay) CloseWithError(writeErr error) error {
 	noteEnd(r.f, r.x, r.readErr, writeErr)

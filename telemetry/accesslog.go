@@ -304,6 +304,8 @@ func appendLine(b []byte, now time.Time, r *Record, verdict Verdict, missed stri
 	b = appendString(b, r.UpstreamError)
 	b = append(b, `,"client_gone":`...)
 	b = strconv.AppendBool(b, r.ClientGone)
+	b = append(b, `,"cut_at_shutdown":`...)
+	b = strconv.AppendBool(b, r.CutAtShutdown)
 	b = append(b, `,"tenant":`...)
 	b = appendString(b, r.Tenant)
 	if slo {

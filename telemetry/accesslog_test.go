@@ -71,7 +71,7 @@ func slogLine(r *Record) []byte {
 		num("relay_delay_max_ms", relayDelay(&r.RelayDelays, (*timing.Delays).Max)),
 		num("spec_acceptance_length", m.Engine.AcceptanceLength), num("spec_acceptance_rate", m.Engine.AcceptanceRate),
 		num("client_stall_ms", timing.Number{Value: float64(r.ClientStall) / float64(time.Millisecond), Set: true}), slog.Int("bytes_in", r.BytesIn), slog.Int("bytes_out", r.BytesOut),
-		slog.String("upstream_error", r.UpstreamError), slog.Bool("client_gone", r.ClientGone), slog.String("tenant", r.Tenant))
+		slog.String("upstream_error", r.UpstreamError), slog.Bool("client_gone", r.ClientGone), slog.Bool("cut_at_shutdown", r.CutAtShutdown), slog.String("tenant", r.Tenant))
 	return buf.Bytes()
 }
 

@@ -52,6 +52,10 @@ type Record struct {
 	UpstreamError string
 	// ClientGone says the client left before the response was complete.
 	ClientGone bool
+	// CutAtShutdown says the sidecar cut the stream when its shutdown
+	// grace ran out: the response is incomplete, by neither the client's
+	// doing nor the engine's.
+	CutAtShutdown bool
 	// Unread, for a measured request the sidecar forwarded without
 	// reading it, says why: one of the Unread* reasons.
 	Unread string
