@@ -35,6 +35,8 @@ type Clock struct {
 // Span is the first and last mark of one kind of output.
 type Span struct {
 	First, Last time.Time
+	// events counts the events that carried the kind; not a token count.
+	events int
 }
 
 func (s *Span) mark(now time.Time) {
@@ -42,6 +44,7 @@ func (s *Span) mark(now time.Time) {
 		s.First = now
 	}
 	s.Last = now
+	s.events++
 }
 
 // Output says what kind of output a token event carries.
@@ -78,10 +81,16 @@ func (c *Clock) MarkToken(now time.Time) {
 // span returns to − from in milliseconds, or false when either mark is
 // missing or the marks are out of order: a negative time is never reported.
 func span(from, to time.Time) (float64, bool) {
+	d, ok := interval(from, to)
+	return ms(d), ok
+}
+
+// interval is span as a duration, for figures that divide it exactly.
+func interval(from, to time.Time) (time.Duration, bool) {
 	if from.IsZero() || to.IsZero() || to.Before(from) {
 		return 0, false
 	}
-	return ms(to.Sub(from)), true
+	return to.Sub(from), true
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -13,7 +13,8 @@ type Number struct {
 	Set   bool
 }
 
-// Count is a token count the engine may not have reported.
+// Count is a token count the engine may not have reported. Value is never
+// below zero: the parser leaves such a report unset (rewrite.tokenCount).
 type Count struct {
 	Value int64
 	Set   bool
@@ -50,12 +51,15 @@ type Metrics struct {
 	TimeToFirstToken Number // first token − accepted (streams)
 	GenerationTime   Number // last token − first token (streams)
 	QueueTime        Number // accepted − arrival (streams)
-	MeanITL          Number // generation time / (completion tokens − 1) (streams)
-	TokensPerSecond  Number // completion tokens / (last token − accepted), or / e2e when not streamed
+	MeanITL          Number // generation time / (tokens − 1), tokens as perTokenCount picks (streams)
+	TokensPerSecond  Number // tokens / (last token − accepted), or completion tokens / e2e when not streamed
 	E2ELatency       Number // done − arrival
 	MaxITL           Number // largest gap between consecutive token events (streams)
 	PromptTokens     Count
 	CompletionTokens Count
+	// TokenEvents is set when completion_tokens is fewer than the token
+	// events: MeanITL and TokensPerSecond are then over this many events.
+	TokenEvents Count
 	// TimeToFirstContent is the first content (not reasoning) event −
 	// accepted, for streams; not part of the JSON object, where the split
 	// holds it for reasoning streams, and TimeToFirstToken for the others.
@@ -82,27 +86,75 @@ type SplitPart struct {
 	TokenCount       Count
 	TimeToFirstToken Number // first of the kind − accepted
 	GenerationTime   Number // last of the kind − first of the kind
-	MeanITL          Number // generation time / (token count − 1), when the count is known and above 1
-	TokensPerSecond  Number // token count / generation time
+	MeanITL          Number // generation time / (tokens − 1), tokens as perTokenCount picks
+	TokensPerSecond  Number // tokens / generation time
+	// TokenEvents is set when TokenCount is fewer than the kind's events:
+	// MeanITL and TokensPerSecond are then over this many events.
+	TokenEvents Count
 }
 
-// splitPart computes one part from its marks and token count.
+// splitPart computes one part from its marks and token count, by the rule
+// the top-level figures follow (perTokenCount).
 func splitPart(accepted time.Time, s Span, count Count) SplitPart {
 	p := SplitPart{TokenCount: count}
-	if s.First.IsZero() {
+	if s.events == 0 {
 		// No event of this kind: no tokens, whatever else is unknown.
 		p.TokenCount = Count{0, true}
 		return p
 	}
 	p.TimeToFirstToken = number(span(accepted, s.First))
 	p.GenerationTime = number(span(s.First, s.Last))
-	if count.Set && count.Value > 1 && p.GenerationTime.Set {
-		p.MeanITL = Number{p.GenerationTime.Value / float64(count.Value-1), true}
+	n, fromEvents := perTokenCount(count, s.events)
+	if fromEvents {
+		p.TokenEvents = n
 	}
-	if count.Set && p.GenerationTime.Set && p.GenerationTime.Value > 0 {
-		p.TokensPerSecond = Number{float64(count.Value) / (p.GenerationTime.Value / 1000), true}
+	if gen, ok := interval(s.First, s.Last); ok && n.Set {
+		p.MeanITL = meanITL(gen, n.Value)
+		p.TokensPerSecond = perSecond(n.Value, gen)
 	}
 	return p
+}
+
+// perTokenCount picks the count the per-token figures (mean ITL, tokens
+// per second) divide by, from the engine's count and the events that
+// carried output; fromEvents says it is the events'.
+//
+// The engine's count whenever it is at least the events: vLLM's figures,
+// unchanged, and a mean over that many tokens is at most the mean gap
+// between events, itself at most the largest gap, so mean_itl_ms never
+// exceeds max_itl_ms. An engine's event carries one token or more (stream
+// intervals, speculative decoding), so a count below the events cannot be
+// the tokens they carried (a usage that is not cumulative, a count of
+// something else, an intermediary that re-chunks text); dividing by it
+// would put the mean above every gap, or give 0 tokens/s for a stream that
+// sent output. The events are then the count, and the object says so
+// (token_events): a figure measured at the events' grain, where null would
+// hide a slow stream from the ITL objective. An absent count stays absent:
+// counts are never guessed from events alone.
+func perTokenCount(engine Count, events int) (n Count, fromEvents bool) {
+	if engine.Set && engine.Value < int64(events) {
+		return Count{int64(events), true}, true
+	}
+	return engine, false
+}
+
+// meanITL is gen / (n − 1), for n above 1. It divides whole nanoseconds
+// before scaling to ms as ms() scales the largest gap: the exact quotient
+// is then at most that gap, a whole number of nanoseconds, and rounding
+// (monotonic) cannot lift the mean above max_itl_ms.
+func meanITL(gen time.Duration, n int64) Number {
+	if n <= 1 {
+		return Number{}
+	}
+	return Number{float64(gen) / float64(n-1) / float64(time.Millisecond), true}
+}
+
+// perSecond is n over d, for d above 0.
+func perSecond(n int64, d time.Duration) Number {
+	if d <= 0 {
+		return Number{}
+	}
+	return Number{float64(n) / (ms(d) / 1000), true}
 }
 
 // EngineTiming is an engine's report of its own timing for a request,
@@ -165,13 +217,18 @@ func Compute(c *Clock, u Usage, streamed bool) Metrics {
 // those the metrics were computed with.
 func (m *Metrics) CountLate(c *Clock, u Usage, streamed bool) { m.count(c, u, streamed) }
 
-// count sets the token counts and the figures made from them.
+// count sets the token counts and the figures made from them, each
+// object's mean ITL and rate over the one count perTokenCount picks. It
+// clears what an earlier count made first: late counts give what they
+// would have given in time, even where that is null.
 func (m *Metrics) count(c *Clock, u Usage, streamed bool) {
 	m.PromptTokens, m.CompletionTokens = u.PromptTokens, u.CompletionTokens
+	m.MeanITL, m.TokensPerSecond, m.TokenEvents, m.Split = Number{}, Number{}, Count{}, OutputSplit{}
 	tokens := u.CompletionTokens
 	if !streamed {
-		if tokens.Set && m.E2ELatency.Set && m.E2ELatency.Value > 0 {
-			m.TokensPerSecond = Number{float64(tokens.Value) / (m.E2ELatency.Value / 1000), true}
+		// No events to check the count against: the engine's, as is.
+		if e2e, ok := interval(c.Arrival, c.Done); ok && tokens.Set {
+			m.TokensPerSecond = perSecond(tokens.Value, e2e)
 		}
 		return
 	}
@@ -189,11 +246,18 @@ func (m *Metrics) count(c *Clock, u Usage, streamed bool) {
 			Reasoning: splitPart(c.Accepted, c.Reasoning, u.ReasoningTokens),
 			Content:   splitPart(c.Accepted, c.Content, content)}
 	}
-	if tokens.Set && tokens.Value > 1 && m.GenerationTime.Set {
-		m.MeanITL = Number{m.GenerationTime.Value / float64(tokens.Value-1), true}
+	n, fromEvents := perTokenCount(tokens, c.tokenEvents)
+	if fromEvents {
+		m.TokenEvents = n
 	}
-	if decode, ok := span(c.Accepted, c.LastToken); ok && tokens.Set && decode > 0 {
-		m.TokensPerSecond = Number{float64(tokens.Value) / (decode / 1000), true}
+	if !n.Set {
+		return
+	}
+	if gen, ok := interval(c.FirstToken, c.LastToken); ok {
+		m.MeanITL = meanITL(gen, n.Value)
+	}
+	if decode, ok := interval(c.Accepted, c.LastToken); ok {
+		m.TokensPerSecond = perSecond(n.Value, decode)
 	}
 }
 
@@ -220,6 +284,11 @@ func (m *Metrics) AppendJSON(dst []byte) []byte {
 	dst = m.PromptTokens.appendJSON(dst)
 	dst = append(dst, `,"completion_tokens":`...)
 	dst = m.CompletionTokens.appendJSON(dst)
+	if m.TokenEvents.Set {
+		// Only when the figures are over the events: says which count.
+		dst = append(dst, `,"token_events":`...)
+		dst = m.TokenEvents.appendJSON(dst)
+	}
 	if m.Split.Present {
 		dst = append(dst, `,"output_token_metrics":{"reasoning":`...)
 		dst = m.Split.Reasoning.appendJSON(dst)
@@ -278,5 +347,9 @@ func (p *SplitPart) appendJSON(dst []byte) []byte {
 	dst = p.MeanITL.appendJSON(dst)
 	dst = append(dst, `,"tokens_per_second":`...)
 	dst = p.TokensPerSecond.appendJSON(dst)
+	if p.TokenEvents.Set {
+		dst = append(dst, `,"token_events":`...)
+		dst = p.TokenEvents.appendJSON(dst)
+	}
 	return append(dst, '}')
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"math"
+	"math/rand/v2"
 	"testing"
 	"time"
 )
@@ -88,6 +89,74 @@ func TestCompute(t *testing.T) {
 			PromptTokens: count(7), CompletionTokens: count(64),
 		},
 	}, {
+		// The reviewer's case: vLLM's formula would say 90 ms, above every gap.
+		name:     "completion_tokens fewer than the token events: figures over the events",
+		clock:    streamClock(10, []float64{60, 70, 80, 90, 100, 110, 120, 130, 140, 150}, 160),
+		usage:    Usage{PromptTokens: count(3), CompletionTokens: count(2)},
+		streamed: true,
+		want: Metrics{
+			TimeToFirstToken: n(50), GenerationTime: n(90), QueueTime: n(10),
+			MeanITL: n(10), TokensPerSecond: n(10 / 0.140), E2ELatency: n(160), MaxITL: n(10),
+			PromptTokens: count(3), CompletionTokens: count(2), TokenEvents: count(10),
+		},
+	}, {
+		name:     "several tokens an event: vLLM's mean, below the largest event gap",
+		clock:    streamClock(10, []float64{60, 80, 100, 160}, 170),
+		usage:    Usage{CompletionTokens: count(12)},
+		streamed: true,
+		want: Metrics{
+			TimeToFirstToken: n(50), GenerationTime: n(100), QueueTime: n(10),
+			MeanITL: n(100.0 / 11), TokensPerSecond: n(12 / 0.150), E2ELatency: n(170), MaxITL: n(60),
+			CompletionTokens: count(12),
+		},
+	}, {
+		name:     "completion_tokens equal to the token events: vLLM's figures",
+		clock:    streamClock(10, []float64{60, 80, 100, 160}, 170),
+		usage:    Usage{CompletionTokens: count(4)},
+		streamed: true,
+		want: Metrics{
+			TimeToFirstToken: n(50), GenerationTime: n(100), QueueTime: n(10),
+			MeanITL: n(100.0 / 3), TokensPerSecond: n(4 / 0.150), E2ELatency: n(170), MaxITL: n(60),
+			CompletionTokens: count(4),
+		},
+	}, {
+		// Not 0 tokens/s for a stream that sent output.
+		name:     "completion_tokens 0 with token events: figures over the events",
+		clock:    streamClock(10, []float64{60, 80}, 90),
+		usage:    Usage{CompletionTokens: count(0)},
+		streamed: true,
+		want: Metrics{
+			TimeToFirstToken: n(50), GenerationTime: n(20), QueueTime: n(10),
+			MeanITL: n(20), TokensPerSecond: n(2 / 0.070), E2ELatency: n(90), MaxITL: n(20),
+			CompletionTokens: count(0), TokenEvents: count(2),
+		},
+	}, {
+		// Null would read as a one-token answer, which has no ITL to judge.
+		name:     "completion_tokens 1 with several token events: a mean over the events",
+		clock:    streamClock(10, []float64{30, 40, 60}, 70),
+		usage:    Usage{CompletionTokens: count(1)},
+		streamed: true,
+		want: Metrics{
+			TimeToFirstToken: n(20), GenerationTime: n(30), QueueTime: n(10),
+			MeanITL: n(15), TokensPerSecond: n(3 / 0.050), E2ELatency: n(70), MaxITL: n(20),
+			CompletionTokens: count(1), TokenEvents: count(3),
+		},
+	}, {
+		name:     "one token event, completion_tokens 0: a rate of one, no mean",
+		clock:    streamClock(10, []float64{60}, 70),
+		usage:    Usage{CompletionTokens: count(0)},
+		streamed: true,
+		want: Metrics{
+			TimeToFirstToken: n(50), GenerationTime: n(0), QueueTime: n(10),
+			TokensPerSecond: n(1 / 0.050), E2ELatency: n(70),
+			CompletionTokens: count(0), TokenEvents: count(1),
+		},
+	}, {
+		name:  "non-streaming: the engine's count, with no events to check it against",
+		clock: &Clock{Arrival: at(0), Accepted: at(400), Done: at(400)},
+		usage: Usage{CompletionTokens: count(0)},
+		want:  Metrics{TokensPerSecond: n(0), E2ELatency: n(400), CompletionTokens: count(0)},
+	}, {
 		name:     "marks out of order are null, not negative",
 		clock:    &Clock{Arrival: at(50), Accepted: at(10), Done: at(5)},
 		usage:    Usage{PromptTokens: count(1), CompletionTokens: count(2)},
@@ -112,7 +181,8 @@ func closeEnough(a, b Metrics) bool {
 	return eq(a.TimeToFirstToken, b.TimeToFirstToken) && eq(a.GenerationTime, b.GenerationTime) &&
 		eq(a.QueueTime, b.QueueTime) && eq(a.MeanITL, b.MeanITL) &&
 		eq(a.TokensPerSecond, b.TokensPerSecond) && eq(a.E2ELatency, b.E2ELatency) &&
-		eq(a.MaxITL, b.MaxITL) && a.PromptTokens == b.PromptTokens && a.CompletionTokens == b.CompletionTokens
+		eq(a.MaxITL, b.MaxITL) && a.PromptTokens == b.PromptTokens && a.CompletionTokens == b.CompletionTokens &&
+		a.TokenEvents == b.TokenEvents
 }
 
 func TestAppendJSON(t *testing.T) {
@@ -164,11 +234,17 @@ func TestOutputSplit(t *testing.T) {
 		reasoning, content SplitPart
 	}{
 		{"reasoning then content", clock([]float64{20, 30, 40}, []float64{50, 60, 70}), usage(10, 4, true), true,
-			SplitPart{count(4), n(10), n(20), n(20.0 / 3), n(200)},
-			SplitPart{count(6), n(40), n(20), n(4), n(300)}},
+			part(count(4), n(10), n(20), n(20.0/3), n(200)),
+			part(count(6), n(40), n(20), n(4), n(300))},
 		{"reasoning only, cut by length", clock([]float64{20, 30}, nil), usage(8, 8, true), true,
-			SplitPart{count(8), n(10), n(10), n(10.0 / 7), n(800)},
+			part(count(8), n(10), n(10), n(10.0/7), n(800)),
 			SplitPart{TokenCount: count(0)}},
+		{"content count 0 with content events: figures over the events", clock([]float64{20, 30}, []float64{50, 90}), usage(4, 4, true), true,
+			part(count(4), n(10), n(10), n(10.0/3), n(400)),
+			SplitPart{TokenCount: count(0), TimeToFirstToken: n(40), GenerationTime: n(40), MeanITL: n(40), TokensPerSecond: n(50), TokenEvents: count(2)}},
+		{"reasoning count fewer than its events: figures over the events", clock([]float64{20, 30, 40, 50}, []float64{60, 70}), usage(10, 2, true), true,
+			SplitPart{TokenCount: count(2), TimeToFirstToken: n(10), GenerationTime: n(30), MeanITL: n(10), TokensPerSecond: n(4 / 0.030), TokenEvents: count(4)},
+			part(count(8), n(50), n(10), n(10.0/7), n(800))},
 		{"no reasoning: no split", clock(nil, []float64{20, 30}), usage(2, 0, true), false, SplitPart{}, SplitPart{}},
 		{"no completion_tokens_details: counts unknown", clock([]float64{20}, []float64{30, 40}), usage(3, 0, false), true,
 			SplitPart{TimeToFirstToken: n(10), GenerationTime: n(0)},
@@ -187,9 +263,13 @@ func TestOutputSplit(t *testing.T) {
 	}
 }
 
+func part(tokens Count, ttft, gen, mean, rate Number) SplitPart {
+	return SplitPart{TokenCount: tokens, TimeToFirstToken: ttft, GenerationTime: gen, MeanITL: mean, TokensPerSecond: rate}
+}
+
 func near(got, want SplitPart) bool {
 	eq := func(a, b Number) bool { return a.Set == b.Set && math.Abs(a.Value-b.Value) < 1e-9 }
-	return got.TokenCount == want.TokenCount && eq(got.TimeToFirstToken, want.TimeToFirstToken) &&
+	return got.TokenCount == want.TokenCount && got.TokenEvents == want.TokenEvents && eq(got.TimeToFirstToken, want.TimeToFirstToken) &&
 		eq(got.GenerationTime, want.GenerationTime) && eq(got.MeanITL, want.MeanITL) && eq(got.TokensPerSecond, want.TokensPerSecond)
 }
 
@@ -225,5 +305,264 @@ func TestCountLateEqualsCountsKnownInTime(t *testing.T) {
 		if want := Compute(c, u, streamed); late != want {
 			t.Errorf("streamed %v: late counts give\n%+v\nwant\n%+v", streamed, late, want)
 		}
+	}
+}
+
+// mean_itl_ms ≤ max_itl_ms, compared exactly: with the engine's count short
+// of the events the mean would exceed every gap, and with counts that agree
+// a mean divided after scaling to ms could exceed the largest gap by a unit
+// in the last place.
+func TestMeanITLAtMostMaxITL(t *testing.T) {
+	even := func(n int, gap time.Duration) *Clock {
+		c := &Clock{Arrival: t0, Accepted: t0.Add(time.Millisecond)}
+		for i := range n {
+			c.MarkToken(c.Accepted.Add(time.Duration(i+1) * gap))
+		}
+		c.Done = c.LastToken
+		return c
+	}
+	for _, tt := range []struct {
+		name   string
+		clock  *Clock
+		tokens int64
+	}{
+		{"completion_tokens 2 after 10 events 10 ms apart", even(10, 10*time.Millisecond), 2},
+		{"completion_tokens 0 after 3 events", even(3, 7*time.Millisecond), 0},
+		{"even gaps of 1.095028 ms, counts agree: rounding stays at the gap", even(10, 1095028*time.Nanosecond), 10},
+		{"even gaps of 1.095028 ms, one token short of the events", even(22, 1095028*time.Nanosecond), 21},
+		{"uneven gaps, completion_tokens 2", streamClock(10, []float64{20, 21, 24, 29, 36}, 40), 2},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			m := Compute(tt.clock, Usage{CompletionTokens: count(tt.tokens)}, true)
+			if !m.MeanITL.Set || !m.MaxITL.Set || m.MeanITL.Value > m.MaxITL.Value {
+				t.Errorf("mean_itl_ms %+v, max_itl_ms %+v: want both, the mean at most the max", m.MeanITL, m.MaxITL)
+			}
+		})
+	}
+}
+
+// Counts that come after the metrics went out give the record what they
+// would have given in time, including null where an earlier count made a
+// figure.
+func TestCountLateReplacesEarlierFigures(t *testing.T) {
+	reasoned := &Clock{Arrival: at(0), Accepted: at(10), Done: at(100)}
+	reasoned.MarkOutput(at(20), OutputReasoning)
+	reasoned.MarkOutput(at(50), OutputContent)
+	for _, tt := range []struct {
+		name        string
+		clock       *Clock
+		early, late Usage
+	}{
+		{"a late count of one leaves no mean from an earlier count", streamClock(10, []float64{60}, 70),
+			Usage{CompletionTokens: count(5)}, Usage{CompletionTokens: count(1)}},
+		{"a late count short of the events says so", streamClock(10, []float64{60, 70, 80}, 90),
+			Usage{CompletionTokens: count(5)}, Usage{CompletionTokens: count(2)}},
+		{"a late count that covers the events drops token_events", streamClock(10, []float64{60, 70, 80}, 90),
+			Usage{CompletionTokens: count(1)}, Usage{CompletionTokens: count(3)}},
+		{"a late split without details leaves no figures from earlier ones", reasoned,
+			Usage{CompletionTokens: count(6), ReasoningTokens: count(2)}, Usage{CompletionTokens: count(6)}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got := Compute(tt.clock, tt.early, true)
+			got.CountLate(tt.clock, tt.late, true)
+			if want := Compute(tt.clock, tt.late, true); got != want {
+				t.Errorf("late counts give\n%+v\nwant\n%+v", got, want)
+			}
+		})
+	}
+}
+
+// The object says which count its per-token figures are over, and only
+// when it is not the engine's.
+func TestAppendJSONSaysWhichCount(t *testing.T) {
+	c := &Clock{Arrival: at(0), Accepted: at(10), Done: at(100)}
+	c.MarkOutput(at(20), OutputReasoning)
+	c.MarkOutput(at(30), OutputReasoning)
+	c.MarkOutput(at(40), OutputContent)
+	m := Compute(c, Usage{PromptTokens: count(5), CompletionTokens: count(2), ReasoningTokens: count(1)}, true)
+	got := string(m.AppendJSON(nil))
+	want := `{"time_to_first_token_ms":10.000,"generation_time_ms":20.000,"queue_time_ms":10.000,` +
+		`"mean_itl_ms":10.000,"tokens_per_second":100.000,"e2e_latency_ms":100.000,"max_itl_ms":10.000,` +
+		`"prompt_tokens":5,"completion_tokens":2,"token_events":3,"output_token_metrics":{` +
+		`"reasoning":{"token_count":1,"time_to_first_token_ms":10.000,"generation_time_ms":10.000,"mean_itl_ms":10.000,"tokens_per_second":200.000,"token_events":2},` +
+		`"content":{"token_count":1,"time_to_first_token_ms":30.000,"generation_time_ms":0.000,"mean_itl_ms":null,"tokens_per_second":null}}}`
+	if got != want {
+		t.Fatalf("AppendJSON =\n%s\nwant\n%s", got, want)
+	}
+}
+
+// FuzzPerTokenFigures checks the per-token figures against the marks and
+// counts they come from, for any marks and counts: see checkPerToken.
+// gaps are the steps between token events in units of unit (negative: out
+// of order), kinds each event's Output, cycled.
+func FuzzPerTokenFigures(f *testing.F) {
+	steps := func(n int, g byte) []byte { return bytes.Repeat([]byte{g}, n) }
+	f.Add(steps(10, 10), []byte{1}, uint32(time.Millisecond), int16(50), int64(2), true, int64(0), false, true)              // the reviewer's case
+	f.Add(steps(10, 1), []byte{1}, uint32(1095028), int16(3), int64(10), true, int64(0), false, true)                        // rounding, counts agree
+	f.Add(steps(4, 20), []byte{1}, uint32(time.Millisecond), int16(5), int64(0), true, int64(0), false, true)                // count 0
+	f.Add([]byte{5, 250, 30, 1, 0, 0}, []byte{1}, uint32(time.Millisecond), int16(5), int64(3), true, int64(0), false, true) // out of order
+	f.Add([]byte{3, 7, 1, 40, 2, 9}, []byte{2, 2, 3, 1}, uint32(333333), int16(4), int64(4), true, int64(3), true, true)     // a split, counts short
+	f.Add([]byte{3, 7, 1}, []byte{2, 1}, uint32(time.Millisecond), int16(4), int64(9), true, int64(12), true, true)          // reasoning above completion
+	f.Add([]byte{3, 7, 1}, []byte{1}, uint32(time.Millisecond), int16(-4), int64(1), true, int64(0), false, true)            // accepted before arrival
+	f.Add([]byte{}, []byte{}, uint32(time.Millisecond), int16(4), int64(7), true, int64(0), false, false)                    // not streamed
+	f.Add(steps(6, 9), []byte{1}, uint32(time.Millisecond), int16(4), int64(math.MaxInt64), true, int64(0), false, true)
+	f.Fuzz(func(t *testing.T, gaps, kinds []byte, unit uint32, accepted int16, completion int64, completionSet bool, reasoning int64, reasoningSet bool, streamed bool) {
+		if completion < 0 || reasoning < 0 {
+			return // not a Count: rewrite leaves a count below zero unset
+		}
+		c := fuzzClock(gaps, kinds, max(1, time.Duration(unit%5_000_000)), accepted)
+		u := Usage{PromptTokens: count(1), CompletionTokens: Count{completion, completionSet}, ReasoningTokens: Count{reasoning, reasoningSet}}
+		checkPerToken(t, c, u, streamed)
+	})
+}
+
+// The property over random inputs in every run, beyond the fuzz seeds.
+func TestPerTokenFiguresOverRandomInputs(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 20000 {
+		gaps, kinds := make([]byte, r.IntN(20)), make([]byte, 1+r.IntN(4))
+		for i := range gaps {
+			gaps[i] = byte(r.IntN(256))
+		}
+		for i := range kinds {
+			kinds[i] = byte(r.IntN(4))
+		}
+		c := fuzzClock(gaps, kinds, time.Duration(1+r.IntN(3_000_000)), int16(r.IntN(200)-20))
+		n := func() Count { return Count{int64(r.IntN(len(gaps) + 3)), r.IntN(8) != 0} }
+		checkPerToken(t, c, Usage{CompletionTokens: n(), ReasoningTokens: n()}, r.IntN(6) != 0)
+		if t.Failed() {
+			return
+		}
+	}
+}
+
+func fuzzClock(gaps, kinds []byte, unit time.Duration, accepted int16) *Clock {
+	c := &Clock{Arrival: t0, Accepted: t0.Add(time.Duration(accepted) * unit)}
+	now := c.Accepted
+	for i, g := range gaps[:min(len(gaps), 64)] {
+		now = now.Add(time.Duration(int8(g)) * unit)
+		out := OutputContent
+		if len(kinds) > 0 {
+			out = Output(kinds[i%len(kinds)] & 3)
+		}
+		c.MarkOutput(now, out)
+	}
+	c.Done = now.Add(unit)
+	return c
+}
+
+// checkPerToken checks the rule of perTokenCount on one input:
+//   - mean_itl_ms ≤ max_itl_ms whenever both are set, in the struct and in
+//     the JSON;
+//   - one count for all of an object's per-token figures: token_events
+//     when set, else completion_tokens (a part's token_count), and it is
+//     at least the events; mean = generation / (count − 1) and the rate =
+//     count / its interval, so mean × (count − 1) + TTFT = count / rate;
+//   - token_events set exactly when the engine's count is short of the
+//     events; no figure without a count; none negative or not finite;
+//   - counts that come late give what they would have given in time.
+func checkPerToken(t *testing.T, c *Clock, u Usage, streamed bool) {
+	t.Helper()
+	m := Compute(c, u, streamed)
+	fail := func(format string, args ...any) {
+		t.Helper()
+		t.Errorf("events %d, usage %+v, streamed %v: "+format+"\nmetrics %+v", append([]any{c.tokenEvents, u, streamed}, append(args, m)...)...)
+	}
+	for _, x := range []Number{m.TimeToFirstToken, m.GenerationTime, m.QueueTime, m.MeanITL, m.TokensPerSecond, m.E2ELatency, m.MaxITL,
+		m.Split.Reasoning.GenerationTime, m.Split.Reasoning.MeanITL, m.Split.Reasoning.TokensPerSecond,
+		m.Split.Content.GenerationTime, m.Split.Content.MeanITL, m.Split.Content.TokensPerSecond} {
+		if x.Set && (x.Value < 0 || math.IsNaN(x.Value) || math.IsInf(x.Value, 0)) {
+			fail("figure %v", x.Value)
+		}
+	}
+	if m.MeanITL.Set && m.MaxITL.Set && m.MeanITL.Value > m.MaxITL.Value {
+		fail("mean_itl_ms %v > max_itl_ms %v", m.MeanITL.Value, m.MaxITL.Value)
+	}
+	rel := func(a, b float64) bool { return math.Abs(a-b) <= 1e-9*math.Max(1, math.Abs(b)) }
+	one := func(what string, engine, used Count, events int, gen, rate, ttft, mean, tps Number) {
+		t.Helper()
+		if used.Set != (engine.Set && streamed && events > 0 && engine.Value < int64(events)) || used.Set && used.Value != int64(events) {
+			fail("%s: token_events %+v with the engine's count %+v and %d events", what, used, engine, events)
+		}
+		n := engine
+		if used.Set {
+			n = used
+		}
+		if !n.Set && (mean.Set || tps.Set) {
+			fail("%s: a per-token figure without a count", what)
+		}
+		if mean.Set && (n.Value <= 1 || !gen.Set || !rel(mean.Value*float64(n.Value-1), gen.Value)) {
+			fail("%s: mean_itl_ms %v is not generation %+v / (%d − 1)", what, mean.Value, gen, n.Value)
+		}
+		if tps.Set && (!rate.Set || !rel(1000*float64(n.Value)/tps.Value, rate.Value)) && n.Value != 0 {
+			fail("%s: tokens_per_second %v is not %d over %+v ms", what, tps.Value, n.Value, rate)
+		}
+		if mean.Set && tps.Set && ttft.Set && n.Value > 1 && !rel(mean.Value*float64(n.Value-1)+ttft.Value, 1000*float64(n.Value)/tps.Value) {
+			fail("%s: mean %v × (%d − 1) + TTFT %v ≠ %d / %v tokens/s", what, mean.Value, n.Value, ttft.Value, n.Value, tps.Value)
+		}
+	}
+	if streamed {
+		decode := number(span(c.Accepted, c.LastToken))
+		if c.tokenEvents == 0 {
+			decode = Number{}
+		}
+		one("top level", m.CompletionTokens, m.TokenEvents, c.tokenEvents, m.GenerationTime, decode, m.TimeToFirstToken, m.MeanITL, m.TokensPerSecond)
+	} else if m.TokenEvents.Set || m.MeanITL.Set {
+		fail("not streamed: token_events or a mean")
+	}
+	if m.Split.Present {
+		for _, p := range []struct {
+			what string
+			p    SplitPart
+			s    Span
+		}{{"reasoning", m.Split.Reasoning, c.Reasoning}, {"content", m.Split.Content, c.Content}} {
+			// A part's rate is over its own generation time, with no TTFT in it.
+			one(p.what, p.p.TokenCount, p.p.TokenEvents, p.s.events, p.p.GenerationTime, p.p.GenerationTime, Number{0, true}, p.p.MeanITL, p.p.TokensPerSecond)
+		}
+	}
+	b := m.AppendJSON(nil)
+	var js struct {
+		Mean        *float64 `json:"mean_itl_ms"`
+		Max         *float64 `json:"max_itl_ms"`
+		TokenEvents *int64   `json:"token_events"`
+	}
+	if err := json.Unmarshal(b, &js); err != nil {
+		fail("JSON %s: %v", b, err)
+		return
+	}
+	if js.Mean != nil && js.Max != nil && *js.Mean > *js.Max {
+		fail("JSON %s: mean_itl_ms above max_itl_ms", b)
+	}
+	if (js.TokenEvents != nil) != m.TokenEvents.Set {
+		fail("JSON %s: token_events", b)
+	}
+	for _, early := range []Usage{{}, {CompletionTokens: count(u.CompletionTokens.Value/2 + 3), ReasoningTokens: count(1)}} {
+		late := Compute(c, early, streamed)
+		late.CountLate(c, u, streamed)
+		if late != m {
+			fail("counted late after %+v:\n%+v", early, late)
+		}
+	}
+}
+
+// Marking an event runs on the per-event path; computing, once a request.
+// Neither allocates.
+func TestMarkAndComputeAllocateNothing(t *testing.T) {
+	c := &Clock{Arrival: at(0), Accepted: at(10)}
+	now := at(20)
+	if allocs := testing.AllocsPerRun(100, func() {
+		now = now.Add(time.Millisecond)
+		c.MarkOutput(now, OutputContent|OutputReasoning)
+	}); allocs != 0 {
+		t.Fatalf("MarkOutput allocates %v times per call, want 0", allocs)
+	}
+	c.Done = now
+	u := Usage{CompletionTokens: count(3), ReasoningTokens: count(1)}
+	var m Metrics
+	if allocs := testing.AllocsPerRun(100, func() { m = Compute(c, u, true); m.CountLate(c, u, true) }); allocs != 0 {
+		t.Fatalf("Compute allocates %v times per call, want 0", allocs)
+	}
+	if !m.TokenEvents.Set {
+		t.Fatalf("want the figures over the events: %+v", m)
 	}
 }
