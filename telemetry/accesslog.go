@@ -290,6 +290,7 @@ func appendLine(b []byte, now time.Time, r *Record, verdict Verdict, missed stri
 	b = appendNumber(b, `,"max_itl_ms":`, m.MaxITL)
 	b = appendCount(b, `,"prompt_tokens":`, m.PromptTokens)
 	b = appendCount(b, `,"completion_tokens":`, m.CompletionTokens)
+	b = appendCount(b, `,"token_events":`, m.TokenEvents)
 	b = appendNumber(b, `,"relay_delay_p50_ms":`, relayDelay(&r.RelayDelays, (*timing.Delays).Median))
 	b = appendNumber(b, `,"relay_delay_max_ms":`, relayDelay(&r.RelayDelays, (*timing.Delays).Max))
 	b = appendNumber(b, `,"spec_acceptance_length":`, m.Engine.AcceptanceLength)
