@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -162,4 +163,51 @@ func TestGracefulShutdown(t *testing.T) {
 func readAllString(br *bufio.Reader) (string, error) {
 	b, err := io.ReadAll(br)
 	return string(b), err
+}
+
+// TestShutdownCutsHTTP10StreamsAtTheGrace: at SIGTERM, a stream to an
+// HTTP/1.0 client (close-delimited, written on a connection fasthttp has
+// handed over) is drained like any other; one that outlasts the grace is
+// cut, logged once in the access log with its status, its bytes and
+// cut_at_shutdown, and the last log line says how many streams were cut.
+func TestShutdownCutsHTTP10StreamsAtTheGrace(t *testing.T) {
+	engine := startEngine(t, emulator.Config{Timing: emulator.Timing{ITL: 50 * time.Millisecond, OutputTokens: 400}}) // 20 s
+	sc := startSidecar(t, []string{"--upstream", engine.URL(), "--shutdown-grace", "1s"})
+	c, err := net.Dial("tcp", strings.TrimPrefix(sc.base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(20 * time.Second)) //nolint:errcheck // a hang fails, not stalls
+	body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	io.WriteString(c, "POST /v1/chat/completions HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "+
+		strconv.Itoa(len(body))+"\r\n\r\n"+body)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream := bufio.NewReader(resp.Body)
+	if _, err := stream.ReadString('\n'); err != nil { // the first event has come
+		t.Fatal(err)
+	}
+	sc.cmd.Process.Signal(syscall.SIGTERM)
+	rest, _ := io.ReadAll(stream)
+	if strings.Contains(string(rest), "[DONE]") {
+		t.Fatal("a 20 s stream ran to its end within a 1 s grace")
+	}
+	logs := sc.logLines(t)
+	if err := sc.wait(t, 10*time.Second); err != nil {
+		t.Fatalf("exit after SIGTERM: %v, want 0", err)
+	}
+	if last := logs[len(logs)-1]; !strings.Contains(last, `"msg":"timing-sidecar stopped"`) || !strings.Contains(last, `"streams_cut":1`) {
+		t.Fatalf("last log line %s, want the stop with streams_cut 1", last)
+	}
+	select {
+	case line := <-sc.accessLog:
+		if !strings.Contains(line, `"status":200`) || !strings.Contains(line, `"cut_at_shutdown":true`) || strings.Contains(line, `"bytes_out":0,`) {
+			t.Fatalf("access log %s, want the stream's line, cut", line)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the cut stream has no access log line")
+	}
 }
