@@ -95,9 +95,10 @@ type Config struct {
 	// (an engine reached by IP, or by a name its certificate lacks).
 	UpstreamCAFile, UpstreamServerName string
 	// TLSCertFile and TLSKeyFile, when set, make the client port serve
-	// HTTPS with them (re-read when they change); TLSClientCAFile and
-	// TLSClientCerts check client certificates (ClientCertNone,
-	// ClientCertOptional, ClientCertRequired), as vLLM's --ssl-* do.
+	// HTTPS with them; TLSClientCAFile and TLSClientCerts check client
+	// certificates (ClientCertNone, ClientCertOptional,
+	// ClientCertRequired), as vLLM's --ssl-* do. The files are re-read
+	// when they change, for new connections.
 	TLSCertFile, TLSKeyFile, TLSClientCAFile string
 	TLSClientCerts                           int
 	// Mode selects which requests get metrics.

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -21,104 +22,233 @@ const (
 
 // serverTLS is the TLS configuration the sidecar serves with: Go's
 // defaults from TLS 1.2, the certificate from files re-read when they
-// change, and client certificates checked against a CA file when asked.
+// change, and client certificates checked against a CA file, re-read the
+// same way, when asked.
 func serverTLS(cfg *Config, log *slog.Logger) (*tls.Config, error) {
 	if cfg.TLSCertFile == "" && cfg.TLSKeyFile == "" {
 		return nil, nil
 	}
-	certs, err := newCertReloader(cfg.TLSCertFile, cfg.TLSKeyFile, log)
+	files := tlsFiles{cert: cfg.TLSCertFile, key: cfg.TLSKeyFile, clientCA: cfg.TLSClientCAFile}
+	r, err := newCertReloader(files, clientAuth(cfg.TLSClientCerts), log)
 	if err != nil {
 		return nil, err
 	}
-	t := &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: certs.get, NextProtos: []string{"http/1.1"}}
-	if cfg.TLSClientCAFile != "" {
-		pem, err := os.ReadFile(cfg.TLSClientCAFile)
-		if err != nil {
-			return nil, fmt.Errorf("client CA file: %w", err)
-		}
-		t.ClientCAs = x509.NewCertPool()
-		if !t.ClientCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("client CA file %s: no PEM certificate in it", cfg.TLSClientCAFile)
-		}
-	}
-	switch cfg.TLSClientCerts {
-	case ClientCertOptional:
-		t.ClientAuth = tls.VerifyClientCertIfGiven
-	case ClientCertRequired:
-		t.ClientAuth = tls.RequireAndVerifyClientCert
-	}
-	return t, nil
+	return r.serverConfig(), nil
 }
 
-// certReloader serves a certificate and key from files and re-reads them
-// when they change, as a Kubernetes Secret's rotation changes the mounted
-// files: new connections get the new certificate without a restart, and
-// open ones (streams) keep theirs. A pair that does not load (half
-// rotated, or broken) leaves the last good one in use, logged.
-type certReloader struct {
-	certFile, keyFile string
-	log               *slog.Logger
+// clientAuth is what crypto/tls asks of clients for --ssl-cert-reqs.
+func clientAuth(reqs int) tls.ClientAuthType {
+	switch reqs {
+	case ClientCertOptional:
+		return tls.VerifyClientCertIfGiven
+	case ClientCertRequired:
+		return tls.RequireAndVerifyClientCert
+	}
+	return tls.NoClientCert
+}
 
-	mu      sync.Mutex
-	cert    *tls.Certificate
-	stamp   fileStamp // of the files the certificate was read from
-	checked time.Time // when the files were last looked at
+// tlsFiles are the files the sidecar serves TLS from.
+type tlsFiles struct {
+	cert, key string
+	clientCA  string // "" when client certificates are not checked
+}
+
+// certReloader serves TLS from files and re-reads them when they change,
+// as a Kubernetes Secret's rotation changes the mounted files: new
+// connections get the new certificate, and have their client certificates
+// checked against the new CA, without a restart; open ones (streams) keep
+// what they began with. A file that does not load (half rotated, or
+// broken) leaves the last good one in use, logged: the certificate pair
+// and the client CA are each kept or replaced on their own.
+//
+// A handshake never waits on the files. It takes the configuration last
+// loaded, and at most once per every it starts a check on a goroutine of
+// its own, one at a time, which reads and parses the files and swaps in
+// what loads. A filesystem that hangs (a volume being updated) holds that
+// goroutine, never a handshake.
+type certReloader struct {
+	files tlsFiles
+	base  *tls.Config // what every configuration served shares
+	log   *slog.Logger
+
+	// served is base with the certificate and the client CAs last loaded.
+	served atomic.Pointer[tls.Config]
+	// pairStamp and caStamp are of the files served was loaded from:
+	// only a check touches them, one at a time.
+	pairStamp [2]fileStamp
+	caStamp   fileStamp
+
+	mu sync.Mutex // never held across a file access
+	// every is how often, at most, a handshake starts a check.
+	every time.Duration
+	// checked is when the latest check started; running, closed when the
+	// check in progress ends, is nil when none runs.
+	checked time.Time
+	running chan struct{}
 }
 
 // certCheckEvery is how often, at most, the files are looked at: once a
 // second at a handshake, a stat of each.
 const certCheckEvery = time.Second
 
+// fileStamp tells a file's change: a rotation writes new files.
 type fileStamp struct {
-	certMod, keyMod   time.Time
-	certSize, keySize int64
+	mod  time.Time
+	size int64
 }
 
-func newCertReloader(certFile, keyFile string, log *slog.Logger) (*certReloader, error) {
-	if certFile == "" || keyFile == "" {
+func stampOf(path string) (fileStamp, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fileStamp{}, err
+	}
+	return fileStamp{mod: fi.ModTime(), size: fi.Size()}, nil
+}
+
+// newCertReloader loads the files, failing on any that does not load.
+func newCertReloader(files tlsFiles, auth tls.ClientAuthType, log *slog.Logger) (*certReloader, error) {
+	if files.cert == "" || files.key == "" {
 		return nil, errors.New("TLS needs both a certificate file and a key file")
 	}
-	r := &certReloader{certFile: certFile, keyFile: keyFile, log: log}
-	stamp, err := r.stampNow()
+	r := &certReloader{files: files, log: log, every: certCheckEvery,
+		base: &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}, ClientAuth: auth}}
+	stamp, err := r.stampPair()
 	if err != nil {
 		return nil, err
 	}
-	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	cert, err := tls.LoadX509KeyPair(files.cert, files.key)
 	if err != nil {
 		return nil, fmt.Errorf("TLS certificate: %w", err)
 	}
-	r.cert, r.stamp, r.checked = &cert, stamp, time.Now()
+	var pool *x509.CertPool
+	if files.clientCA != "" {
+		if r.caStamp, err = stampOf(files.clientCA); err != nil {
+			return nil, fmt.Errorf("client CA file: %w", err)
+		}
+		if pool, err = loadCertPool(files.clientCA); err != nil {
+			return nil, err
+		}
+	}
+	r.pairStamp = stamp
+	r.served.Store(r.with(&cert, pool))
+	r.checked = time.Now()
 	return r, nil
 }
 
-func (r *certReloader) stampNow() (fileStamp, error) {
-	c, err := os.Stat(r.certFile)
-	if err != nil {
-		return fileStamp{}, fmt.Errorf("TLS certificate: %w", err)
-	}
-	k, err := os.Stat(r.keyFile)
-	if err != nil {
-		return fileStamp{}, fmt.Errorf("TLS key: %w", err)
-	}
-	return fileStamp{certMod: c.ModTime(), keyMod: k.ModTime(), certSize: c.Size(), keySize: k.Size()}, nil
+// serverConfig is the configuration to serve with: each handshake gets
+// the one last loaded.
+func (r *certReloader) serverConfig() *tls.Config {
+	c := r.base.Clone()
+	c.GetConfigForClient = r.configFor
+	return c
 }
 
-// get is the server's GetCertificate.
-func (r *certReloader) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+// with is base serving cert, with pool as the client CAs.
+func (r *certReloader) with(cert *tls.Certificate, pool *x509.CertPool) *tls.Config {
+	c := r.base.Clone()
+	c.Certificates = []tls.Certificate{*cert}
+	c.ClientCAs = pool
+	return c
+}
+
+// configFor is the server's GetConfigForClient: what was last loaded,
+// with a check started if one is due. It touches no file.
+func (r *certReloader) configFor(*tls.ClientHelloInfo) (*tls.Config, error) {
+	r.mu.Lock()
+	if r.running == nil && time.Since(r.checked) >= r.every {
+		r.startCheckLocked()
+	}
+	r.mu.Unlock()
+	return r.served.Load(), nil
+}
+
+// check starts a check unless one runs, and returns a channel closed
+// when the check in progress ends.
+func (r *certReloader) check() <-chan struct{} {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if now := time.Now(); now.Sub(r.checked) >= certCheckEvery {
-		r.checked = now
-		if stamp, err := r.stampNow(); err == nil && stamp != r.stamp {
-			if cert, err := tls.LoadX509KeyPair(r.certFile, r.keyFile); err == nil {
-				r.cert, r.stamp = &cert, stamp
-				if r.log != nil {
-					r.log.Info("TLS certificate reloaded", "cert_file", r.certFile)
-				}
-			} else if r.log != nil {
-				r.log.Warn("TLS certificate changed but does not load; serving the previous one", "err", err)
+	if r.running == nil {
+		r.startCheckLocked()
+	}
+	return r.running
+}
+
+func (r *certReloader) startCheckLocked() {
+	done := make(chan struct{})
+	r.running, r.checked = done, time.Now()
+	go func() {
+		defer func() {
+			r.mu.Lock()
+			r.running = nil
+			r.mu.Unlock()
+			close(done)
+		}()
+		r.reload()
+	}()
+}
+
+// reload reads the files that changed since they were loaded and swaps
+// in what loads; a file that does not load keeps what it replaced.
+func (r *certReloader) reload() {
+	served := r.served.Load()
+	cert, pool := &served.Certificates[0], served.ClientCAs
+	changed := false
+	if stamp, err := r.stampPair(); err == nil && stamp != r.pairStamp {
+		if c, err := tls.LoadX509KeyPair(r.files.cert, r.files.key); err == nil {
+			cert, r.pairStamp, changed = &c, stamp, true
+			r.logInfo("TLS certificate reloaded", "cert_file", r.files.cert)
+		} else {
+			r.logWarn("TLS certificate changed but does not load; serving the previous one", "err", err)
+		}
+	}
+	if r.files.clientCA != "" {
+		if stamp, err := stampOf(r.files.clientCA); err == nil && stamp != r.caStamp {
+			if p, err := loadCertPool(r.files.clientCA); err == nil {
+				pool, r.caStamp, changed = p, stamp, true
+				r.logInfo("client CA reloaded", "ca_file", r.files.clientCA)
+			} else {
+				r.logWarn("client CA file changed but does not load; checking client certificates against the previous one", "err", err)
 			}
 		}
 	}
-	return r.cert, nil
+	if changed {
+		r.served.Store(r.with(cert, pool))
+	}
+}
+
+func (r *certReloader) stampPair() ([2]fileStamp, error) {
+	c, err := stampOf(r.files.cert)
+	if err != nil {
+		return [2]fileStamp{}, fmt.Errorf("TLS certificate: %w", err)
+	}
+	k, err := stampOf(r.files.key)
+	if err != nil {
+		return [2]fileStamp{}, fmt.Errorf("TLS key: %w", err)
+	}
+	return [2]fileStamp{c, k}, nil
+}
+
+// loadCertPool reads a PEM file of CA certificates.
+func loadCertPool(path string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("client CA file: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("client CA file %s: no PEM certificate in it", path)
+	}
+	return pool, nil
+}
+
+func (r *certReloader) logInfo(msg string, args ...any) {
+	if r.log != nil {
+		r.log.Info(msg, args...)
+	}
+}
+
+func (r *certReloader) logWarn(msg string, args ...any) {
+	if r.log != nil {
+		r.log.Warn(msg, args...)
+	}
 }

@@ -19,7 +19,7 @@ func serveFlags() []cli.Flag {
 		&cli.StringFlag{Name: "ssl-keyfile", EnvVars: env("ssl-keyfile"),
 			Usage: "PEM private key of --ssl-certfile, as vLLM's --ssl-keyfile. Unset by default."},
 		&cli.StringFlag{Name: "ssl-ca-certs", EnvVars: env("ssl-ca-certs"),
-			Usage: "PEM file of the certificate authorities client certificates must chain to, as vLLM's --ssl-ca-certs. Unset by default."},
+			Usage: "PEM file of the certificate authorities client certificates must chain to, as vLLM's --ssl-ca-certs; re-read when it changes, for new connections. Unset by default."},
 		&cli.IntFlag{Name: "ssl-cert-reqs", EnvVars: env("ssl-cert-reqs"), Value: proxy.ClientCertNone,
 			Usage: "Client certificates, as vLLM's --ssl-cert-reqs: 0 not asked, 1 checked when given, 2 required. Default 0."},
 		&cli.StringFlag{Name: "upstream-ca-file", EnvVars: env("upstream-ca-file"),
