@@ -108,9 +108,10 @@ func (s *streamSource) await(d time.Duration) bool {
 }
 
 // clientBlocked starts the read-ahead, when a write to the client first
-// waits; it stays for the rest of the stream. It runs on the relay's goroutine, inside that write: the relay
-// is not reading the engine, and reads it only through the read-ahead
-// from now on. Without room in the budget there is none, and the engine
+// waits; it stays for the rest of the stream. It runs while the relay is
+// inside that write and holds it there (clientconn.Conn.OnStall's
+// contract), so it owns the relay's state: the relay is not reading the
+// engine, and reads it only through the read-ahead from now on. Without room in the budget there is none, and the engine
 // waits for the client as before.
 func (s *streamSource) clientBlocked() {
 	if s.ahead != nil || s.ended || !s.p.bodies.takeAhead(readAheadMemory) {

@@ -22,10 +22,14 @@ type Listener struct {
 	// WriteTimeout bounds each write to a client (--client-write-timeout).
 	WriteTimeout time.Duration
 	// TLS serves HTTPS, when set.
-	TLS        *tls.Config
-	Hold       func() // tests only: runs before each read
-	Blocked    func() // tests only: runs when a write first waits on the client
-	SendBuffer int    // tests only: SO_SNDBUF for each connection, so it fills soon
+	TLS *tls.Config
+	// Tests only: Hold runs before each read; Blocked runs when a write
+	// to the socket first waits on the client, on that write's goroutine
+	// (the writer's, or under TLS one writing a record of crypto/tls's
+	// own: see Conn); SendBuffer is SO_SNDBUF for each connection, so it
+	// fills soon.
+	Hold, Blocked func()
+	SendBuffer    int
 }
 
 func (l Listener) Accept() (net.Conn, error) {
@@ -38,14 +42,35 @@ func (l Listener) Accept() (net.Conn, error) {
 	}
 	recv := netclock.New(c, l.KernelStamps)
 	recv.Hold = l.Hold
-	cc := &Conn{Conn: recv, recv: recv, writeTimeout: l.WriteTimeout, testBlocked: l.Blocked}
+	cc := &Conn{recv: recv, writeTimeout: l.WriteTimeout, testBlocked: l.Blocked}
+	sock := &socket{Conn: recv, c: cc}
+	cc.Conn = sock
 	recv.SeeStalls(cc.blocked) // bound once: a write allocates nothing
 	if l.TLS != nil {
 		// TLS above the stamped, stall-seeing TCP connection: the marks
 		// and the waits are the socket's, the bytes the client's.
-		cc.Conn = tls.Server(recv, l.TLS)
+		cc.Conn = tls.Server(sock, l.TLS)
 	}
 	return cc, nil
+}
+
+// socket is what Conn, or TLS above it, writes to: the client's stamped
+// TCP connection, each write's wait on the client counted for the current
+// response. Writes to it come one at a time (the writer's, or under
+// crypto/tls's lock on its output), so recv's own count of waits is only
+// touched by the write in progress.
+type socket struct {
+	*netclock.Conn
+	c *Conn
+}
+
+func (s *socket) Write(p []byte) (int, error) {
+	before := s.Conn.Stalled
+	n, err := s.Conn.Write(p)
+	if waited := s.Conn.Stalled - before; waited > 0 {
+		s.c.waited(waited, s.Conn.StallEnded)
+	}
+	return n, err
 }
 
 // Conn notices a client that goes away while nothing is being written
@@ -59,6 +84,13 @@ func (l Listener) Accept() (net.Conn, error) {
 // server's own reads wait for a read-ahead in progress, so there is only
 // ever one reader. A client that half-closes its sending side looks gone:
 // HTTP/1.1 clients do not do that while awaiting a response.
+//
+// Under TLS that read writes too: crypto/tls answers a client's key update,
+// or sends an alert for a bad record, from within Read, and sends its
+// close_notify from within Close, which the server calls. So a write to
+// the socket, and its wait on a client that does not read, can be another
+// goroutine's than the writer's, between the writer's writes: what a wait
+// runs (OnStall) and counts (Stalled) is kept under wmu for that.
 //
 // The read-ahead starts watchDelay after the request is forwarded, so a
 // request answered sooner (a model list, a short completion) costs no
@@ -76,11 +108,21 @@ type Conn struct {
 	// writing goroutine touches it.
 	writeTimeout     time.Duration
 	writeDeadlineSet time.Time
-	// onStall, set for a response's duration, runs when a write to the
-	// client first waits (a stream's read-ahead starts); testBlocked is
-	// the tests' own hook. Both on the writing goroutine, inside the
-	// write: they must not block.
-	onStall, testBlocked func()
+	testBlocked      func() // Listener.Blocked
+
+	// wmu guards what follows, and is never held across a write.
+	wmu sync.Mutex
+	// writing: the writer is inside Write (or ReadFrom's write).
+	writing bool
+	// socketWaits: a write to the socket, the writer's or TLS's own,
+	// waits on the client now.
+	socketWaits bool
+	// onStall is OnStall's, for a response's duration.
+	onStall func()
+	// stalled is how long the current response's writes waited on the
+	// client, and stallEnded when the latest wait ended.
+	stalled    time.Duration
+	stallEnded time.Time
 
 	mu    sync.Mutex
 	ahead chan struct{} // non-nil while a read-ahead runs; closed when it ends
@@ -101,15 +143,42 @@ type Conn struct {
 }
 
 // Stalled is how long the current response's writes waited on the
-// client, and StallEnded when the latest wait ended (see
-// netclock.Conn.SeeStalls). Called by the writing goroutine.
-func (c *Conn) Stalled() time.Duration { return c.recv.Stalled }
-func (c *Conn) StallEnded() time.Time  { return c.recv.StallEnded }
+// client (those TLS writes of its own included: the writer's next write
+// waits behind them), and StallEnded when the latest wait ended.
+func (c *Conn) Stalled() time.Duration {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return c.stalled
+}
 
-// OnStall sets what runs when a write to the client first waits, for a
-// response's duration (nil to clear): on the writing goroutine, inside
-// the write, so it must not block.
-func (c *Conn) OnStall(f func()) { c.onStall = f }
+func (c *Conn) StallEnded() time.Time {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return c.stallEnded
+}
+
+// waited counts a write's wait on the client, which ended at end.
+func (c *Conn) waited(d time.Duration, end time.Time) {
+	c.wmu.Lock()
+	c.stalled += d
+	c.stallEnded = end
+	c.socketWaits = false
+	c.wmu.Unlock()
+}
+
+// OnStall sets what runs when a write to the client waits on it, for a
+// response's duration (nil to clear). It runs only while the writer is
+// inside Write, and Write does not return before it has, so it may touch
+// what the writer owns as if it ran on the writer: it does, inside the
+// write that waits, or as Write begins behind a record TLS writes of its
+// own that waits; only when such a record starts waiting while the writer
+// is already in Write, behind it, does it run on the goroutine that wrote
+// the record, the writer held in Write meanwhile. It must not block.
+func (c *Conn) OnStall(f func()) {
+	c.wmu.Lock()
+	c.onStall = f
+	c.wmu.Unlock()
+}
 
 // OnClose sets what runs, once, when the connection closes: for a body
 // written on the hijacked connection, which fasthttp may close without
@@ -246,17 +315,47 @@ func (c *Conn) Ended(now time.Time) { c.free = now }
 // costs a runtime timer update, so on a stream of events it moves only once
 // an eighth of the timeout has passed: a write that cannot complete fails
 // after between 1 and 1⅛ times the timeout.
-func (c *Conn) Write(p []byte) (int, error) {
+func (c *Conn) Write(p []byte) (int, error) { return c.write(p) }
+
+// write is one of the writer's writes. Leaving it waits for a stall hook
+// in progress; entering it runs the hook if a write of TLS's own waits on
+// the client now, as this one then waits behind it.
+func (c *Conn) write(p []byte) (int, error) {
+	defer c.leaveWrite()
+	c.enterWrite()
 	c.extendWriteDeadline()
 	return c.Conn.Write(p)
 }
 
-// blocked runs when a write first finds the client's socket full.
+func (c *Conn) enterWrite() {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.writing = true
+	if c.socketWaits && c.onStall != nil {
+		c.onStall()
+	}
+}
+
+func (c *Conn) leaveWrite() {
+	c.wmu.Lock()
+	c.writing = false
+	c.wmu.Unlock()
+}
+
+// blocked runs when a write first finds the client's socket full, on the
+// goroutine of that write (see OnStall).
 func (c *Conn) blocked() {
+	c.sawWait()
 	if c.testBlocked != nil {
 		c.testBlocked()
 	}
-	if c.onStall != nil {
+}
+
+func (c *Conn) sawWait() {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.socketWaits = true
+	if c.writing && c.onStall != nil {
 		c.onStall()
 	}
 }
@@ -277,7 +376,9 @@ func (c *Conn) extendWriteDeadline() {
 // deadline for each request, so the next write sets it again.
 func (c *Conn) NewResponse() {
 	c.writeDeadlineSet = time.Time{}
-	c.recv.ResetStall()
+	c.wmu.Lock()
+	c.stalled, c.stallEnded = 0, time.Time{}
+	c.wmu.Unlock()
 }
 
 // ReadFrom writes what r returns to the client as each read returns, with
@@ -292,8 +393,7 @@ func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
 	for {
 		n, err := r.Read(*bp)
 		if n > 0 {
-			c.extendWriteDeadline()
-			m, werr := c.Conn.Write((*bp)[:n])
+			m, werr := c.write((*bp)[:n])
 			written += int64(m)
 			if werr != nil {
 				return written, werr

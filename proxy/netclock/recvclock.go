@@ -37,7 +37,9 @@ type Conn struct {
 	// sender, set on a client's connection, writes and sees a full send
 	// buffer (see socketWriter); stalled is how long the current
 	// response's writes waited on the client, and stallEnded when the
-	// latest wait ended. Only the writing goroutine touches them.
+	// latest wait ended. Only the write in progress touches them: writes
+	// come one at a time (under TLS, crypto/tls's own as well as the
+	// writer's).
 	sender     *socketWriter
 	Stalled    time.Duration
 	StallEnded time.Time
@@ -66,9 +68,6 @@ func (r *Conn) SeeStalls(onBlock func()) {
 		r.sender.onBlock = onBlock
 	}
 }
-
-// ResetStall starts a new response's count of waits on the peer.
-func (r *Conn) ResetStall() { r.Stalled, r.StallEnded = 0, time.Time{} }
 
 // New wraps c; with kernel, it asks the kernel to stamp what c
 // receives, and falls back to the clock at the read if it cannot.
