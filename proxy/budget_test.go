@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"testing/synctest"
+	"time"
 )
 
 // TestSlowUploadersHoldWhatTheySent: a client that declares a large body
@@ -136,4 +138,26 @@ func TestUnreadBodiesGiveBackTheirRoomOnceSent(t *testing.T) {
 	if used := p.bodies.used.Load(); used != 0 {
 		t.Fatalf("budget at %d after the request", used)
 	}
+}
+
+// TestMemoryReturnsOnceTheBudgetIsQuiet: the forced return of memory to
+// the system waits until no large body is held, so that a burst of
+// uploads gets one, after it, and never lands among them.
+func TestMemoryReturnsOnceTheBudgetIsQuiet(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newBodyBudget(1 << 30)
+		b.charge(2 * returnMemoryAfter)
+		b.give(returnMemoryAfter) // one large body let go, another still held
+		time.Sleep(5 * returnMemoryDelay)
+		synctest.Wait()
+		if !b.returning.Load() {
+			t.Fatal("memory returned while a large body is held")
+		}
+		b.give(returnMemoryAfter)
+		time.Sleep(2 * returnMemoryDelay)
+		synctest.Wait()
+		if b.returning.Load() {
+			t.Fatal("memory not returned once the budget was quiet")
+		}
+	})
 }
