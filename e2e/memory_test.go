@@ -19,7 +19,7 @@ import (
 // deploy/kubernetes, and manifestGoMemLimit the GOMEMLIMIT set beside it.
 const (
 	manifestMemoryLimit = 256 << 20
-	manifestGoMemLimit  = "200MiB"
+	manifestGoMemLimit  = "150MiB"
 )
 
 // TestLargeUploadsStayWithinTheMemoryLimit: three 60 MB requests at once,
