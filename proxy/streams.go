@@ -61,14 +61,22 @@ func (s *streamSet) drain(ctx context.Context, wait time.Duration) int {
 	case <-ctx.Done():
 	}
 	s.mu.Lock()
-	cuts := make([]func(), 0, len(s.open))
-	for _, cut := range s.open {
-		cuts = append(cuts, cut)
+	open := make([]*flight, 0, len(s.open))
+	for f := range s.open {
+		open = append(open, f)
 	}
 	empty = s.empty
 	s.mu.Unlock()
-	for _, cut := range cuts {
-		cut()
+	cut := 0
+	for _, f := range open {
+		// One that ended meanwhile is not cut, nor counted.
+		s.mu.Lock()
+		c, ok := s.open[f]
+		s.mu.Unlock()
+		if ok {
+			c()
+			cut++
+		}
 	}
 	t := time.NewTimer(wait)
 	defer t.Stop()
@@ -76,7 +84,7 @@ func (s *streamSet) drain(ctx context.Context, wait time.Duration) int {
 	case <-empty:
 	case <-t.C:
 	}
-	return len(cuts)
+	return cut
 }
 
 // cutEndWait is how long the streams cut at the grace's end get to end
