@@ -87,7 +87,7 @@ func (p *Proxy) relayAssembled(ctx *fasthttp.RequestCtx, f *flight, x *upstream.
 		mb.B = f.metricsJSON(mb.B[:0], done, engine)
 		m := f.done(done, engine) // a body's end is the request's
 		mb.B = rewrite.AppendEngineMembers(mb.B, r.engineMetrics)
-		if withMetrics, ok := rewrite.InspectBody(body).AppendWithMetrics(nil, body, mb.B); ok {
+		if withMetrics, ok := rewrite.InspectBody(body).WithMetrics(body, mb.B); ok {
 			body = withMetrics
 			// After the engine's own entries: Server-Timing is a list.
 			ctx.Response.Header.AddBytesV("Server-Timing", serverTiming(m))

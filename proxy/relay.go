@@ -306,7 +306,7 @@ func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *upstrea
 	var body []byte
 	ok := p.bodies.take(room, 0)
 	if ok {
-		body, ok = inspected.AppendWithMetrics(nil, buf.B, mb.B)
+		body, ok = inspected.WithMetrics(buf.B, mb.B)
 		if !ok {
 			p.bodies.give(room)
 		}

@@ -88,37 +88,33 @@ func InspectBody(body []byte) Body {
 	return b
 }
 
-// AppendWithMetrics appends to dst the non-streaming response body, which
-// b was read from, with the metrics object set as its "metrics" member:
-// the engine's own member replaced where it lies, keeping the engine's
-// members the sidecar does not write (AppendEngineMembers), or a new one
-// at the end. sjson does the edit, as the design has it: once per
-// request (the per-event splice, which must not allocate, is
-// objectEdit's). sjson returns a new document; with an empty dst that
-// document is the result, so that a response of megabytes is held twice
-// (the engine's and the spliced), not three times. A body that is not a
-// JSON object, or repeats "usage" or "metrics", is not spliced into:
-// false, and the caller passes it on as it came.
-func (b Body) AppendWithMetrics(dst, body, metrics []byte) ([]byte, bool) {
+// WithMetrics returns the non-streaming response body, which b was read
+// from, with the metrics object set as its "metrics" member: the engine's
+// own member replaced where it lies, keeping the engine's members the
+// sidecar does not write (AppendEngineMembers), or a new one at the end.
+// sjson does the edit, as the design has it: once per request (the
+// per-event splice, which must not allocate, is objectEdit's). The result
+// is sjson's new document, the caller's to keep: a response of megabytes
+// is held twice (the engine's and the spliced), never copied a third time.
+// A body that is not a JSON object, or repeats "usage" or "metrics", is
+// not spliced into: false, and the caller passes it on as it came.
+func (b Body) WithMetrics(body, metrics []byte) ([]byte, bool) {
 	if !b.object || b.repeated {
-		return dst, false
+		return nil, false
 	}
 	if b.hasMetrics {
 		metrics = AppendEngineMembers(append([]byte(nil), metrics...), body[b.metricsAt:b.metricsEnd])
 	}
 	out, err := sjson.SetRawBytesOptions(body, metricsKey, metrics, &spliceOptions)
 	if err != nil {
-		return dst, false
+		return nil, false
 	}
-	if len(dst) == 0 {
-		return out, true
-	}
-	return append(dst, out...), true
+	return out, true
 }
 
-// SplicedSize bounds the size of what AppendWithMetrics makes of the
-// body b was read from, n bytes, with a metrics object of m bytes (the
-// engine's members kept in it included): room to take before making it.
+// SplicedSize bounds the size of what WithMetrics makes of the body b was
+// read from, n bytes, with a metrics object of m bytes (the engine's
+// members kept in it included): room to take before making it.
 func (b Body) SplicedSize(n, m int) int {
 	return n + m + (b.metricsEnd - b.metricsAt) + len(`,"":`) + len(metricsKey)
 }

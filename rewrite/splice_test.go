@@ -98,7 +98,7 @@ func TestInspectBody(t *testing.T) {
 		if tt.usage >= 0 && b.Usage.CompletionTokens.Value != tt.usage {
 			t.Errorf("%s: usage %+v", tt.body, b.Usage)
 		}
-		got, ok := b.AppendWithMetrics(nil, []byte(tt.body), []byte(metricsJSON))
+		got, ok := b.WithMetrics([]byte(tt.body), []byte(metricsJSON))
 		if ok != (tt.spliced != "") || string(got) != tt.spliced {
 			t.Errorf("%s: spliced %q, %v; want %q", tt.body, got, ok, tt.spliced)
 		}
@@ -118,12 +118,12 @@ func TestSpliceReplacesEveryMetrics(t *testing.T) {
 	} {
 		for name, splice := range map[string]func() ([]byte, bool){
 			"AppendWithMetrics": func() ([]byte, bool) { return AppendWithMetrics(nil, []byte(obj), []byte(metricsJSON)) },
-			"Body.AppendWithMetrics": func() ([]byte, bool) {
-				return InspectBody([]byte(obj)).AppendWithMetrics(nil, []byte(obj), []byte(metricsJSON))
+			"Body.WithMetrics": func() ([]byte, bool) {
+				return InspectBody([]byte(obj)).WithMetrics([]byte(obj), []byte(metricsJSON))
 			},
 		} {
 			got, ok := splice()
-			if repeated := countKey([]byte(obj), metricsKey) > 1; name == "Body.AppendWithMetrics" && repeated {
+			if repeated := countKey([]byte(obj), metricsKey) > 1; name == "Body.WithMetrics" && repeated {
 				if ok {
 					t.Fatalf("%s(%s) = %s: a body that repeats metrics spliced", name, obj, got)
 				}
@@ -158,7 +158,7 @@ func TestSpliceRefusesTooDeep(t *testing.T) {
 	if got, ok := AppendWithMetrics([]byte("x"), past, m); ok || string(got) != "x" {
 		t.Errorf("AppendWithMetrics spliced into an object deeper than maxDepth")
 	}
-	if _, ok := InspectBody(at).AppendWithMetrics(nil, at, m); !ok {
+	if _, ok := InspectBody(at).WithMetrics(at, m); !ok {
 		t.Error("InspectBody: an object maxDepth deep is not an object")
 	}
 	if b := InspectBody(past); b.object {
@@ -219,13 +219,13 @@ func TestEngineTimingRefusesNumbersWithoutJSON(t *testing.T) {
 // that repeats "usage" passes through.
 func TestBodySpliceKeepsItsPlace(t *testing.T) {
 	body := []byte(`{"id":"c", "metrics":{"speculative_decoding":{"num_spec_steps":4},"queue_time_ms":1}, "usage":{"prompt_tokens":1}}`)
-	got, ok := InspectBody(body).AppendWithMetrics(nil, body, []byte(`{"e2e_latency_ms":2.000}`))
+	got, ok := InspectBody(body).WithMetrics(body, []byte(`{"e2e_latency_ms":2.000}`))
 	want := `{"id":"c", "metrics":{"e2e_latency_ms":2.000,"speculative_decoding":{"num_spec_steps":4}}, "usage":{"prompt_tokens":1}}`
 	if !ok || string(got) != want {
 		t.Fatalf("spliced %s, %v; want %s", got, ok, want)
 	}
 	twice := []byte(`{"usage":{"prompt_tokens":1},"usage":{"prompt_tokens":2}}`)
-	if got, ok := InspectBody(twice).AppendWithMetrics(nil, twice, []byte(`{}`)); ok {
+	if got, ok := InspectBody(twice).WithMetrics(twice, []byte(`{}`)); ok {
 		t.Fatalf("a body with usage twice spliced: %s", got)
 	}
 }
@@ -235,7 +235,7 @@ func TestBodySpliceKeepsItsPlace(t *testing.T) {
 func TestBodySpliceIsLinear(t *testing.T) {
 	body := []byte("{" + strings.Repeat(`"metrics":{"x":1},`, (16<<20)/18) + `"id":"c"}`)
 	start := time.Now()
-	if _, ok := InspectBody(body).AppendWithMetrics(nil, body, []byte(`{}`)); ok {
+	if _, ok := InspectBody(body).WithMetrics(body, []byte(`{}`)); ok {
 		t.Fatal("a body repeating metrics spliced")
 	}
 	if d := time.Since(start); d > 5*time.Second {
