@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,12 +19,20 @@ import (
 // connection in the given protocol version, and returns its body once the
 // first event has arrived (chunked or close-delimited, as the version
 // has it).
-func streamAtShutdown(t *testing.T, base, proto string, tokens int, itl time.Duration) *bufio.Reader {
+func streamAtShutdown(t *testing.T, base string, v shutdownCase, tokens int, itl time.Duration) *bufio.Reader {
 	t.Helper()
-	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	addr := strings.TrimPrefix(base, "http://")
+	var c net.Conn
+	var err error
+	if v.pki != nil {
+		c, err = tls.Dial("tcp", addr, &tls.Config{RootCAs: v.pki.pool})
+	} else {
+		c, err = net.Dial("tcp", addr)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
+	proto := v.proto
 	t.Cleanup(func() { c.Close() })
 	c.SetDeadline(time.Now().Add(20 * time.Second)) //nolint:errcheck // a hang fails, not stalls
 	req := `{"model":"m","stream":true,"include_metrics":true,"messages":[]}`
@@ -38,6 +47,35 @@ func streamAtShutdown(t *testing.T, base, proto string, tokens int, itl time.Dur
 		t.Fatal(err)
 	}
 	return body
+}
+
+// shutdownCase is a protocol version, over TLS or not.
+type shutdownCase struct {
+	proto string
+	pki   *testPKI // nil: plain TCP
+}
+
+func (v shutdownCase) name() string {
+	if v.pki != nil {
+		return v.proto + " TLS"
+	}
+	return v.proto
+}
+
+// shutdownCases are every protocol version the sidecar serves, over TLS
+// and not.
+func shutdownCases(t *testing.T) []shutdownCase {
+	pki := newTestPKI(t)
+	return []shutdownCase{{"HTTP/1.1", nil}, {"HTTP/1.0", nil}, {"HTTP/1.1", pki}, {"HTTP/1.0", pki}}
+}
+
+// startShutdownSidecar starts a sidecar for v, its access log to log.
+func startShutdownSidecar(t *testing.T, engine string, v shutdownCase, log *syncBuffer) (*Proxy, string) {
+	return startSidecar(t, engine, func(c *Config) {
+		if v.pki != nil {
+			c.TLSCertFile, c.TLSKeyFile = v.pki.certFile, v.pki.keyFile
+		}
+	}, log)
 }
 
 // accessLogLines is the access log's request lines, decoded.
@@ -58,15 +96,15 @@ func accessLogLines(t *testing.T, log *syncBuffer) []map[string]any {
 
 // TestShutdownDrainsEveryStream: a stream open at shutdown, on HTTP/1.1
 // (chunked) or HTTP/1.0 (close-delimited, on a connection fasthttp has
-// handed over), runs to its end within the grace, is logged once with
+// handed over), over TLS or not, runs to its end within the grace, is logged once with
 // its status and the bytes its client got, and the shutdown is clean.
 func TestShutdownDrainsEveryStream(t *testing.T) {
-	for _, proto := range []string{"HTTP/1.1", "HTTP/1.0"} {
-		t.Run(proto, func(t *testing.T) {
+	for _, v := range shutdownCases(t) {
+		t.Run(v.name(), func(t *testing.T) {
 			engine := newFakeEngine(t)
 			var log syncBuffer
-			p, base := startSidecar(t, engine.URL(), nil, &log)
-			body := streamAtShutdown(t, base, proto, 8, 40*time.Millisecond)
+			p, base := startShutdownSidecar(t, engine.URL(), v, &log)
+			body := streamAtShutdown(t, base, v, 8, 40*time.Millisecond)
 			shut := make(chan error, 1)
 			go func() {
 				ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
@@ -89,16 +127,16 @@ func TestShutdownDrainsEveryStream(t *testing.T) {
 }
 
 // TestShutdownCutsStreamsAtTheGrace: a stream still open when the grace
-// runs out is cut, on either protocol version: its client's connection
+// runs out is cut, on either protocol version, over TLS or not: its client's connection
 // ends, it is logged once with its status, the bytes it sent and that it
 // was cut, and the shutdown says how many it cut.
 func TestShutdownCutsStreamsAtTheGrace(t *testing.T) {
-	for _, proto := range []string{"HTTP/1.1", "HTTP/1.0"} {
-		t.Run(proto, func(t *testing.T) {
+	for _, v := range shutdownCases(t) {
+		t.Run(v.name(), func(t *testing.T) {
 			engine := newFakeEngine(t)
 			var log syncBuffer
-			p, base := startSidecar(t, engine.URL(), nil, &log)
-			body := streamAtShutdown(t, base, proto, 400, 50*time.Millisecond) // 20 s
+			p, base := startShutdownSidecar(t, engine.URL(), v, &log)
+			body := streamAtShutdown(t, base, v, 400, 50*time.Millisecond) // 20 s
 			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 			defer cancel()
 			err := p.Shutdown(ctx)
