@@ -71,6 +71,9 @@ const (
 	// Shorter than Kubernetes' default 30 s terminationGracePeriodSeconds.
 	DefaultShutdownGrace = 25 * time.Second
 	DefaultDrainDelay    = 5 * time.Second
+	// llm-d's: its scheduler reads a request's objectives from these.
+	DefaultSLOTTFTHeader = "x-llm-d-slo-ttft-ms"
+	DefaultSLOITLHeader  = "x-llm-d-slo-tpot-ms"
 )
 
 // Readiness probes of the engine.
@@ -194,6 +197,10 @@ type Config struct {
 	// inter-token latency, end to end); zero leaves one unset. See
 	// telemetry.Objectives.
 	SLOTTFT, SLOITL, SLOE2E time.Duration
+	// SLOTTFTHeader and SLOITLHeader name the request headers that carry
+	// a request's own TTFT and ITL objectives in milliseconds, which
+	// replace SLOTTFT and SLOITL for it; empty reads none.
+	SLOTTFTHeader, SLOITLHeader string
 
 	// Tracing says whether and where measured requests' spans go; off
 	// unless an OTLP endpoint is set (see telemetry.TraceConfig).
@@ -231,6 +238,8 @@ func DefaultConfig() Config {
 		ReadinessInterval:      DefaultReadinessInterval,
 		ShutdownGrace:          DefaultShutdownGrace,
 		DrainDelay:             DefaultDrainDelay,
+		SLOTTFTHeader:          DefaultSLOTTFTHeader,
+		SLOITLHeader:           DefaultSLOITLHeader,
 	}
 }
 

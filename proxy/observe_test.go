@@ -499,3 +499,79 @@ func TestDrainClosesKeepAliveConnections(t *testing.T) {
 		t.Fatalf("a new connection during the drain: %v, want served with Connection: close", err)
 	}
 }
+
+// TestRequestsCarryTheirOwnObjectives: a request's objective headers
+// decide its verdict alone, reach the engine unchanged, and one that
+// holds no objective leaves the flags' in force and is counted. The
+// objectives are chosen so no verdict depends on how fast the machine is:
+// a microsecond cannot be met, an hour cannot be missed.
+func TestRequestsCarryTheirOwnObjectives(t *testing.T) {
+	engine := newFakeEngine(t)
+	var log syncBuffer
+	p, base := startSidecar(t, engine.URL(), func(c *Config) {
+		c.SLOTTFT, c.SLOITL = time.Hour, time.Hour
+	}, &log)
+	body := `{"model":"m","stream":true}`
+	gaps := map[string]string{"X-Fake-ITL": "5"} // token events apart: a mean ITL above 1 µs
+	for _, tc := range []struct {
+		headers    map[string]string
+		slo        string
+		objectives string
+	}{
+		{nil, "met", "flags"},
+		{map[string]string{"x-llm-d-slo-ttft-ms": "0.001"}, "missed", "request"},
+		{map[string]string{"x-llm-d-slo-tpot-ms": "0.001"}, "missed", "request"},
+		{map[string]string{"x-llm-d-slo-ttft-ms": "3600000", "x-llm-d-slo-tpot-ms": "3600000"}, "met", "request"},
+		{map[string]string{"x-llm-d-slo-ttft-ms": "soon", "x-llm-d-slo-tpot-ms": "-5"}, "met", "flags"},
+	} {
+		h := map[string]string{}
+		for k, v := range gaps {
+			h[k] = v
+		}
+		for k, v := range tc.headers {
+			h[k] = v
+		}
+		resp := post(t, base+"/v1/chat/completions", body, h)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("%v: status %d", tc.headers, resp.StatusCode)
+		}
+		fr := engine.next(t)
+		<-fr.Finished
+		for k, v := range tc.headers {
+			if got := fr.Header.Get(k); got != v {
+				t.Errorf("the engine got %s: %q, want %q as sent", k, got, v)
+			}
+		}
+	}
+	p.telemetry.Flush()
+	lines := log.lines()
+	if len(lines) != 5 {
+		t.Fatalf("%d access-log lines", len(lines))
+	}
+	want := [][2]string{{"met", "flags"}, {"missed", "request"}, {"missed", "request"}, {"met", "request"}, {"met", "flags"}}
+	for i, l := range lines {
+		var e struct {
+			SLO        string `json:"slo"`
+			Objectives string `json:"slo_objectives"`
+		}
+		if err := json.Unmarshal([]byte(l), &e); err != nil {
+			t.Fatal(err)
+		}
+		if got := [2]string{e.SLO, e.Objectives}; got != want[i] {
+			t.Errorf("request %d: slo %q by %q, want %q", i, got[0], got[1], want[i])
+		}
+	}
+	for labels, n := range map[[2]string]float64{{"met", "flags"}: 2, {"missed", "request"}: 2, {"met", "request"}: 1} {
+		l := map[string]string{"endpoint": "chat_completions", "model": "m", "result": labels[0], "objectives": labels[1]}
+		if got := counterValue(t, p, "timing_sidecar_slo_requests_total", l); got != n {
+			t.Errorf("slo_requests_total%v = %v, want %v", l, got, n)
+		}
+	}
+	for _, o := range []string{"ttft", "itl"} {
+		if got := counterValue(t, p, "timing_sidecar_invalid_objectives_total", map[string]string{"objective": o}); got != 1 {
+			t.Errorf("invalid %s objectives = %v, want 1", o, got)
+		}
+	}
+}

@@ -76,14 +76,14 @@ func newAccessLog(w io.Writer, ops *slog.Logger, reg prometheus.Registerer, pani
 }
 
 // add queues one request's line.
-func (l *accessLog) add(now time.Time, r *Record, verdict Verdict, missed string, slo bool) {
+func (l *accessLog) add(now time.Time, r *Record, j *judgement) {
 	if l.closed.Load() {
 		// A stream still open when the shutdown grace ran out.
 		l.dropped.Inc()
 		return
 	}
 	bp := l.lines.Get().(*[]byte)
-	line := appendLine((*bp)[:0], now, r, verdict, missed, slo)
+	line := appendLine((*bp)[:0], now, r, j)
 	l.mu.Lock()
 	first := len(l.pending) == 0
 	full := len(l.pending)+len(line) > maxPending
@@ -265,7 +265,7 @@ func appendTime(b []byte, t time.Time) []byte {
 // appendLine appends one request's access-log line, with the fields and
 // names slog's JSON handler gave it before (TestAccessLogLine holds the
 // two equal).
-func appendLine(b []byte, now time.Time, r *Record, verdict Verdict, missed string, slo bool) []byte {
+func appendLine(b []byte, now time.Time, r *Record, j *judgement) []byte {
 	m := &r.Metrics
 	b = append(b, `{"time":"`...)
 	b = appendTime(b, now)
@@ -309,13 +309,23 @@ func appendLine(b []byte, now time.Time, r *Record, verdict Verdict, missed stri
 	b = strconv.AppendBool(b, r.CutAtShutdown)
 	b = append(b, `,"tenant":`...)
 	b = appendString(b, r.Tenant)
-	if slo {
+	if j.by.Set() {
 		b = append(b, `,"slo":`...)
-		b = appendString(b, verdict.String())
+		b = appendString(b, j.verdict.String())
 		b = append(b, `,"slo_missed":`...)
-		b = appendString(b, missed)
+		b = appendString(b, j.missed)
+		b = append(b, `,"slo_objectives":`...)
+		b = appendString(b, j.source)
+		b = appendNumber(b, `,"slo_ttft_ms":`, objectiveMillis(j.by.TTFT))
+		b = appendNumber(b, `,"slo_itl_ms":`, objectiveMillis(j.by.ITL))
+		b = appendNumber(b, `,"slo_e2e_ms":`, objectiveMillis(j.by.E2E))
 	}
 	return append(b, "}\n"...)
+}
+
+// objectiveMillis is an objective in ms, unset when it is not set.
+func objectiveMillis(d time.Duration) timing.Number {
+	return timing.Number{Value: float64(d) / float64(time.Millisecond), Set: d > 0}
 }
 
 // relayDelay is one figure of a request's relay delays in ms, unset when

@@ -80,7 +80,7 @@ func TestAccessLogLineIsSlogs(t *testing.T) {
 	for i, r := range append(slicesClone(requests), Record{ID: hostile, Method: "POST", Path: "/" + hostile, Model: hostile,
 		Tenant: hostile, Status: 200, Measured: true, Metrics: timing.Metrics{E2ELatency: num(1234567.8915), TokensPerSecond: num(0.0004)}}) {
 		now := time.Date(2026, 12, 3, 14, 2, 0, 123456789, time.UTC)
-		got := appendLine(nil, now, &r, Undecided, "", false)
+		got := appendLine(nil, now, &r, &judgement{})
 		if !bytes.HasSuffix(got, []byte("\n")) || bytes.Count(got, []byte("\n")) != 1 {
 			t.Fatalf("%d: not one line: %q", i, got)
 		}
@@ -113,7 +113,7 @@ func TestAccessLogLineAllocatesNothing(t *testing.T) {
 	r := requests[0]
 	buf := make([]byte, 0, 1024)
 	now := time.Now()
-	if n := testing.AllocsPerRun(100, func() { buf = appendLine(buf[:0], now, &r, Met, "", true) }); n != 0 {
+	if n := testing.AllocsPerRun(100, func() { buf = appendLine(buf[:0], now, &r, &judgement{verdict: Met, by: Objectives{TTFT: time.Second}, source: ObjectivesFlags}) }); n != 0 {
 		t.Errorf("%v allocations per line", n)
 	}
 }

@@ -76,6 +76,12 @@ type Record struct {
 	// goodput, and is counted apart
 	// (timing_sidecar_client_paced_requests_total).
 	ClientPaced bool
+	// Asked is the objectives the request carried in its headers, unset
+	// where it carried none or one that is not an objective (see
+	// ParseAskedObjective); AskedInvalid names those: ObjectiveTTFT,
+	// ObjectiveITL or both.
+	Asked        Objectives
+	AskedInvalid AskedObjective
 	// Trace is the request's spans, when it is traced.
 	Trace Trace
 }

@@ -70,6 +70,7 @@ type Recorder struct {
 	panics                              prometheus.Counter
 	inFlight                            prometheus.Gauge
 	slo                                 *prometheus.CounterVec
+	invalidObjectives                   *prometheus.CounterVec
 	engineReady                         prometheus.Gauge
 	relayDelay                          prometheus.Histogram
 	kernelTimestamps                    prometheus.Gauge
@@ -199,8 +200,11 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 	r.inFlight = prometheus.NewGauge(prometheus.GaugeOpts{Name: "timing_sidecar_in_flight_requests",
 		Help: "Requests being handled now."})
 	r.slo = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_slo_requests_total",
-		Help: "Requests judged against the latency objectives (--slo-ttft, --slo-itl, --slo-e2e): result met or missed. met / (met + missed) is goodput."},
-		append([]string{"endpoint", "model", "result"}, counted[2:]...))
+		Help: "Requests judged against their latency objectives: result met or missed; objectives flags (--slo-ttft, --slo-itl, --slo-e2e) or request (at least one from the request's own headers, --slo-ttft-header, --slo-itl-header). met / (met + missed) is goodput."},
+		append([]string{"endpoint", "model", "result", "objectives"}, counted[2:]...))
+	r.invalidObjectives = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_invalid_objectives_total",
+		Help: "Requests whose objective header (ttft or itl) held no usable objective (not a positive number of milliseconds up to an hour): judged by the flags instead."},
+		[]string{"objective"})
 	r.engineReady = prometheus.NewGauge(prometheus.GaugeOpts{Name: "timing_sidecar_engine_ready",
 		Help: "1 when the last readiness probe of the engine succeeded, 0 otherwise (as /readyz answers)."})
 	r.relayDelay = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "timing_sidecar_relay_delay_seconds",
@@ -222,11 +226,14 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 	for _, reason := range []string{UnreadRepeated, UnreadInvalid, UnreadNoMemory} {
 		r.unread.WithLabelValues(reason)
 	}
+	for _, objective := range []string{missedTTFT, missedITL} {
+		r.invalidObjectives.WithLabelValues(objective)
+	}
 	if opts.AccessLog != nil {
 		r.access = newAccessLog(opts.AccessLog, opts.Log, reg, r.Panic)
 	}
 	reg.MustRegister(r.queue, r.ttft, r.ttfc, r.itl, r.maxITL, r.e2e, r.requests, r.promptTokens, r.outputTokens,
-		r.upstreamErrors, r.clientDisconnects, r.clientPaced, r.unread, r.panics, r.inFlight, r.slo, r.engineReady, r.relayDelay, r.kernelTimestamps)
+		r.upstreamErrors, r.clientDisconnects, r.clientPaced, r.unread, r.panics, r.inFlight, r.slo, r.invalidObjectives, r.engineReady, r.relayDelay, r.kernelTimestamps)
 	return r
 }
 
@@ -295,25 +302,50 @@ func (r *Recorder) Finish(req *Record) {
 	if req.Measured {
 		r.observe(req, model, tenant)
 	}
-	verdict, missed := r.objectives.Judge(req)
-	if verdict != Undecided {
+	if req.AskedInvalid&ObjectiveTTFT != 0 {
+		r.invalidObjectives.WithLabelValues(missedTTFT).Inc()
+	}
+	if req.AskedInvalid&ObjectiveITL != 0 {
+		r.invalidObjectives.WithLabelValues(missedITL).Inc()
+	}
+	j := r.judge(req)
+	if j.verdict != Undecided {
 		// The other result exists too, at 0: goodput's "missed" side
 		// reads 0 on a healthy system, not "no data".
 		other := Missed
-		if verdict == Missed {
+		if j.verdict == Missed {
 			other = Met
 		}
 		if r.tenantLabel {
-			r.slo.WithLabelValues(req.Endpoint, model, verdict.String(), tenant).Inc()
-			r.slo.WithLabelValues(req.Endpoint, model, other.String(), tenant)
+			r.slo.WithLabelValues(req.Endpoint, model, j.verdict.String(), j.source, tenant).Inc()
+			r.slo.WithLabelValues(req.Endpoint, model, other.String(), j.source, tenant)
 		} else {
-			r.slo.WithLabelValues(req.Endpoint, model, verdict.String()).Inc()
-			r.slo.WithLabelValues(req.Endpoint, model, other.String())
+			r.slo.WithLabelValues(req.Endpoint, model, j.verdict.String(), j.source).Inc()
+			r.slo.WithLabelValues(req.Endpoint, model, other.String(), j.source)
 		}
 	}
 	if r.access != nil {
-		r.access.add(time.Now(), req, verdict, missed, r.objectives.Set())
+		r.access.add(time.Now(), req, &j)
 	}
+}
+
+// judgement is a request's verdict and what it was judged by.
+type judgement struct {
+	verdict Verdict
+	missed  string     // the objectives missed, as Judge says them
+	by      Objectives // the objectives that applied
+	source  string     // ObjectivesFlags or ObjectivesRequest
+}
+
+// judge judges req by the flags' objectives, or the ones it asked for.
+func (r *Recorder) judge(req *Record) judgement {
+	by, asked := r.objectives.With(req.Asked)
+	j := judgement{by: by, source: ObjectivesFlags}
+	if asked {
+		j.source = ObjectivesRequest
+	}
+	j.verdict, j.missed = by.Judge(req)
+	return j
 }
 
 func (r *Recorder) observe(req *Record, model, tenant string) {

@@ -187,7 +187,7 @@ func TestClientPacedRequestsAreCountedApart(t *testing.T) {
 	if n := testutil.CollectAndCount(r.slo); n != 2 {
 		t.Errorf("%d goodput series, want met and missed (at 0)", n)
 	}
-	if got := testutil.ToFloat64(r.slo.WithLabelValues(EndpointChat, "m", "met")); got != 1 {
+	if got := testutil.ToFloat64(r.slo.WithLabelValues(EndpointChat, "m", "met", ObjectivesFlags)); got != 1 {
 		t.Errorf("goodput counted %v met, want 1 (the paced request undecided)", got)
 	}
 	if !strings.Contains(log.String(), `"client_stall_ms":9,`) || !strings.Contains(log.String(), `"client_stall_ms":8000,`) {

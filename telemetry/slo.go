@@ -1,6 +1,7 @@
 package telemetry
 
 import (
+	"strconv"
 	"strings"
 	"time"
 )
@@ -26,6 +27,70 @@ type Objectives struct {
 
 // Set tells whether any objective is set.
 func (o Objectives) Set() bool { return o.TTFT > 0 || o.ITL > 0 || o.E2E > 0 }
+
+// With returns o with the objectives a request asked for in place of
+// the flags' (asked's set ones), and whether any did: a request carrying
+// its own objectives (x-llm-d-slo-ttft-ms, x-llm-d-slo-tpot-ms) is judged
+// by them, and by the flags for the rest.
+func (o Objectives) With(asked Objectives) (Objectives, bool) {
+	if asked.TTFT > 0 {
+		o.TTFT = asked.TTFT
+	}
+	if asked.ITL > 0 {
+		o.ITL = asked.ITL
+	}
+	if asked.E2E > 0 {
+		o.E2E = asked.E2E
+	}
+	return o, asked.Set()
+}
+
+// Where the objectives a request is judged by came from, as the
+// "objectives" label and the access log's slo_objectives name it.
+const (
+	ObjectivesFlags   = "flags"   // the sidecar's flags alone
+	ObjectivesRequest = "request" // at least one from the request's headers
+)
+
+// AskedObjective names the objectives a request can ask for, as bits.
+type AskedObjective uint8
+
+const (
+	ObjectiveTTFT AskedObjective = 1 << iota
+	ObjectiveITL
+)
+
+// MaxAskedObjective bounds an objective a request asks for: anything
+// longer is taken for a mistake (seconds sent as milliseconds ×1000, a
+// timestamp) rather than an objective.
+const MaxAskedObjective = time.Hour
+
+// ParseAskedObjective reads an objective a request carries in a header,
+// in milliseconds as llm-d's headers are: a positive decimal number
+// ("250", "37.5") up to MaxAskedObjective. Anything else (empty, signed,
+// zero, exponent, hex, NaN, absurd) is not an objective: false, and the
+// request falls back to the flags.
+func ParseAskedObjective(v []byte) (time.Duration, bool) {
+	if len(v) == 0 || len(v) > 16 {
+		return 0, false
+	}
+	dot := false
+	for _, c := range v {
+		switch {
+		case c >= '0' && c <= '9':
+		case c == '.' && !dot:
+			dot = true
+		default:
+			return 0, false
+		}
+	}
+	ms, err := strconv.ParseFloat(string(v), 64)
+	d := time.Duration(ms * float64(time.Millisecond))
+	if err != nil || d <= 0 || d > MaxAskedObjective {
+		return 0, false
+	}
+	return d, true
+}
 
 // Verdict is one request's outcome against the objectives.
 type Verdict uint8

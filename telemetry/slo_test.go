@@ -67,29 +67,99 @@ func TestGoodputIsCountedAndLogged(t *testing.T) {
 	var log lockedBuffer
 	r := NewRecorder(reg, Options{MaxModels: 4, MaxTenants: 4, TenantLabel: true, AccessLog: &log,
 		Objectives: Objectives{TTFT: 100 * time.Millisecond}})
-	for _, q := range []float64{10, 20, 200} {
+	ms := time.Millisecond
+	for _, tc := range []struct {
+		queue   float64
+		asked   Objectives
+		invalid AskedObjective
+	}{
+		{queue: 10}, {queue: 20}, {queue: 200},
+		// Its own objective, looser than the flag's: met.
+		{queue: 200, asked: Objectives{TTFT: 300 * ms}},
+		// Its own, tighter: missed, though the flag's is met.
+		{queue: 10, asked: Objectives{TTFT: 40 * ms}},
+		// A header that held no objective: the flag's, counted.
+		{queue: 200, invalid: ObjectiveTTFT | ObjectiveITL},
+	} {
 		rec := Record{Endpoint: EndpointChat, Model: "m", Tenant: "acme", Stream: true, Status: 200, Measured: true,
-			Metrics: timing.Metrics{QueueTime: num(q), TimeToFirstToken: num(50)}}
+			Metrics: timing.Metrics{QueueTime: num(tc.queue), TimeToFirstToken: num(50)}, Asked: tc.asked, AskedInvalid: tc.invalid}
 		r.Begin()
 		r.Finish(&rec)
 	}
-	if met, missed := testutil.ToFloat64(r.slo.WithLabelValues(EndpointChat, "m", "met", "acme")),
-		testutil.ToFloat64(r.slo.WithLabelValues(EndpointChat, "m", "missed", "acme")); met != 2 || missed != 1 {
-		t.Errorf("met %v, missed %v; want 2, 1", met, missed)
+	count := func(result, source string) float64 {
+		return testutil.ToFloat64(r.slo.WithLabelValues(EndpointChat, "m", result, source, "acme"))
 	}
-	var lines []struct{ SLO, SLOMissed string }
+	if met, missed := count("met", ObjectivesFlags), count("missed", ObjectivesFlags); met != 2 || missed != 2 {
+		t.Errorf("by the flags: met %v, missed %v; want 2, 2", met, missed)
+	}
+	if met, missed := count("met", ObjectivesRequest), count("missed", ObjectivesRequest); met != 1 || missed != 1 {
+		t.Errorf("by the request's own: met %v, missed %v; want 1, 1", met, missed)
+	}
+	for _, o := range []string{"ttft", "itl"} {
+		if n := testutil.ToFloat64(r.invalidObjectives.WithLabelValues(o)); n != 1 {
+			t.Errorf("invalid %s objectives %v, want 1", o, n)
+		}
+	}
+	type line struct {
+		SLO        string   `json:"slo"`
+		SLOMissed  string   `json:"slo_missed"`
+		Objectives string   `json:"slo_objectives"`
+		TTFT       *float64 `json:"slo_ttft_ms"`
+		ITL        *float64 `json:"slo_itl_ms"`
+	}
+	var lines []line
 	r.Close(context.Background())
 	for _, l := range bytes.Split(bytes.TrimSpace([]byte(log.String())), []byte("\n")) {
-		var v struct {
-			SLO       string `json:"slo"`
-			SLOMissed string `json:"slo_missed"`
-		}
+		var v line
 		if err := json.Unmarshal(l, &v); err != nil {
 			t.Fatal(err)
 		}
-		lines = append(lines, struct{ SLO, SLOMissed string }{v.SLO, v.SLOMissed})
+		lines = append(lines, v)
 	}
-	if len(lines) != 3 || lines[0].SLO != "met" || lines[2].SLO != "missed" || lines[2].SLOMissed != "ttft" {
-		t.Errorf("log verdicts %+v", lines)
+	if len(lines) != 6 {
+		t.Fatalf("%d lines", len(lines))
+	}
+	for i, want := range []struct {
+		slo, missed, objectives string
+		ttft                    float64
+	}{
+		{"met", "", "flags", 100}, {"met", "", "flags", 100}, {"missed", "ttft", "flags", 100},
+		{"met", "", "request", 300}, {"missed", "ttft", "request", 40}, {"missed", "ttft", "flags", 100},
+	} {
+		l := lines[i]
+		if l.SLO != want.slo || l.SLOMissed != want.missed || l.Objectives != want.objectives || l.TTFT == nil || *l.TTFT != want.ttft || l.ITL != nil {
+			t.Errorf("line %d: %+v, want %+v", i, l, want)
+		}
+	}
+}
+
+func TestParseAskedObjective(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want time.Duration
+		ok   bool
+	}{
+		{"250", 250 * time.Millisecond, true},
+		{"37.5", 37500 * time.Microsecond, true},
+		{"3600000", time.Hour, true},
+		{"3600001", 0, false}, // over an hour: a mistake, not an objective
+		{"0", 0, false},
+		{"0.0000001", 0, false}, // under a nanosecond
+		{"", 0, false},
+		{"-5", 0, false},
+		{"+5", 0, false},
+		{"1e3", 0, false},
+		{"0x10", 0, false},
+		{"NaN", 0, false},
+		{"Inf", 0, false},
+		{"1.2.3", 0, false},
+		{" 5", 0, false},
+		{"5ms", 0, false},
+		{"99999999999999999999", 0, false},
+	} {
+		got, ok := ParseAskedObjective([]byte(tc.in))
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("%q: %v %v, want %v %v", tc.in, got, ok, tc.want, tc.ok)
+		}
 	}
 }

@@ -94,6 +94,8 @@ func configFrom(c *cli.Context) proxy.Config {
 		SLOTTFT:                c.Duration("slo-ttft"),
 		SLOITL:                 c.Duration("slo-itl"),
 		SLOE2E:                 c.Duration("slo-e2e"),
+		SLOTTFTHeader:          c.String("slo-ttft-header"),
+		SLOITLHeader:           c.String("slo-itl-header"),
 		Tracing: telemetry.TraceConfig{
 			Endpoint: c.String("otlp-traces-endpoint"),
 			Protocol: c.String("otlp-traces-protocol"),
