@@ -113,7 +113,9 @@ func TestAccessLogLineAllocatesNothing(t *testing.T) {
 	r := requests[0]
 	buf := make([]byte, 0, 1024)
 	now := time.Now()
-	if n := testing.AllocsPerRun(100, func() { buf = appendLine(buf[:0], now, &r, &judgement{verdict: Met, by: Objectives{TTFT: time.Second}, source: ObjectivesFlags}) }); n != 0 {
+	if n := testing.AllocsPerRun(100, func() {
+		buf = appendLine(buf[:0], now, &r, &judgement{verdict: Met, by: Objectives{TTFT: time.Second}, source: ObjectivesFlags})
+	}); n != 0 {
 		t.Errorf("%v allocations per line", n)
 	}
 }
