@@ -134,7 +134,8 @@ func TestDashboardAndRulesInPrometheus(t *testing.T) {
 		t.Fatalf("promtool check rules: %v\n%s", err, out)
 	}
 	const ttft, slo = 150 * time.Millisecond, 400 * time.Millisecond
-	engine := startEngine(t, emulator.Config{Model: "m", Timing: emulator.Timing{TTFT: ttft, ITL: 5 * time.Millisecond, TokensPerEvent: 1, OutputTokens: 16}})
+	engine := startEngine(t, emulator.Config{Model: "m", PromptTokensDetails: true,
+		Timing: emulator.Timing{TTFT: ttft, ITL: 5 * time.Millisecond, TokensPerEvent: 1, OutputTokens: 16}})
 	s := startSidecar(t, []string{"--upstream", engine.URL(), "--slo-ttft", slo.String(), "--slo-itl", "50ms",
 		"--tenant-header", "X-Tenant", "--tenant-label", "--readiness-interval", "200ms"})
 	prom := startPrometheus(t, s.admin)
@@ -147,7 +148,14 @@ func TestDashboardAndRulesInPrometheus(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range streams {
 		wg.Go(func() {
-			r := send(t, s.base, true, 8, map[string]string{"X-Request-Id": fmt.Sprintf("known-%d", i), "X-Tenant": "acme"})
+			h := map[string]string{"X-Request-Id": fmt.Sprintf("known-%d", i), "X-Tenant": "acme"}
+			if i%4 == 3 {
+				// A few prompt tokens from the prefix cache: the TTFT
+				// panels by cache class get a second class, and the
+				// first token stays in the same bucket.
+				h[emulator.HeaderCachedTokens] = "3"
+			}
+			r := send(t, s.base, true, 8, h)
 			if r.status != 200 || r.metrics == nil || r.metrics["queue_time_ms"] == nil || r.metrics["time_to_first_token_ms"] == nil {
 				t.Errorf("stream %d: %+v", i, r)
 				return

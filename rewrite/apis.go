@@ -175,8 +175,11 @@ func classifyMessages(ev *Event, s, typ string) {
 		}
 	case "message_start":
 		if u := gjson.Get(s, "message.usage"); u.IsObject() {
-			// The input tokens; output_tokens here is a placeholder.
-			ev.Usage.PromptTokens = parseUsage(u).PromptTokens
+			// The input tokens and the cache's; output_tokens here is a
+			// placeholder.
+			p := parseUsage(u)
+			p.CompletionTokens, p.ReasoningTokens = timing.Count{}, timing.Count{}
+			ev.Usage = p
 		}
 	case "message_delta":
 		if u := gjson.Get(s, "usage"); u.IsObject() {

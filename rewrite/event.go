@@ -112,7 +112,7 @@ func ClassifyEvent(raw []byte) Event {
 	if choices.empty {
 		if usage := gjson.Get(s, "usage"); usage.IsObject() {
 			ev.Kind = EventUsage
-			ev.Usage = parseUsage(usage)
+			ev.Usage = withCacheTimings(parseUsage(usage), s)
 		}
 		return ev
 	}
@@ -128,7 +128,7 @@ func ClassifyEvent(raw []byte) Event {
 	if choices.allFinished && bytes.Contains(data[choices.end:], usageKey) {
 		if usage := gjson.Get(s, "usage"); usage.IsObject() {
 			ev.UsageOnChoices = true
-			ev.Usage = parseUsage(usage)
+			ev.Usage = withCacheTimings(parseUsage(usage), s)
 		}
 	}
 	return ev
@@ -173,21 +173,37 @@ func FinishesChoice(ev Event) bool { return ev.finishes }
 
 // BodyUsage reads the token counts of a non-streaming response body.
 func BodyUsage(body []byte) timing.Usage {
-	usage := gjson.Get(view(body), "usage")
+	s := view(body)
+	usage := gjson.Get(s, "usage")
 	if !usage.IsObject() {
 		return timing.Usage{}
 	}
-	return parseUsage(usage)
+	return withCacheTimings(parseUsage(usage), s)
 }
 
 // parseUsage reads the token counts of a "usage" object; a count that is
-// missing or not a number stays unset.
+// missing or not a number stays unset. The cached prompt tokens are read
+// from each API's place for them:
+//
+//   - Chat Completions and Completions (vLLM with
+//     --enable-prompt-tokens-details, SGLang with --enable-cache-report,
+//     llama.cpp): prompt_tokens_details.cached_tokens, part of
+//     prompt_tokens;
+//   - Responses: input_tokens_details.cached_tokens, part of input_tokens;
+//   - Anthropic's Messages: cache_read_input_tokens, apart from
+//     input_tokens, as cache_creation_input_tokens is (CacheApart).
 func parseUsage(usage gjson.Result) timing.Usage {
 	var u timing.Usage
 	usage.ForEach(func(key, v gjson.Result) bool {
-		if key.Str == "completion_tokens_details" || key.Str == "output_tokens_details" {
+		switch key.Str {
+		case "completion_tokens_details", "output_tokens_details":
 			if c, ok := tokenCount(v.Get("reasoning_tokens")); ok {
 				u.ReasoningTokens = c
+			}
+			return true
+		case "prompt_tokens_details", "input_tokens_details":
+			if c, ok := tokenCount(v.Get("cached_tokens")); ok {
+				u.CachedTokens = c
 			}
 			return true
 		}
@@ -201,9 +217,27 @@ func parseUsage(usage gjson.Result) timing.Usage {
 			u.PromptTokens = timing.Count{Value: v.Int(), Set: true}
 		case "completion_tokens", "output_tokens":
 			u.CompletionTokens = timing.Count{Value: v.Int(), Set: true}
+		case "cache_read_input_tokens":
+			u.CachedTokens, u.CacheApart = timing.Count{Value: v.Int(), Set: true}, true
+		case "cache_creation_input_tokens":
+			u.CacheWriteTokens, u.CacheApart = timing.Count{Value: v.Int(), Set: true}, true
 		}
 		return true
 	})
+	return u
+}
+
+// withCacheTimings completes u, read from the object s, with llama.cpp's
+// count of cached prompt tokens (timings.cache_n, beside the usage in the
+// same object) where the usage did not report one: llama.cpp's server
+// before it reported prompt_tokens_details.
+func withCacheTimings(u timing.Usage, s string) timing.Usage {
+	if u.CachedTokens.Set {
+		return u
+	}
+	if c, ok := tokenCount(gjson.Get(s, "timings.cache_n")); ok {
+		u.CachedTokens = c
+	}
 	return u
 }
 

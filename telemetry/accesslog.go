@@ -291,6 +291,10 @@ func appendLine(b []byte, now time.Time, r *Record, j *judgement) []byte {
 	b = appendCount(b, `,"prompt_tokens":`, m.PromptTokens)
 	b = appendCount(b, `,"completion_tokens":`, m.CompletionTokens)
 	b = appendCount(b, `,"token_events":`, m.TokenEvents)
+	b = appendCount(b, `,"cached_tokens":`, cachedTokens(m))
+	b = append(b, `,"cache":`...)
+	b = appendString(b, m.Cache.String())
+	b = appendNumber(b, `,"prefill_tokens_per_second":`, m.PrefillTokensPerSecond)
 	b = appendNumber(b, `,"relay_delay_p50_ms":`, relayDelay(&r.RelayDelays, (*timing.Delays).Median))
 	b = appendNumber(b, `,"relay_delay_max_ms":`, relayDelay(&r.RelayDelays, (*timing.Delays).Max))
 	b = appendNumber(b, `,"spec_acceptance_length":`, m.Engine.AcceptanceLength)
@@ -321,6 +325,15 @@ func appendLine(b []byte, now time.Time, r *Record, j *judgement) []byte {
 		b = appendNumber(b, `,"slo_e2e_ms":`, objectiveMillis(j.by.E2E))
 	}
 	return append(b, "}\n"...)
+}
+
+// cachedTokens is the cached prompt tokens the record can use: unset where
+// the class is unknown (not reported, or more than the prompt).
+func cachedTokens(m *timing.Metrics) timing.Count {
+	if m.Cache == timing.CacheUnknown {
+		return timing.Count{}
+	}
+	return m.CachedTokens
 }
 
 // objectiveMillis is an objective in ms, unset when it is not set.

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,6 +23,9 @@ var (
 		2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0}
 	latencyBuckets = []float64{0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
 		40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0}
+	// Prefill speed, tokens computed per second: hundreds on a small GPU
+	// with a long queue behind, tens of thousands for a large batch.
+	prefillBuckets = []float64{100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000}
 	// The sidecar's own delay: tens of microseconds when it has its CPU,
 	// up to a CFS period (100 ms) and beyond when it is throttled.
 	relayDelayBuckets = []float64{0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001,
@@ -61,8 +65,10 @@ type Recorder struct {
 	objectives      Objectives
 
 	queue, ttft, ttfc, itl, maxITL, e2e *prometheus.HistogramVec
+	prefill                             *prometheus.HistogramVec
 	requests                            *prometheus.CounterVec
 	promptTokens, outputTokens          *prometheus.CounterVec
+	cachedTokens                        *prometheus.CounterVec
 	upstreamErrors                      *prometheus.CounterVec
 	clientDisconnects                   prometheus.Counter
 	clientPaced                         prometheus.Counter
@@ -95,8 +101,23 @@ type requestKey struct {
 }
 
 type modelSeries struct {
-	queue, ttft, ttfc, itl, maxITL, e2e prometheus.Observer
-	promptTokens, outputTokens          prometheus.Counter
+	queue, ttfc, itl, maxITL, e2e, prefill   prometheus.Observer
+	promptTokens, outputTokens, cachedTokens prometheus.Counter
+	// ttft is the TTFT histogram of each cache class, made on first use:
+	// most deployments see one or two classes.
+	ttft [timing.CacheClasses]atomic.Pointer[prometheus.Observer]
+	// labels are the series' own, for the TTFT histograms made later.
+	endpoint, model string
+}
+
+// ttftOf returns the TTFT histogram of cache class c.
+func (r *Recorder) ttftOf(s *modelSeries, c timing.CacheClass) prometheus.Observer {
+	if o := s.ttft[c].Load(); o != nil {
+		return *o
+	}
+	o := r.ttft.WithLabelValues(s.endpoint, s.model, c.String())
+	s.ttft[c].CompareAndSwap(nil, &o)
+	return *s.ttft[c].Load()
 }
 
 // seriesFor returns the series of a measured request; tenant is ignored
@@ -114,14 +135,17 @@ func (r *Recorder) seriesFor(endpoint, model, tenant string) *modelSeries {
 		counted = append(counted, tenant)
 	}
 	s := &modelSeries{
+		endpoint:     endpoint,
+		model:        model,
 		queue:        r.queue.WithLabelValues(endpoint, model),
-		ttft:         r.ttft.WithLabelValues(endpoint, model),
 		ttfc:         r.ttfc.WithLabelValues(endpoint, model),
 		itl:          r.itl.WithLabelValues(endpoint, model),
 		maxITL:       r.maxITL.WithLabelValues(endpoint, model),
 		e2e:          r.e2e.WithLabelValues(endpoint, model),
+		prefill:      r.prefill.WithLabelValues(endpoint, model),
 		promptTokens: r.promptTokens.WithLabelValues(counted...),
 		outputTokens: r.outputTokens.WithLabelValues(counted...),
+		cachedTokens: r.cachedTokens.WithLabelValues(counted...),
 	}
 	actual, _ := r.series.LoadOrStore(k, s)
 	return actual.(*modelSeries)
@@ -159,7 +183,7 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 		counted = append(counted, "tenant")
 		requestLabels = append(requestLabels, "tenant")
 	}
-	histogram := func(name, help string, buckets []float64) *prometheus.HistogramVec {
+	histogram := func(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
 		return prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: name, Help: help, Buckets: buckets,
 			// Native histograms too, for scrapers that ask for them: they
@@ -167,12 +191,14 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 			NativeHistogramBucketFactor:     1.1,
 			NativeHistogramMaxBucketNumber:  160,
 			NativeHistogramMinResetDuration: time.Hour,
-		}, perModel)
+		}, append(perModel, labels...))
 	}
 	r.queue = histogram("timing_sidecar_queue_time_seconds",
 		"Time from the sidecar holding the whole request to the engine's response headers, for streamed responses.", latencyBuckets)
 	r.ttft = histogram("timing_sidecar_time_to_first_token_seconds",
-		"Time from the sidecar holding the whole request to the first token event (as vLLM's histogram; the body field counts from the engine's response headers).", ttftBuckets)
+		"Time from the sidecar holding the whole request to the first token event (as vLLM's histogram; the body field counts from the engine's response headers), by how much of the prompt the engine's prefix cache served: cache none, partial, full (all but at most 16 tokens), or unknown (the engine did not say).", ttftBuckets, "cache")
+	r.prefill = histogram("timing_sidecar_prefill_tokens_per_second",
+		"Each streamed request's prefill speed: prompt tokens the engine computed (prompt - cached) over arrival to first token, less the engine's own queue time when it reports one. Only from engines that report cached tokens.", prefillBuckets)
 	r.ttfc = histogram("timing_sidecar_time_to_first_content_token_seconds",
 		"Time from the sidecar holding the whole request to the first content (answer) token event, past any reasoning; for streams.", ttftBuckets)
 	r.itl = histogram("timing_sidecar_inter_token_latency_seconds",
@@ -187,6 +213,8 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 		Help: "Prompt tokens, from the engine's usage."}, counted)
 	r.outputTokens = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_generation_tokens_total",
 		Help: "Generated tokens, from the engine's usage."}, counted)
+	r.cachedTokens = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_cached_prompt_tokens_total",
+		Help: "Prompt tokens the engine read from its prefix cache, from its usage (vLLM and SGLang with their cache reports, llama.cpp, the Responses and Messages APIs); / timing_sidecar_prompt_tokens_total is the cache hit ratio, over the requests whose engine reports it."}, counted)
 	r.upstreamErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_upstream_errors_total",
 		Help: "Engine failures by kind: connect, timeout, closed (before headers), bad_response (headers too large, or a stream that cannot be reassembled), interrupted or idle_timeout (mid-body)."}, []string{"kind"})
 	r.clientDisconnects = prometheus.NewCounter(prometheus.CounterOpts{Name: "timing_sidecar_client_disconnects_total",
@@ -232,7 +260,7 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 	if opts.AccessLog != nil {
 		r.access = newAccessLog(opts.AccessLog, opts.Log, reg, r.Panic)
 	}
-	reg.MustRegister(r.queue, r.ttft, r.ttfc, r.itl, r.maxITL, r.e2e, r.requests, r.promptTokens, r.outputTokens,
+	reg.MustRegister(r.queue, r.ttft, r.ttfc, r.itl, r.maxITL, r.e2e, r.prefill, r.requests, r.promptTokens, r.outputTokens, r.cachedTokens,
 		r.upstreamErrors, r.clientDisconnects, r.clientPaced, r.unread, r.panics, r.inFlight, r.slo, r.invalidObjectives, r.engineReady, r.relayDelay, r.kernelTimestamps)
 	return r
 }
@@ -357,11 +385,17 @@ func (r *Recorder) observe(req *Record, model, tenant string) {
 	if m.CompletionTokens.Set {
 		s.outputTokens.Add(float64(m.CompletionTokens.Value))
 	}
+	if m.Cache != timing.CacheUnknown {
+		s.cachedTokens.Add(float64(m.CachedTokens.Value))
+	}
 	if req.ClientPaced {
 		return // the latencies are the client's pace as much as the engine's
 	}
 	if ttft, ok := req.timeToFirstToken(); ok {
-		s.ttft.Observe(ttft / 1000)
+		r.ttftOf(s, m.Cache).Observe(ttft / 1000)
+	}
+	if p := m.PrefillTokensPerSecond; p.Set {
+		s.prefill.Observe(p.Value)
 	}
 	if ttfc, ok := req.timeToFirstContent(); ok {
 		s.ttfc.Observe(ttfc / 1000)

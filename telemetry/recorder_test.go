@@ -26,10 +26,12 @@ func cnt(v int64) timing.Count    { return timing.Count{Value: v, Set: true} }
 var requests = []Record{
 	{ID: "r1", Endpoint: EndpointChat, Model: "llama", Stream: true, Status: 200, Measured: true, Metrics: timing.Metrics{
 		QueueTime: num(20), TimeToFirstToken: num(80), GenerationTime: num(150), MeanITL: num(15), MaxITL: num(30),
-		E2ELatency: num(260), TokensPerSecond: num(47), PromptTokens: cnt(12), CompletionTokens: cnt(11)}},
+		E2ELatency: num(260), TokensPerSecond: num(47), PromptTokens: cnt(12), CompletionTokens: cnt(11),
+		CachedTokens: cnt(0), Cache: timing.CacheNone, PrefillTokensPerSecond: num(120)}},
 	{ID: "r2", Endpoint: EndpointChat, Model: "llama", Stream: true, Status: 200, Measured: true, Metrics: timing.Metrics{
 		QueueTime: num(5), TimeToFirstToken: num(1500), GenerationTime: num(4000), MeanITL: num(40), MaxITL: num(900),
-		E2ELatency: num(5510), PromptTokens: cnt(900), CompletionTokens: cnt(101)}},
+		E2ELatency: num(5510), PromptTokens: cnt(900), CompletionTokens: cnt(101),
+		CachedTokens: cnt(880), Cache: timing.CachePartial, PrefillTokensPerSecond: num(20 / 1.505)}},
 	{ID: "r3", Endpoint: EndpointCompletions, Model: "qwen", Status: 200, Measured: true, Metrics: timing.Metrics{
 		E2ELatency: num(700), TokensPerSecond: num(91), PromptTokens: cnt(5), CompletionTokens: cnt(64)}},
 	{ID: "r4", Endpoint: EndpointChat, Model: "qwen", Stream: true, Status: 502, UpstreamError: ErrorConnect},

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
-	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
+	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
 
 	"github.com/timing-sidecar/timing-sidecar/timing"
 )
@@ -54,6 +54,8 @@ const (
 	attrStream       = attribute.Key(attrPrefix + "stream")
 	attrClientGone   = attribute.Key(attrPrefix + "client_gone")
 	attrUpstreamErr  = attribute.Key(attrPrefix + "upstream_error")
+	attrCache        = attribute.Key(attrPrefix + "cache")
+	attrPrefill      = attribute.Key(attrPrefix + "prefill_tokens_per_second")
 	eventAccepted    = attrPrefix + "engine_accepted"
 	eventFirstToken  = attrPrefix + "first_token"
 	eventFirstAnswer = attrPrefix + "first_content_token"
@@ -96,6 +98,10 @@ func common(a []attribute.KeyValue, r *Record) []attribute.KeyValue {
 	}
 	if r.Measured && m.CompletionTokens.Set {
 		a = append(a, semconv.GenAIUsageOutputTokens(int(m.CompletionTokens.Value)))
+	}
+	if r.Measured && m.Cache != timing.CacheUnknown {
+		// Part of gen_ai.usage.input_tokens, as the conventions count it.
+		a = append(a, semconv.GenAIUsageCacheReadInputTokens(int(m.CachedTokens.Value)))
 	}
 	return a
 }
@@ -140,6 +146,12 @@ func serverAttributes(a []attribute.KeyValue, r *Record) []attribute.KeyValue {
 	seconds(vllmFirstToken, ttft, ok)
 	seconds(vllmE2E, m.E2ELatency.Value, m.E2ELatency.Set)
 	a = appendMetrics(a, m)
+	if m.Cache != timing.CacheUnknown {
+		a = append(a, attrCache.String(m.Cache.String()))
+	}
+	if p := m.PrefillTokensPerSecond; p.Set {
+		a = append(a, attrPrefill.Float64(math.Round(p.Value*1000)/1000))
+	}
 	if d := &r.RelayDelays; d.Count() > 0 {
 		// The sidecar's own delay, apart from the metrics object's fields:
 		// a figure about the sidecar, not the engine.

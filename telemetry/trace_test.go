@@ -253,7 +253,8 @@ func reasoningRecord() Record {
 	clock.MarkOutput(after(260), timing.OutputContent)
 	clock.MarkOutput(after(400), timing.OutputContent)
 	m := timing.Compute(&clock, timing.Usage{PromptTokens: timing.Count{Value: 12, Set: true},
-		CompletionTokens: timing.Count{Value: 30, Set: true}, ReasoningTokens: timing.Count{Value: 10, Set: true}}, true)
+		CompletionTokens: timing.Count{Value: 30, Set: true}, ReasoningTokens: timing.Count{Value: 10, Set: true},
+		CachedTokens: timing.Count{Value: 8, Set: true}}, true)
 	m.SetEngine(timing.EngineTiming{Reported: true, Source: "vllm", Total: timing.Number{Value: 380, Set: true},
 		QueueTime: timing.Number{Value: 15, Set: true}})
 	return Record{ID: "req-1", Method: "POST", Path: "/v1/chat/completions", Endpoint: EndpointChat, Model: "qwen3",
@@ -289,6 +290,10 @@ func TestSpansCarryTheRequestAndEveryMetric(t *testing.T) {
 		"gen_ai.request.id": "req-1", "gen_ai.latency.time_in_queue": 0.02, "gen_ai.latency.time_to_first_token": 0.1,
 		"gen_ai.latency.e2e": 0.41, "http.response.status_code": int64(200), "server.address": "llm.internal",
 		"server.port": int64(8001), "timing_sidecar.tenant": "acme", "url.path": "/v1/chat/completions",
+		// 8 of 12 prompt tokens cached: 4 computed in the 100 ms to the
+		// first token less the engine's 15 ms queue.
+		"gen_ai.usage.cache_read.input_tokens": int64(8), "timing_sidecar.cache": "full",
+		"timing_sidecar.prefill_tokens_per_second": 47.059,
 	}
 	for k, v := range want {
 		if got, ok := a[k]; !ok || got.AsInterface() != v {

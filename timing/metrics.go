@@ -22,16 +22,28 @@ type Count struct {
 
 // Usage is the token counts from the engine's "usage" object.
 type Usage struct {
+	// PromptTokens is the prompt count as the engine reported it: all the
+	// prompt's tokens, or, with CacheApart, those past the cache.
 	PromptTokens     Count
 	CompletionTokens Count
 	// ReasoningTokens is the part of CompletionTokens that was reasoning
 	// (completion_tokens_details.reasoning_tokens), when reported.
 	ReasoningTokens Count
+	// CachedTokens is the prompt tokens the engine read from its prefix
+	// cache instead of computing them, when reported.
+	CachedTokens Count
+	// CacheWriteTokens and CacheApart are Anthropic's shape: input_tokens
+	// counts neither the tokens read from the cache
+	// (cache_read_input_tokens) nor those written to it
+	// (cache_creation_input_tokens), which are counted apart.
+	CacheWriteTokens Count
+	CacheApart       bool
 }
 
 // Merge returns u with the counts other has set: an API that reports the
 // input tokens at the start and the output tokens at the end (Anthropic's)
-// is read event by event.
+// is read event by event. A later prompt count without the cache's keys
+// keeps the cache's counts and their shape from the earlier one.
 func (u Usage) Merge(other Usage) Usage {
 	if other.PromptTokens.Set {
 		u.PromptTokens = other.PromptTokens
@@ -42,7 +54,25 @@ func (u Usage) Merge(other Usage) Usage {
 	if other.ReasoningTokens.Set {
 		u.ReasoningTokens = other.ReasoningTokens
 	}
+	if other.CachedTokens.Set {
+		u.CachedTokens = other.CachedTokens
+	}
+	if other.CacheWriteTokens.Set {
+		u.CacheWriteTokens = other.CacheWriteTokens
+	}
+	u.CacheApart = u.CacheApart || other.CacheApart
 	return u
+}
+
+// Prompt is the prompt's whole count, cached tokens included, as every
+// API but Anthropic's reports it and as OpenTelemetry's
+// gen_ai.usage.input_tokens means it.
+func (u Usage) Prompt() Count {
+	p := u.PromptTokens
+	if u.CacheApart && p.Set {
+		p.Value += u.CachedTokens.Value + u.CacheWriteTokens.Value // unset counts are 0
+	}
+	return p
 }
 
 // Metrics is the per-request metrics object. The first five fields mirror
@@ -72,6 +102,85 @@ type Metrics struct {
 	// total, the time spent outside the engine.
 	Engine   EngineTiming
 	Overhead Number
+	// CachedTokens is the prompt tokens the engine read from its prefix
+	// cache, when it said (not part of the JSON object: the client has
+	// them in usage); Cache classes the prompt by them.
+	CachedTokens Count
+	Cache        CacheClass
+	// PrefillTokensPerSecond is the prompt tokens the engine computed
+	// (prompt − cached) over the prefill interval (see prefill), for
+	// streams whose engine reports its cached tokens.
+	PrefillTokensPerSecond Number
+}
+
+// CacheClass is how much of a prompt the engine's prefix cache served.
+type CacheClass uint8
+
+const (
+	CacheUnknown CacheClass = iota // the engine did not say
+	CacheNone                      // no token came from the cache
+	CachePartial                   // some did
+	CacheFull                      // all but at most FullCacheMargin did
+	CacheClasses                   // the number of classes
+)
+
+// FullCacheMargin is the most prompt tokens a fully cached prompt still
+// computes: vLLM's default block size. An engine caches whole blocks and
+// always computes the prompt's last token, so a prompt it has seen whole
+// leaves up to a block to compute (SGLang and llama.cpp, token by token,
+// leave one).
+const FullCacheMargin = 16
+
+// String is the class as the "cache" label and the access log say it.
+func (c CacheClass) String() string {
+	switch c {
+	case CacheNone:
+		return "none"
+	case CachePartial:
+		return "partial"
+	case CacheFull:
+		return "full"
+	}
+	return "unknown"
+}
+
+// cacheClass classes a prompt of prompt tokens, cached of them from the
+// cache; a cached count above the prompt's is not one the sidecar can
+// use.
+func cacheClass(prompt, cached Count) CacheClass {
+	switch {
+	case !prompt.Set || !cached.Set || cached.Value > prompt.Value:
+		return CacheUnknown
+	case cached.Value == 0:
+		return CacheNone
+	case prompt.Value-cached.Value <= FullCacheMargin:
+		return CacheFull
+	}
+	return CachePartial
+}
+
+// prefill derives the cache's figures from the counts and the marks: the
+// prompt tokens the engine computed, prompt − cached, over the time from
+// arrival to the first token event (the TTFT the histogram and goodput
+// use), less the engine's own queue time when it reports one (vLLM's
+// queue_time_ms, x-vllm-queue-time): the time it spent computing the
+// prompt, with what the sidecar saw of the network and HTTP in it. It
+// needs a stream (a first token) and the engine's cached count: without
+// the count, the tokens computed are not known.
+func (m *Metrics) prefill() {
+	m.Cache = cacheClass(m.PromptTokens, m.CachedTokens)
+	m.PrefillTokensPerSecond = Number{}
+	if m.Cache == CacheUnknown || !m.QueueTime.Set || !m.TimeToFirstToken.Set {
+		return
+	}
+	ms := m.QueueTime.Value + m.TimeToFirstToken.Value
+	if q := m.Engine.QueueTime; q.Set && q.Value < ms {
+		ms -= q.Value
+	}
+	computed := m.PromptTokens.Value - m.CachedTokens.Value
+	if computed > 0 && ms > 0 {
+		m.PrefillTokensPerSecond = Number{float64(computed) / (ms / 1000), true}
+	}
 }
 
 // OutputSplit is vLLM's output_token_metrics: the reasoning and the
@@ -184,6 +293,7 @@ func (m *Metrics) SetEngine(e EngineTiming) {
 	if e.Reported && e.Total.Set && m.E2ELatency.Set {
 		m.Overhead = Number{m.E2ELatency.Value - e.Total.Value, true}
 	}
+	m.prefill()
 }
 
 // Compute derives the metrics from a clock and the engine's usage.
@@ -222,7 +332,12 @@ func (m *Metrics) CountLate(c *Clock, u Usage, streamed bool) { m.count(c, u, st
 // clears what an earlier count made first: late counts give what they
 // would have given in time, even where that is null.
 func (m *Metrics) count(c *Clock, u Usage, streamed bool) {
-	m.PromptTokens, m.CompletionTokens = u.PromptTokens, u.CompletionTokens
+	m.countTokens(c, u, streamed)
+	m.prefill()
+}
+
+func (m *Metrics) countTokens(c *Clock, u Usage, streamed bool) {
+	m.PromptTokens, m.CompletionTokens, m.CachedTokens = u.Prompt(), u.CompletionTokens, u.CachedTokens
 	m.MeanITL, m.TokensPerSecond, m.TokenEvents, m.Split = Number{}, Number{}, Count{}, OutputSplit{}
 	tokens := u.CompletionTokens
 	if !streamed {

@@ -566,3 +566,50 @@ func TestMarkAndComputeAllocateNothing(t *testing.T) {
 		t.Fatalf("want the figures over the events: %+v", m)
 	}
 }
+
+// TestPrefillAndCacheClass: the cache class from the counts, and prefill
+// speed as the tokens computed over arrival to first token, less the
+// engine's own queue time when it reports one.
+func TestPrefillAndCacheClass(t *testing.T) {
+	// Arrival 0, accepted 10, first token 110: 110 ms from arrival.
+	clock := func() *Clock { return streamClock(10, []float64{110, 130}, 140) }
+	for _, tc := range []struct {
+		name     string
+		usage    Usage
+		engine   EngineTiming
+		streamed bool
+		class    CacheClass
+		prefill  Number
+	}{
+		{"no cache report", Usage{PromptTokens: count(1100)}, EngineTiming{}, true, CacheUnknown, Number{}},
+		{"nothing cached", Usage{PromptTokens: count(1100), CachedTokens: count(0)}, EngineTiming{}, true, CacheNone, Number{10000, true}},
+		{"partly cached", Usage{PromptTokens: count(1100), CachedTokens: count(550)}, EngineTiming{}, true, CachePartial, Number{5000, true}},
+		{"all but a block", Usage{PromptTokens: count(1100), CachedTokens: count(1088)}, EngineTiming{}, true, CacheFull, Number{12 / 0.110, true}},
+		{"all but a block and one", Usage{PromptTokens: count(1100), CachedTokens: count(1083)}, EngineTiming{}, true, CachePartial, Number{17 / 0.110, true}},
+		{"the engine's queue time is not prefill", Usage{PromptTokens: count(1100), CachedTokens: count(0)},
+			EngineTiming{Reported: true, QueueTime: Number{55, true}}, true, CacheNone, Number{20000, true}},
+		{"an engine queue time longer than the TTFT is not believed", Usage{PromptTokens: count(1100), CachedTokens: count(0)},
+			EngineTiming{Reported: true, QueueTime: Number{500, true}}, true, CacheNone, Number{10000, true}},
+		{"every token cached: no prefill to measure", Usage{PromptTokens: count(64), CachedTokens: count(64)}, EngineTiming{}, true, CacheFull, Number{}},
+		{"more cached than the prompt", Usage{PromptTokens: count(10), CachedTokens: count(64)}, EngineTiming{}, true, CacheUnknown, Number{}},
+		{"not streamed: no first token", Usage{PromptTokens: count(1100), CachedTokens: count(0)}, EngineTiming{}, false, CacheNone, Number{}},
+		{"Anthropic's shape counts the whole prompt", Usage{PromptTokens: count(100), CachedTokens: count(990), CacheWriteTokens: count(10), CacheApart: true},
+			EngineTiming{}, true, CachePartial, Number{110 / 0.110, true}},
+	} {
+		m := Compute(clock(), tc.usage, tc.streamed)
+		m.SetEngine(tc.engine)
+		if m.Cache != tc.class {
+			t.Errorf("%s: class %v, want %v", tc.name, m.Cache, tc.class)
+		}
+		if got := m.PrefillTokensPerSecond; got.Set != tc.prefill.Set || math.Abs(got.Value-tc.prefill.Value) > 1e-6 {
+			t.Errorf("%s: prefill %+v, want %+v", tc.name, got, tc.prefill)
+		}
+		// Late counts give what the counts in time would have given.
+		late := Compute(clock(), Usage{}, tc.streamed)
+		late.SetEngine(tc.engine)
+		late.CountLate(clock(), tc.usage, tc.streamed)
+		if late.Cache != m.Cache || late.PrefillTokensPerSecond != m.PrefillTokensPerSecond {
+			t.Errorf("%s: late counts gave %v %+v, in time %v %+v", tc.name, late.Cache, late.PrefillTokensPerSecond, m.Cache, m.PrefillTokensPerSecond)
+		}
+	}
+}

@@ -98,6 +98,14 @@ func Dashboard() (dashboard.Dashboard, error) {
 		quantiles("timing_sidecar_e2e_request_latency_seconds", 0.5, 0.9, 0.99)...))
 	b.WithPanel(panel("Queue time", "Arrival to the engine's response headers: time waiting for the engine to take the request; streams.", "s",
 		quantiles("timing_sidecar_queue_time_seconds", 0.5, 0.99)...))
+	b.WithPanel(panel("TTFT by prompt cache", "Time to first token (p50, p99) by how much of the prompt the engine's prefix cache served: none, partial, full (all but at most 16 tokens), unknown (the engine does not report cached tokens). The usual cause when TTFT moves.", "s",
+		query(`histogram_quantile(0.5, sum by (le, cache) (rate(timing_sidecar_time_to_first_token_seconds_bucket{`+models+`}[$__rate_interval])))`, "p50 {{cache}}"),
+		query(`histogram_quantile(0.99, sum by (le, cache) (rate(timing_sidecar_time_to_first_token_seconds_bucket{`+models+`}[$__rate_interval])))`, "p99 {{cache}}")))
+	b.WithPanel(panel("Prompt cache hit ratio", "Share of prompt tokens the engine read from its prefix cache, by model. Only engines that report cached tokens add to the cached side.", "percentunit",
+		query(`sum by (model) (rate(timing_sidecar_cached_prompt_tokens_total{`+models+`}[$__rate_interval])) / sum by (model) (rate(timing_sidecar_prompt_tokens_total{`+models+`}[$__rate_interval]))`, "{{model}}")).Max(1))
+	b.WithPanel(panel("Prefill speed", "Prompt tokens the engine computed (prompt - cached) per second, from arrival to first token, less the engine's queue time when it reports one (p50, p10: the slow end); streams of engines that report cached tokens.", "none",
+		query(`histogram_quantile(0.5, sum by (le, model) (rate(timing_sidecar_prefill_tokens_per_second_bucket{`+models+`}[$__rate_interval])))`, "p50 {{model}}"),
+		query(`histogram_quantile(0.1, sum by (le, model) (rate(timing_sidecar_prefill_tokens_per_second_bucket{`+models+`}[$__rate_interval])))`, "p10 {{model}}")))
 	b.WithPanel(panel("Decode speed per stream", "Tokens per second one stream receives: 1 / median inter-token latency.", "none",
 		query(`1 / histogram_quantile(0.5, sum by (le, model) (rate(timing_sidecar_inter_token_latency_seconds_bucket{`+models+`}[$__rate_interval])))`, "{{model}}")))
 

@@ -103,13 +103,24 @@ func (g *generation) stopReason() string {
 	return "end_turn"
 }
 
+// messagesUsage is the Messages API's usage: with the cache reported,
+// input_tokens is the prompt past the cache, and the cache's tokens are
+// apart (vLLM's Anthropic server, as Anthropic's API counts them).
+func (g *generation) messagesUsage(output int) map[string]int {
+	if !g.reportsCache() {
+		return map[string]int{"input_tokens": g.prompt, "output_tokens": output}
+	}
+	return map[string]int{"input_tokens": g.prompt - g.cached, "cache_creation_input_tokens": 0,
+		"cache_read_input_tokens": g.cached, "output_tokens": output}
+}
+
 // messagesEvents is the Messages API stream: message_start with the input
 // tokens, a text block of text_delta events, message_delta with the output
 // tokens and stop reason, message_stop.
 func (g *generation) messagesEvents() typedStream {
 	msg := map[string]any{"id": g.e.rec.ID, "type": "message", "role": "assistant", "content": []any{},
 		"model": g.s.cfg.Model, "stop_reason": nil, "stop_sequence": nil,
-		"usage": map[string]int{"input_tokens": g.prompt, "output_tokens": 1}}
+		"usage": g.messagesUsage(1)}
 	ts := typedStream{start: []typedEvent{
 		{name: "message_start", data: map[string]any{"type": "message_start", "message": msg}},
 		{name: "content_block_start", data: map[string]any{"type": "content_block_start", "index": 0,
@@ -144,7 +155,7 @@ func (g *generation) unaryMessages() {
 	writeJSON(g.w, http.StatusOK, map[string]any{"id": g.e.rec.ID, "type": "message", "role": "assistant",
 		"content": []map[string]string{{"type": "text", "text": joinText(stepsContent(steps))}},
 		"model":   g.s.cfg.Model, "stop_reason": g.stopReason(), "stop_sequence": nil,
-		"usage": map[string]int{"input_tokens": g.prompt, "output_tokens": g.tokens}})
+		"usage": g.messagesUsage(g.tokens)})
 }
 
 // response is a Responses API response object at a stage of its life.
@@ -154,7 +165,7 @@ func (g *generation) response(status string, text *string) map[string]any {
 	if text != nil {
 		r["output"] = []any{map[string]any{"id": "msg_" + g.e.rec.ID, "type": "message", "status": "completed", "role": "assistant",
 			"content": []any{map[string]any{"type": "output_text", "text": *text, "annotations": []any{}}}}}
-		r["usage"] = map[string]any{"input_tokens": g.prompt, "input_tokens_details": map[string]int{"cached_tokens": 0},
+		r["usage"] = map[string]any{"input_tokens": g.prompt, "input_tokens_details": map[string]int{"cached_tokens": g.cached},
 			"output_tokens": g.tokens, "output_tokens_details": map[string]int{"reasoning_tokens": 0},
 			"total_tokens": g.prompt + g.tokens}
 	}

@@ -46,6 +46,7 @@ const (
 	HeaderRequestID      = "X-Request-Id"                // becomes the response id's suffix
 	HeaderStamp          = "X-Emulator-Stamp"            // "1": each token event's text is " @<send time, Unix ns>"
 	HeaderOutput         = "X-Emulator-Output"           // what the response holds: see OutputText and the others
+	HeaderCachedTokens   = "X-Emulator-Cached-Tokens"    // prompt tokens the prefix cache serves (all but the last at most); TTFT shrinks to the rest's share
 )
 
 // Config configures a Server.
@@ -67,6 +68,12 @@ type Config struct {
 	// request with "include_metrics": true. The detailed form adds the
 	// per-step acceptance (per_step_accepted_tokens). Empty: none.
 	SpecDecodeMetrics string
+	// PromptTokensDetails plays vLLM's --enable-prompt-tokens-details:
+	// the usage reports the prompt tokens served by the prefix cache
+	// (HeaderCachedTokens), as prompt_tokens_details.cached_tokens, and
+	// the Messages API as cache_read_input_tokens apart from input_tokens
+	// (vLLM's Anthropic server). The Responses API always reports them.
+	PromptTokensDetails bool
 	// MaxModelLen is the emulated context length, as vLLM's
 	// --max-model-len: a request whose prompt and max_tokens exceed it
 	// gets vLLM's 400. Zero means DefaultMaxModelLen.
@@ -119,6 +126,8 @@ type Record struct {
 	// CompletionTokens are the usage the engine reported.
 	TokenEvents                    int
 	PromptTokens, CompletionTokens int
+	// CachedTokens is the prompt tokens the prefix cache served.
+	CachedTokens int
 	// MaxTokenGap is the largest gap between the stamps of two consecutive
 	// token events: the engine's own pacing, the truth for max_itl_ms.
 	MaxTokenGap time.Duration

@@ -57,6 +57,8 @@ type generation struct {
 	choices int
 	tokens  int // per choice
 	prompt  int
+	// cached is the prompt tokens the emulated prefix cache served.
+	cached int
 	// faults, -1 when off
 	errorAfter, cutAfter int
 	// stamp: token events carry their send time instead of words, so a
@@ -95,6 +97,10 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if msg := g.parse(body); msg != "" {
+		g.fail(http.StatusBadRequest, "BadRequestError", msg)
+		return
+	}
+	if msg := g.prefixCache(r.Header); msg != "" {
 		g.fail(http.StatusBadRequest, "BadRequestError", msg)
 		return
 	}
@@ -408,8 +414,35 @@ func (g *generation) finishReason() string {
 	return "stop"
 }
 
+// prefixCache plays a prefix cache serving the prompt tokens
+// HeaderCachedTokens names, at most all but the last (an engine always
+// computes the last): the prefill, TTFT, shrinks to the uncached share.
+func (g *generation) prefixCache(h http.Header) string {
+	v := h.Get(HeaderCachedTokens)
+	if v == "" {
+		return ""
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return HeaderCachedTokens + ": want a count of tokens"
+	}
+	g.cached = min(n, g.prompt-1)
+	if g.prompt > 0 {
+		g.timing.TTFT = g.timing.TTFT * time.Duration(g.prompt-g.cached) / time.Duration(g.prompt)
+	}
+	g.mark(func(r *Record) { r.CachedTokens = g.cached })
+	return ""
+}
+
+// reportsCache: the usage reports the cached tokens, as vLLM's does with
+// --enable-prompt-tokens-details (the Responses API always does).
+func (g *generation) reportsCache() bool { return g.s.cfg.PromptTokensDetails }
+
 func (g *generation) usage(completion int) usage {
 	u := usage{PromptTokens: g.prompt, TotalTokens: g.prompt + completion, CompletionTokens: completion}
+	if g.reportsCache() {
+		u.PromptTokensDetails = &promptDetails{CachedTokens: g.cached}
+	}
 	if g.output == OutputReasoning && g.chat {
 		u.CompletionTokensDetails = &tokenDetails{ReasoningTokens: min(completion, g.thinking()*g.choices)}
 	}

@@ -12,6 +12,12 @@ type usage struct {
 	// CompletionTokensDetails is sent for OutputReasoning only, so both
 	// shapes of usage are exercised.
 	CompletionTokensDetails *tokenDetails `json:"completion_tokens_details,omitempty"`
+	// PromptTokensDetails is sent with Config.PromptTokensDetails.
+	PromptTokensDetails *promptDetails `json:"prompt_tokens_details,omitempty"`
+}
+
+type promptDetails struct {
+	CachedTokens int `json:"cached_tokens"`
 }
 
 type tokenDetails struct {

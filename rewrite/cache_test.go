@@ -1,0 +1,61 @@
+package rewrite
+
+import (
+	"testing"
+
+	"github.com/timing-sidecar/timing-sidecar/timing"
+)
+
+// TestCachedPromptTokensOfEveryShape reads the cached prompt tokens where
+// each API and engine reports them, and the prompt's whole count beside
+// them, from a stream's events and from bodies.
+func TestCachedPromptTokensOfEveryShape(t *testing.T) {
+	c := func(n int64) timing.Count { return timing.Count{Value: n, Set: true} }
+	for _, tc := range []struct {
+		name           string
+		usage          func() timing.Usage
+		prompt, cached timing.Count
+	}{
+		{"vLLM chat usage event", func() timing.Usage {
+			return ChatCompletions.ClassifyEvent([]byte(`data: {"id":"x","choices":[],"usage":{"prompt_tokens":100,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":64}}}` + "\n\n")).Usage
+		}, c(100), c(64)},
+		{"vLLM without --enable-prompt-tokens-details", func() timing.Usage {
+			return ChatCompletions.ClassifyEvent([]byte(`data: {"id":"x","choices":[],"usage":{"prompt_tokens":100,"completion_tokens":5,"prompt_tokens_details":null}}` + "\n\n")).Usage
+		}, c(100), timing.Count{}},
+		{"chat body", func() timing.Usage {
+			return BodyUsage([]byte(`{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":40,"prompt_tokens_details":{"cached_tokens":32},"completion_tokens":2}}`))
+		}, c(40), c(32)},
+		{"llama.cpp timings on the finishing event", func() timing.Usage {
+			return ChatCompletions.ClassifyEvent([]byte(`data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":{"prompt_tokens":30,"completion_tokens":3},"timings":{"cache_n":20,"prompt_n":10}}` + "\n\n")).Usage
+		}, c(30), c(20)},
+		{"llama.cpp body", func() timing.Usage {
+			return BodyUsage([]byte(`{"choices":[],"usage":{"prompt_tokens":30,"completion_tokens":3},"timings":{"cache_n":0,"prompt_n":30}}`))
+		}, c(30), c(0)},
+		{"usage wins over timings", func() timing.Usage {
+			return BodyUsage([]byte(`{"usage":{"prompt_tokens":30,"prompt_tokens_details":{"cached_tokens":16}},"timings":{"cache_n":20}}`))
+		}, c(30), c(16)},
+		{"Responses completed", func() timing.Usage {
+			return Responses.ClassifyEvent([]byte(`data: {"type":"response.completed","response":{"id":"r","usage":{"input_tokens":50,"input_tokens_details":{"cached_tokens":48},"output_tokens":7}}}` + "\n\n")).Usage
+		}, c(50), c(48)},
+		{"Anthropic: input_tokens apart from the cache's", func() timing.Usage {
+			start := Messages.ClassifyEvent([]byte(`data: {"type":"message_start","message":{"id":"m","usage":{"input_tokens":10,"cache_read_input_tokens":80,"cache_creation_input_tokens":6,"output_tokens":1}}}` + "\n\n")).Usage
+			// The final usage repeats input_tokens without the cache's keys.
+			delta := Messages.ClassifyEvent([]byte(`data: {"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"input_tokens":10,"output_tokens":9}}` + "\n\n")).Usage
+			return start.Merge(delta)
+		}, c(96), c(80)},
+		{"Anthropic without cache keys: input_tokens is the prompt", func() timing.Usage {
+			return BodyUsage([]byte(`{"type":"message","usage":{"input_tokens":12,"output_tokens":3}}`))
+		}, c(12), timing.Count{}},
+		{"a count that is not one", func() timing.Usage {
+			return BodyUsage([]byte(`{"usage":{"prompt_tokens":30,"prompt_tokens_details":{"cached_tokens":-1}},"timings":{"cache_n":"20"}}`))
+		}, c(30), timing.Count{}},
+	} {
+		u := tc.usage()
+		if got := u.Prompt(); got != tc.prompt {
+			t.Errorf("%s: prompt %+v, want %+v", tc.name, got, tc.prompt)
+		}
+		if u.CachedTokens != tc.cached {
+			t.Errorf("%s: cached %+v, want %+v", tc.name, u.CachedTokens, tc.cached)
+		}
+	}
+}
