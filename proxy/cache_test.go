@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -139,5 +141,75 @@ func TestLlamaCppCacheTimings(t *testing.T) {
 	}
 	if got := counterValue(t, p, "timing_sidecar_cached_prompt_tokens_total", map[string]string{"endpoint": "chat_completions", "model": "m"}); got != 256 {
 		t.Errorf("cached_prompt_tokens_total = %v, want 256", got)
+	}
+}
+
+// TestEngineTimingHeaders: an engine that answers with vLLM's request
+// stats headers gets them into metrics.engine under the body's names,
+// with its own total in the overhead; the headers reach the client as
+// the engine sent them; the body's own report, when there is one, comes
+// first.
+func TestEngineTimingHeaders(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		bodyReport bool // the engine's body carries its own metrics too
+	}{{"headers alone", false}, {"headers beside the body's metrics", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			engine := startEmulator(t, emulator.Config{RequestStatsHeaders: true, PerRequestMetrics: tc.bodyReport,
+				Timing: emulator.Timing{HeaderDelay: 10 * time.Millisecond, TTFT: 30 * time.Millisecond, ITL: 10 * time.Millisecond, OutputTokens: 4}})
+			var log syncBuffer
+			p, base := startSidecar(t, engine.URL(), func(c *Config) { c.ForwardIncludeMetrics = tc.bodyReport }, &log)
+			body := `{"model":"m","include_metrics":true,"messages":[{"role":"user","content":"a b c d e f"}]}`
+			resp := post(t, base+"/v1/chat/completions", body, map[string]string{emulator.HeaderCachedTokens: "4"})
+			got, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Fatalf("%d %s", resp.StatusCode, got)
+			}
+			for _, h := range []string{"x-vllm-total-time", "x-vllm-queue-time", "x-vllm-prefill-time", "x-vllm-decode-time",
+				"x-vllm-inference-time", "x-vllm-time-per-output-token", "x-vllm-prompt-tokens", "x-vllm-completion-tokens", "x-vllm-cached-tokens"} {
+				if resp.Header.Get(h) == "" {
+					t.Errorf("%s did not reach the client", h)
+				}
+			}
+			var doc struct {
+				Metrics struct {
+					E2E      float64        `json:"e2e_latency_ms"`
+					Overhead *float64       `json:"overhead_ms"`
+					Engine   map[string]any `json:"engine"`
+				} `json:"metrics"`
+			}
+			if err := json.Unmarshal(got, &doc); err != nil {
+				t.Fatal(err)
+			}
+			header := func(name string) float64 {
+				v, err := strconv.ParseFloat(resp.Header.Get(name), 64)
+				if err != nil {
+					t.Fatalf("%s: %v", name, err)
+				}
+				return v
+			}
+			e := doc.Metrics.Engine
+			if e["source"] != "vllm" {
+				t.Errorf("engine.source %v", e["source"])
+			}
+			// The emulator's body and headers give the same marks, the
+			// body to three decimals and the headers to two.
+			for field, h := range map[string]string{"queue_time_ms": "x-vllm-queue-time", "time_to_first_token_ms": "x-vllm-prefill-time",
+				"generation_time_ms": "x-vllm-decode-time", "mean_itl_ms": "x-vllm-time-per-output-token",
+				"inference_time_ms": "x-vllm-inference-time", "total_ms": "x-vllm-total-time"} {
+				if v, ok := e[field].(float64); !ok || math.Abs(v-header(h)) > 0.006 {
+					t.Errorf("engine.%s = %v (present %v), %s says %v", field, v, ok, h, header(h))
+				}
+			}
+			if doc.Metrics.Overhead == nil || math.Abs(*doc.Metrics.Overhead-(doc.Metrics.E2E-header("x-vllm-total-time"))) > 0.002 {
+				t.Errorf("overhead_ms %v, want e2e %v − total %v", doc.Metrics.Overhead, doc.Metrics.E2E, header("x-vllm-total-time"))
+			}
+			// The cached tokens come from the header: the usage has none.
+			p.telemetry.Flush()
+			if l := log.lines(); len(l) != 1 || !strings.Contains(l[0], `"cached_tokens":4,`) {
+				t.Errorf("access log %v", l)
+			}
+		})
 	}
 }

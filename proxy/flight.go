@@ -64,6 +64,11 @@ type flight struct {
 	// aheadWaited is how long the engine waited on it even so.
 	readAhead   bool
 	aheadWaited time.Duration
+	// engineHeaders is the engine's timing from its response headers, and
+	// headerCached its cached prompt tokens from there (see
+	// rewrite.EngineHeader); the body's report comes first.
+	engineHeaders timing.EngineTiming
+	headerCached  timing.Count
 	// answer is what the response said of itself, for the trace.
 	answer rewrite.Answer
 	// client is the connection the request came on; nil for one that is
@@ -190,7 +195,7 @@ func (p *Proxy) record(f *flight) (ok bool) {
 		f.rec.Measured = true
 		f.rec.Metrics = *f.done(f.clock.Done, timing.EngineTiming{})
 		if f.lateUsage {
-			f.rec.Metrics.CountLate(&f.doneClock, f.usage, f.streamed())
+			f.rec.Metrics.CountLate(&f.doneClock, f.counts(), f.streamed())
 		}
 	}
 	if f.rec.Trace.On() {

@@ -220,6 +220,9 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, f *flight, identity bool) (*up
 		}
 		f.clock.Accepted = x.HeadersRead()
 		f.rec.Trace.EngineStatus = resp.StatusCode()
+		if f.route.measured {
+			f.readEngineHeaders(&resp.Header)
+		}
 		return x, resp, true
 	}
 	if cc != nil {

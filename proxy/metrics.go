@@ -4,6 +4,9 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/valyala/fasthttp"
+
+	"github.com/timing-sidecar/timing-sidecar/rewrite"
 	"github.com/timing-sidecar/timing-sidecar/timing"
 )
 
@@ -26,11 +29,28 @@ func (f *flight) markEnd(t time.Time) {
 func (f *flight) done(t time.Time, engine timing.EngineTiming) *timing.Metrics {
 	if !f.computed {
 		f.clock.Done = t
-		f.result = timing.Compute(&f.clock, f.usage, f.streamed())
-		f.result.SetEngine(engine)
+		f.result = timing.Compute(&f.clock, f.counts(), f.streamed())
+		f.result.SetEngine(engine.WithHeaders(f.engineHeaders))
 		f.computed, f.doneClock = true, f.clock
 	}
 	return &f.result
+}
+
+// counts is the engine's usage, with the cached prompt tokens of its
+// headers where the usage has none.
+func (f *flight) counts() timing.Usage {
+	u := f.usage
+	if !u.CachedTokens.Set {
+		u.CachedTokens = f.headerCached
+	}
+	return u
+}
+
+// readEngineHeaders reads the engine's timing headers, if it sent any.
+func (f *flight) readEngineHeaders(h *fasthttp.ResponseHeader) {
+	for k, v := range h.All() {
+		rewrite.EngineHeader(&f.engineHeaders, &f.headerCached, k, v)
+	}
 }
 
 // streamed: the engine's response was an event stream (reassembled or not).

@@ -59,3 +59,44 @@ func TestCachedPromptTokensOfEveryShape(t *testing.T) {
 		}
 	}
 }
+
+// TestEngineHeader reads vLLM's request stats headers onto the body's
+// names, and nothing else.
+func TestEngineHeader(t *testing.T) {
+	var e timing.EngineTiming
+	var cached timing.Count
+	for _, h := range [][2]string{
+		{"x-vllm-total-time", "1000.00"},
+		{"X-VLLM-Queue-Time", "50.00"}, // any case
+		{"x-vllm-prefill-time", "120.25"},
+		{"x-vllm-decode-time", "800.00"},
+		{"x-vllm-inference-time", "920.25"},
+		{"x-vllm-time-per-output-token", "8.08"},
+		{"x-vllm-prompt-tokens", "300"},
+		{"x-vllm-completion-tokens", "100"},
+		{"x-vllm-cached-tokens", "256"},
+		{"x-vllm-unknown", "1"},
+		{"x-other-total-time", "7"},
+	} {
+		EngineHeader(&e, &cached, []byte(h[0]), []byte(h[1]))
+	}
+	n := func(v float64) timing.Number { return timing.Number{Value: v, Set: true} }
+	want := timing.EngineTiming{Reported: true, Source: "vllm", QueueTime: n(50), TimeToFirstToken: n(120.25),
+		GenerationTime: n(800), MeanITL: n(8.08), InferenceTime: n(920.25), Total: n(1000)}
+	if e != want {
+		t.Errorf("got  %+v\nwant %+v", e, want)
+	}
+	if cached != (timing.Count{Value: 256, Set: true}) {
+		t.Errorf("cached %+v", cached)
+	}
+	// Values that are not figures stay unknown.
+	for _, v := range []string{"", "-1", "NaN", "Inf", "1e999", "fast", "12ms"} {
+		var e timing.EngineTiming
+		var c timing.Count
+		EngineHeader(&e, &c, []byte("x-vllm-queue-time"), []byte(v))
+		EngineHeader(&e, &c, []byte("x-vllm-cached-tokens"), []byte(v))
+		if e.Reported || e.QueueTime.Set || c.Set {
+			t.Errorf("%q read as %+v, %+v", v, e, c)
+		}
+	}
+}

@@ -1,7 +1,9 @@
 package rewrite
 
 import (
+	"bytes"
 	"math"
+	"strconv"
 
 	"github.com/tidwall/gjson"
 
@@ -81,4 +83,60 @@ func number(v gjson.Result) timing.Number {
 		return timing.Number{}
 	}
 	return timing.Number{Value: v.Num, Set: true}
+}
+
+// EngineHeaderPrefix begins the name of every engine timing header read
+// by EngineHeader, compared ignoring case.
+const EngineHeaderPrefix = "x-vllm-"
+
+// EngineHeader reads one response header of an engine that reports its
+// timing in headers (vLLM's proposed request stats headers, on
+// non-streaming responses: milliseconds, two decimals) into e, and its
+// cached prompt tokens into cached. Each maps to the body's name where
+// it means the same:
+//
+//	x-vllm-queue-time             queue_time_ms (queued to scheduled)
+//	x-vllm-prefill-time           time_to_first_token_ms (scheduled to first token, as the body's)
+//	x-vllm-decode-time            generation_time_ms (first to last token)
+//	x-vllm-time-per-output-token  mean_itl_ms
+//	x-vllm-inference-time         inference_time_ms (scheduled to last token)
+//	x-vllm-total-time             total_ms (arrival in the engine's server to the end)
+//	x-vllm-cached-tokens          the cached prompt tokens, when the usage lacks them
+//
+// x-vllm-prompt-tokens and -completion-tokens are not read: the body's
+// usage, always there, is the count. A value that is not a non-negative
+// number is unknown. Names are matched ignoring case; other names are
+// left alone.
+func EngineHeader(e *timing.EngineTiming, cached *timing.Count, name, value []byte) {
+	if len(name) <= len(EngineHeaderPrefix) || !bytes.EqualFold(name[:len(EngineHeaderPrefix)], []byte(EngineHeaderPrefix)) {
+		return
+	}
+	var dst *timing.Number
+	switch rest := name[len(EngineHeaderPrefix):]; {
+	case bytes.EqualFold(rest, []byte("queue-time")):
+		dst = &e.QueueTime
+	case bytes.EqualFold(rest, []byte("prefill-time")):
+		dst = &e.TimeToFirstToken
+	case bytes.EqualFold(rest, []byte("decode-time")):
+		dst = &e.GenerationTime
+	case bytes.EqualFold(rest, []byte("time-per-output-token")):
+		dst = &e.MeanITL
+	case bytes.EqualFold(rest, []byte("inference-time")):
+		dst = &e.InferenceTime
+	case bytes.EqualFold(rest, []byte("total-time")):
+		dst = &e.Total
+	case bytes.EqualFold(rest, []byte("cached-tokens")):
+		if n, err := strconv.ParseInt(string(value), 10, 64); err == nil && n >= 0 {
+			*cached = timing.Count{Value: n, Set: true}
+		}
+		return
+	default:
+		return
+	}
+	v, err := strconv.ParseFloat(string(bytes.TrimSpace(value)), 64)
+	if err != nil || !(v >= 0) || math.IsInf(v, 1) {
+		return
+	}
+	*dst = timing.Number{Value: v, Set: true}
+	e.Reported, e.Source = true, "vllm"
 }

@@ -277,14 +277,45 @@ type EngineTiming struct {
 	GenerationTime   Number
 	MeanITL          Number
 	TokensPerSecond  Number
-	// Total is the engine's whole time for the request, when its parts
-	// are all reported.
+	// Total is the engine's whole time for the request: its own report
+	// (x-vllm-total-time), or the sum of its parts when they are all
+	// reported.
 	Total Number
+	// InferenceTime is the engine's time from scheduling the request to
+	// its last token (x-vllm-inference-time): prefill and decode.
+	InferenceTime Number
 	// AcceptanceLength and AcceptanceRate are the engine's speculative
 	// decoding statistics for the request (vLLM's mean_acceptance_length
 	// and draft_acceptance_rate), when it reported them; they may come
 	// without timing (Reported false).
 	AcceptanceLength, AcceptanceRate Number
+}
+
+// WithHeaders returns e, read from the response body, completed by h,
+// read from the engine's timing headers: each figure the body lacks is
+// the headers', and the headers' total, the engine's own measure of its
+// whole time (tokenizing and detokenizing included), is preferred to one
+// the body's parts add up to.
+func (e EngineTiming) WithHeaders(h EngineTiming) EngineTiming {
+	if !h.Reported {
+		return e
+	}
+	if !e.Reported {
+		e.Reported, e.Source = true, h.Source
+	}
+	for _, f := range []struct{ dst, src *Number }{
+		{&e.QueueTime, &h.QueueTime}, {&e.TimeToFirstToken, &h.TimeToFirstToken},
+		{&e.GenerationTime, &h.GenerationTime}, {&e.MeanITL, &h.MeanITL},
+		{&e.TokensPerSecond, &h.TokensPerSecond}, {&e.InferenceTime, &h.InferenceTime},
+	} {
+		if !f.dst.Set {
+			*f.dst = *f.src
+		}
+	}
+	if h.Total.Set {
+		e.Total = h.Total
+	}
+	return e
 }
 
 // SetEngine records the engine's report and the overhead it implies.
@@ -429,6 +460,11 @@ func (m *Metrics) AppendJSON(dst []byte) []byte {
 		dst = e.TokensPerSecond.appendJSON(dst)
 		dst = append(dst, `,"total_ms":`...)
 		dst = e.Total.appendJSON(dst)
+		if e.InferenceTime.Set {
+			// Only from the headers that report it.
+			dst = append(dst, `,"inference_time_ms":`...)
+			dst = e.InferenceTime.appendJSON(dst)
+		}
 		dst = append(dst, '}')
 	}
 	return append(dst, '}')

@@ -613,3 +613,31 @@ func TestPrefillAndCacheClass(t *testing.T) {
 		}
 	}
 }
+
+// TestEngineHeadersCompleteTheBody: the body's figures first, the
+// headers' where the body has none, and the headers' own total.
+func TestEngineHeadersCompleteTheBody(t *testing.T) {
+	n := func(v float64) Number { return Number{v, true} }
+	body := EngineTiming{Reported: true, Source: "vllm", QueueTime: n(10), TimeToFirstToken: n(20), GenerationTime: n(30), Total: n(60)}
+	headers := EngineTiming{Reported: true, Source: "vllm", QueueTime: n(11), MeanITL: n(3), InferenceTime: n(50), Total: n(75)}
+	got := body.WithHeaders(headers)
+	want := EngineTiming{Reported: true, Source: "vllm", QueueTime: n(10), TimeToFirstToken: n(20), GenerationTime: n(30),
+		MeanITL: n(3), InferenceTime: n(50), Total: n(75)}
+	if got != want {
+		t.Errorf("got  %+v\nwant %+v", got, want)
+	}
+	if got := (EngineTiming{}).WithHeaders(headers); got != headers {
+		t.Errorf("headers alone: %+v", got)
+	}
+	if got := body.WithHeaders(EngineTiming{}); got != body {
+		t.Errorf("body alone: %+v", got)
+	}
+	m := Metrics{E2ELatency: n(80)}
+	m.SetEngine(got)
+	if m.Overhead != n(5) {
+		t.Errorf("overhead %+v, want e2e − the headers' total", m.Overhead)
+	}
+	if js := string(m.AppendJSON(nil)); !bytes.Contains([]byte(js), []byte(`"total_ms":75.000,"inference_time_ms":50.000}`)) {
+		t.Errorf("JSON %s", js)
+	}
+}

@@ -74,6 +74,11 @@ type Config struct {
 	// the Messages API as cache_read_input_tokens apart from input_tokens
 	// (vLLM's Anthropic server). The Responses API always reports them.
 	PromptTokensDetails bool
+	// RequestStatsHeaders plays vLLM's proposed
+	// --enable-request-stats-headers: non-streaming chat and completions
+	// responses carry the engine's own timing and token counts as
+	// x-vllm-* headers.
+	RequestStatsHeaders bool
 	// MaxModelLen is the emulated context length, as vLLM's
 	// --max-model-len: a request whose prompt and max_tokens exceed it
 	// gets vLLM's 400. Zero means DefaultMaxModelLen.

@@ -486,6 +486,7 @@ func (g *generation) unary() {
 		r.Status, r.HeadersSent = http.StatusOK, time.Now()
 		r.PromptTokens, r.CompletionTokens = g.prompt, total
 	})
+	g.statsHeaders(scheduled, first, last, total)
 	writeJSON(g.w, http.StatusOK, completion{ID: id, Object: object, Created: g.s.created, Model: g.s.cfg.Model,
 		Choices: choices, Usage: g.usage(total), Metrics: g.engineMetrics(scheduled, first, last, g.tokens)})
 }
@@ -563,6 +564,31 @@ func decodeString(raw []byte) string {
 // engineMetrics is the engine's own report, when the request asked for it
 // and the engine plays vLLM's per-request metrics: from scheduling
 // (headers sent) to the first and last token.
+// statsHeaders plays vLLM's request stats headers on a non-streaming
+// response (Config.RequestStatsHeaders): the engine's own intervals in
+// milliseconds with two decimals, from its marks, the total running to
+// now, as the headers go out.
+func (g *generation) statsHeaders(scheduled, first, last time.Time, completion int) {
+	if !g.s.cfg.RequestStatsHeaders {
+		return
+	}
+	h := g.w.Header()
+	ms := func(d time.Duration) string { return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 2, 64) }
+	h.Set("x-vllm-total-time", ms(time.Since(g.e.rec.Received)))
+	h.Set("x-vllm-queue-time", ms(scheduled.Sub(g.e.rec.Received)))
+	h.Set("x-vllm-prefill-time", ms(first.Sub(scheduled)))
+	h.Set("x-vllm-decode-time", ms(last.Sub(first)))
+	h.Set("x-vllm-inference-time", ms(last.Sub(scheduled)))
+	tpot := time.Duration(0)
+	if g.tokens > 1 {
+		tpot = last.Sub(first) / time.Duration(g.tokens-1)
+	}
+	h.Set("x-vllm-time-per-output-token", ms(tpot))
+	h.Set("x-vllm-prompt-tokens", strconv.Itoa(g.prompt))
+	h.Set("x-vllm-completion-tokens", strconv.Itoa(completion))
+	h.Set("x-vllm-cached-tokens", strconv.Itoa(g.cached))
+}
+
 func (g *generation) engineMetrics(scheduled, first, last time.Time, tokens int) json.RawMessage {
 	spec := g.s.cfg.SpecDecodeMetrics
 	if !g.s.cfg.PerRequestMetrics && spec == "" || !bool(g.req.IncludeMetrics) {
