@@ -130,17 +130,21 @@ func TestLlamaCppCacheTimings(t *testing.T) {
 	p, base := startSidecar(t, engine.URL(), nil, &log)
 	body := `{"id":"chatcmpl-1","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],` +
 		`"usage":{"prompt_tokens":300,"completion_tokens":2,"total_tokens":302},"timings":{"cache_n":256,"prompt_n":44,"prompt_ms":12.5,"predicted_n":2,"predicted_ms":8.1}}`
-	resp := post(t, base+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"x"}]}`, map[string]string{"X-Fake-Body": body})
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	<-engine.next(t).Finished
+	// Passed on as it came, and spliced into (include_metrics).
+	for _, req := range []string{`{"model":"m","messages":[{"role":"user","content":"x"}]}`,
+		`{"model":"m","include_metrics":true,"messages":[{"role":"user","content":"x"}]}`} {
+		resp := post(t, base+"/v1/chat/completions", req, map[string]string{"X-Fake-Body": body})
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		<-engine.next(t).Finished
+	}
 	p.telemetry.Flush()
 	lines := log.lines()
-	if len(lines) != 1 || !strings.Contains(lines[0], `"cached_tokens":256,"cache":"partial"`) {
+	if len(lines) != 2 || !strings.Contains(lines[0], `"cached_tokens":256,"cache":"partial"`) || !strings.Contains(lines[1], `"cached_tokens":256,"cache":"partial"`) {
 		t.Errorf("access log: %v", lines)
 	}
-	if got := counterValue(t, p, "timing_sidecar_cached_prompt_tokens_total", map[string]string{"endpoint": "chat_completions", "model": "m"}); got != 256 {
-		t.Errorf("cached_prompt_tokens_total = %v, want 256", got)
+	if got := counterValue(t, p, "timing_sidecar_cached_prompt_tokens_total", map[string]string{"endpoint": "chat_completions", "model": "m"}); got != 512 {
+		t.Errorf("cached_prompt_tokens_total = %v, want 512", got)
 	}
 }
 

@@ -205,6 +205,9 @@ type Config struct {
 	// Tracing says whether and where measured requests' spans go; off
 	// unless an OTLP endpoint is set (see telemetry.TraceConfig).
 	Tracing telemetry.TraceConfig
+	// Metrics says whether and where the OpenTelemetry GenAI metrics go;
+	// off unless an OTLP endpoint is set (see telemetry.MetricsConfig).
+	Metrics telemetry.MetricsConfig
 }
 
 // DefaultConfig returns a Config with every default applied.
@@ -253,6 +256,7 @@ func (c *Config) Validate() error {
 			addressProblem("admin listen address", c.AdminListen),
 			c.objectivesProblem(),
 			c.Tracing.Check(),
+			c.Metrics.Check(),
 		},
 		c.readinessProblems(),
 		[]error{c.shutdownProblem(), c.tenantProblem(), c.upstreamProblem(), c.modeProblem()},

@@ -69,8 +69,10 @@ type flight struct {
 	// rewrite.EngineHeader); the body's report comes first.
 	engineHeaders timing.EngineTiming
 	headerCached  timing.Count
-	// answer is what the response said of itself, for the trace.
-	answer rewrite.Answer
+	// answer is what the response said of itself, read when
+	// observeAnswer: for the trace, and the GenAI metrics' response model.
+	answer        rewrite.Answer
+	observeAnswer bool
 	// client is the connection the request came on; nil for one that is
 	// not a clientconn.Conn.
 	client *clientconn.Conn
@@ -202,6 +204,7 @@ func (p *Proxy) record(f *flight) (ok bool) {
 		f.rec.Trace.Clock = f.clock
 		f.rec.Trace.Answer = telemetry.Answer(f.answer)
 	}
+	f.rec.ResponseModel = f.answer.Model
 	p.telemetry.Finish(&f.rec)
 	return true
 }

@@ -107,6 +107,7 @@ func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight, body []byte) 
 	if p.tracer != nil {
 		p.beginTrace(ctx, f, body)
 	}
+	f.observeAnswer = f.rec.Trace.On() || p.genai != nil
 	if pl.refuse {
 		// The sidecar's own field: its client gets told, not the engine.
 		apiError{Status: fasthttp.StatusBadRequest, Type: "invalid_request_error", Code: "invalid_include_metrics",

@@ -31,8 +31,10 @@ type Proxy struct {
 	pools     *pools
 	registry  *prometheus.Registry
 	telemetry *telemetry.Recorder
-	// tracer is nil when tracing is off.
+	// tracer is nil when tracing is off, genai when the OTLP GenAI
+	// metrics are.
 	tracer *telemetry.Tracer
+	genai  *telemetry.GenAIMetrics
 	// engineAddress and enginePort are the engine's, for spans.
 	engineAddress string
 	enginePort    int
@@ -93,6 +95,10 @@ func New(cfg Config, log *slog.Logger, accessLog io.Writer) (*Proxy, error) {
 	}
 	opts.Tracer = p.tracer
 	p.engineAddress, p.enginePort = splitHostPort(up.Host(), 0)
+	if p.genai, err = telemetry.NewGenAIMetrics(cfg.Metrics, p.registry, log, p.engineAddress, p.enginePort); err != nil {
+		return nil, fmt.Errorf("OTLP metrics: %w", err)
+	}
+	opts.GenAI = p.genai
 	p.telemetry = telemetry.NewRecorder(p.registry, opts)
 	p.admin = &http.Server{Handler: p.AdminHandler(), ReadHeaderTimeout: 10 * time.Second,
 		// Scrapers and probes keep connections alive between visits;
@@ -281,6 +287,12 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 		err = errors.Join(err, errSpansAtGrace)
 	} else if terr != nil {
 		err = errors.Join(err, fmt.Errorf("export the last spans: %w", terr))
+	}
+	if merr := p.genai.Shutdown(flush); merr != nil {
+		// The collector is down or slow: the last interval's figures are
+		// lost, as its failed exports are counted; not an error of the
+		// requests.
+		p.log.Warn("the last GenAI metrics were not exported", "err", merr)
 	}
 	return errors.Join(err, p.admin.Shutdown(ctx))
 }

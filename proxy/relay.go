@@ -189,7 +189,7 @@ func (b *bodyRelay) CloseWithError(writeErr error) error {
 	if b.capture != nil {
 		if b.eof {
 			f.usage = rewrite.BodyUsage(b.capture.B)
-			if f.rec.Trace.On() {
+			if f.observeAnswer {
 				f.route.api.ObserveBody(&f.answer, b.capture.B)
 			}
 		}
@@ -283,7 +283,7 @@ func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *upstrea
 	}
 	inspected := rewrite.InspectBody(buf.B)
 	f.usage = inspected.Usage
-	if f.rec.Trace.On() {
+	if f.observeAnswer {
 		f.route.api.ObserveBody(&f.answer, buf.B)
 	}
 	copyResponseHeader(ctx, resp)
@@ -536,7 +536,7 @@ func (r *eventRelay) inspect(raw []byte, at time.Time) {
 	if ev.Kind == rewrite.EventToken {
 		f.clock.MarkOutput(at, ev.Output)
 	}
-	if f.rec.Trace.On() {
+	if f.observeAnswer {
 		f.route.api.ObserveEvent(&f.answer, ev)
 	}
 	// Anthropic's message_start carries the input tokens ahead of the

@@ -235,8 +235,16 @@ func withCacheTimings(u timing.Usage, s string) timing.Usage {
 	if u.CachedTokens.Set {
 		return u
 	}
-	if c, ok := tokenCount(gjson.Get(s, "timings.cache_n")); ok {
-		u.CachedTokens = c
+	return cacheFromTimings(u, gjson.Get(s, "timings"))
+}
+
+// cacheFromTimings completes u with the cached count of llama.cpp's
+// timings object, where u has none.
+func cacheFromTimings(u timing.Usage, timings gjson.Result) timing.Usage {
+	if !u.CachedTokens.Set && timings.IsObject() {
+		if c, ok := tokenCount(timings.Get("cache_n")); ok {
+			u.CachedTokens = c
+		}
 	}
 	return u
 }

@@ -85,6 +85,7 @@ func InspectBody(body []byte) Body {
 		return true
 	})
 	b.Engine = engineTiming(metrics, timings)
+	b.Usage = cacheFromTimings(b.Usage, timings)
 	return b
 }
 

@@ -42,6 +42,12 @@ func TestReadmeListsEverySeries(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tracer.Shutdown(t.Context()) //nolint:errcheck
+	// And the GenAI metrics' when they are exported.
+	genai, err := NewGenAIMetrics(MetricsConfig{Exporter: nopExporter{}}, reg, quiet, "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer genai.Shutdown(t.Context()) //nolint:errcheck
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

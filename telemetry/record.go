@@ -39,8 +39,11 @@ type Record struct {
 	Path     string
 	Endpoint string
 	Model    string
-	Tenant   string
-	Stream   bool
+	// ResponseModel is the model the response named, when the sidecar
+	// read it (traced requests, or with the GenAI metrics on).
+	ResponseModel string
+	Tenant        string
+	Stream        bool
 	// Status is the HTTP status sent, or StatusClientGone.
 	Status int
 	// Measured says Metrics holds this request's figures.

@@ -47,6 +47,9 @@ type Options struct {
 	Log       *slog.Logger
 	// Tracer, when set, ends each traced record's spans.
 	Tracer *Tracer
+	// GenAI, when set, gets each measured request's figures as the
+	// OpenTelemetry GenAI metrics, the same the Prometheus series get.
+	GenAI *GenAIMetrics
 	// Objectives, when set, judge each request: met or missed, counted
 	// per model (and tenant) and said in the access log.
 	Objectives Objectives
@@ -62,6 +65,7 @@ type Recorder struct {
 	tenantLabel     bool
 	access          *accessLog
 	tracer          *Tracer
+	genai           *GenAIMetrics
 	objectives      Objectives
 
 	queue, ttft, ttfc, itl, maxITL, e2e *prometheus.HistogramVec
@@ -174,6 +178,7 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 		tenants:     newBoundedLabel(opts.MaxTenants),
 		tenantLabel: opts.TenantLabel,
 		tracer:      opts.Tracer,
+		genai:       opts.GenAI,
 		objectives:  opts.Objectives,
 	}
 	perModel := []string{"endpoint", "model"}
@@ -328,7 +333,7 @@ func (r *Recorder) Finish(req *Record) {
 		r.unread.WithLabelValues(req.Unread).Inc()
 	}
 	if req.Measured {
-		r.observe(req, model, tenant)
+		r.observe(req, model, tenant, served)
 	}
 	if req.AskedInvalid&ObjectiveTTFT != 0 {
 		r.invalidObjectives.WithLabelValues(missedTTFT).Inc()
@@ -376,41 +381,62 @@ func (r *Recorder) judge(req *Record) judgement {
 	return j
 }
 
-func (r *Recorder) observe(req *Record, model, tenant string) {
+// observe records a measured request's figures: once, into the
+// Prometheus series and, when on, the GenAI metrics, so the two agree.
+func (r *Recorder) observe(req *Record, model, tenant string, served bool) {
 	m := &req.Metrics
 	s := r.seriesFor(req.Endpoint, model, tenant)
-	if m.PromptTokens.Set {
-		s.promptTokens.Add(float64(m.PromptTokens.Value))
+	var o genaiObservation
+	if r.genai != nil {
+		o = genaiObservation{endpoint: req.Endpoint, model: model, tenant: tenant, errorType: errorType(req)}
+		if req.ResponseModel != "" {
+			o.responseModel = r.models.value(clean(req.ResponseModel), served)
+		}
+		if !r.tenantLabel {
+			o.tenant = ""
+		}
 	}
-	if m.CompletionTokens.Set {
-		s.outputTokens.Add(float64(m.CompletionTokens.Value))
+	if c := m.PromptTokens; c.Set {
+		s.promptTokens.Add(float64(c.Value))
+		o.input, o.hasInput = c.Value, true
+	}
+	if c := m.CompletionTokens; c.Set {
+		s.outputTokens.Add(float64(c.Value))
+		o.output, o.hasOutput = c.Value, true
 	}
 	if m.Cache != timing.CacheUnknown {
 		s.cachedTokens.Add(float64(m.CachedTokens.Value))
+		o.cached, o.hasCached = m.CachedTokens.Value, true
 	}
-	if req.ClientPaced {
-		return // the latencies are the client's pace as much as the engine's
+	if !req.ClientPaced {
+		// A paced request's latencies are the client's pace as much as
+		// the engine's: its tokens count, its latencies do not.
+		if ttft, ok := req.timeToFirstToken(); ok {
+			o.ttft, o.hasTTFT = ttft/1000, true
+			r.ttftOf(s, m.Cache).Observe(o.ttft)
+		}
+		if ttfc, ok := req.timeToFirstContent(); ok {
+			s.ttfc.Observe(ttfc / 1000)
+		}
+		if p := m.PrefillTokensPerSecond; p.Set {
+			s.prefill.Observe(p.Value)
+		}
+		observeMillis(s.queue, m.QueueTime)
+		o.tpot, o.hasTPOT = observeMillis(s.itl, m.MeanITL)
+		observeMillis(s.maxITL, m.MaxITL)
+		o.duration, o.hasDuration = observeMillis(s.e2e, m.E2ELatency)
 	}
-	if ttft, ok := req.timeToFirstToken(); ok {
-		r.ttftOf(s, m.Cache).Observe(ttft / 1000)
-	}
-	if p := m.PrefillTokensPerSecond; p.Set {
-		s.prefill.Observe(p.Value)
-	}
-	if ttfc, ok := req.timeToFirstContent(); ok {
-		s.ttfc.Observe(ttfc / 1000)
-	}
-	observeMillis(s.queue, m.QueueTime)
-	observeMillis(s.itl, m.MeanITL)
-	observeMillis(s.maxITL, m.MaxITL)
-	observeMillis(s.e2e, m.E2ELatency)
+	r.genai.record(&o, r.tenantLabel)
 }
 
-// observeMillis observes a figure in milliseconds, if known, in seconds.
-func observeMillis(o prometheus.Observer, n timing.Number) {
-	if n.Set {
-		o.Observe(n.Value / 1000)
+// observeMillis observes a figure in milliseconds, if known, in seconds,
+// and returns what it observed.
+func observeMillis(o prometheus.Observer, n timing.Number) (float64, bool) {
+	if !n.Set {
+		return 0, false
 	}
+	o.Observe(n.Value / 1000)
+	return n.Value / 1000, true
 }
 
 // log writes the access-log line: what was asked, what came back and the

@@ -2,10 +2,7 @@ package telemetry
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
-	"os"
-	"strings"
 	"sync"
 	"time"
 
@@ -16,7 +13,6 @@ import (
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
 	"go.opentelemetry.io/otel/trace"
@@ -28,11 +24,11 @@ import (
 const (
 	ProtocolGRPC = "grpc"
 	ProtocolHTTP = "http/protobuf"
-	// DefaultTraceProtocol is vLLM's: the one endpoint setting in a pod
-	// then serves the engine and the sidecar alike. (The OpenTelemetry
-	// specification's SDK default is http/protobuf; set the protocol to
-	// use it.)
-	DefaultTraceProtocol = ProtocolGRPC
+	// DefaultProtocol is vLLM's, for traces and metrics alike: the one
+	// endpoint setting in a pod then serves the engine and the sidecar.
+	// (The OpenTelemetry specification's SDK default is http/protobuf;
+	// set the protocol to use it.)
+	DefaultProtocol = ProtocolGRPC
 	// DefaultServiceName is service.name unless OTEL_SERVICE_NAME or
 	// OTEL_RESOURCE_ATTRIBUTES say otherwise.
 	DefaultServiceName = "timing-sidecar"
@@ -47,48 +43,26 @@ type TraceConfig struct {
 	Endpoint string
 	// Protocol is ProtocolGRPC or ProtocolHTTP; empty reads
 	// OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, then OTEL_EXPORTER_OTLP_PROTOCOL,
-	// then takes DefaultTraceProtocol.
+	// then takes DefaultProtocol.
 	Protocol string
-	// ServiceVersion is service.version.
-	ServiceVersion string
+	// Identity names the sidecar in the spans' resource.
+	Identity
 	// Exporter, when set, takes the spans instead of an OTLP exporter
 	// (tests, and programs that embed the proxy).
 	Exporter sdktrace.SpanExporter
 }
 
-// On tells whether the configuration switches tracing on: an endpoint, by
-// flag or by variable, or an exporter; OTEL_SDK_DISABLED=true or
-// OTEL_TRACES_EXPORTER=none turn it off. Unlike an SDK, the sidecar does
-// not send to localhost:4317 when nothing is set: tracing is opt-in.
+// On tells whether the configuration switches tracing on: an endpoint,
+// by flag or by variable, or an exporter (see otlpOn).
 func (c TraceConfig) On() bool {
-	if strings.EqualFold(os.Getenv("OTEL_SDK_DISABLED"), "true") {
-		return false
-	}
-	if c.Exporter != nil || c.Endpoint != "" {
+	if c.Exporter != nil && !sdkDisabled() {
 		return true
 	}
-	if strings.EqualFold(os.Getenv("OTEL_TRACES_EXPORTER"), "none") {
-		return false
-	}
-	return os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != "" || os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != ""
+	return otlpOn(c.Endpoint, "TRACES")
 }
 
 // protocol is the OTLP protocol the configuration asks for.
-func (c TraceConfig) protocol() (string, error) {
-	p := c.Protocol
-	for _, name := range []string{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"} {
-		if p == "" {
-			p = os.Getenv(name)
-		}
-	}
-	switch p {
-	case "":
-		return DefaultTraceProtocol, nil
-	case ProtocolGRPC, ProtocolHTTP:
-		return p, nil
-	}
-	return "", fmt.Errorf("OTLP traces protocol %q: want %q or %q (the Go exporters have no http/json)", p, ProtocolGRPC, ProtocolHTTP)
-}
+func (c TraceConfig) protocol() (string, error) { return otlpProtocol(c.Protocol, "TRACES") }
 
 // Check reports a configuration the tracer could not start with.
 func (c TraceConfig) Check() error {
@@ -125,15 +99,8 @@ func NewTracer(cfg TraceConfig, reg prometheus.Registerer, log *slog.Logger) (*T
 			return nil, err
 		}
 	}
-	res, err := resource.New(context.Background(),
-		resource.WithAttributes(semconv.ServiceName(DefaultServiceName), semconv.ServiceVersion(cfg.ServiceVersion)),
-		resource.WithFromEnv(), // OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES: the user's word wins
-		resource.WithTelemetrySDK())
-	if err != nil {
-		// A malformed OTEL_RESOURCE_ATTRIBUTES entry: the rest still holds.
-		log.Warn("some trace resource attributes were not read", "err", err)
-	}
-	otel.SetErrorHandler(&rareErrors{log: log})
+	res := newResource(cfg.Identity, log)
+	handleOTelErrors(log)
 	q := newSpanQueue(exporter, reg, log)
 	provider := sdktrace.NewTracerProvider(sdktrace.WithResource(res), sdktrace.WithSpanProcessor(q))
 	return &Tracer{
@@ -180,6 +147,14 @@ func (t *Tracer) ForceFlush(ctx context.Context) error {
 	}
 	return t.provider.ForceFlush(ctx)
 }
+
+// handleOTelErrors sends the SDK's own errors (a failed export among
+// them) to log, rarely: once per process, for traces and metrics alike.
+func handleOTelErrors(log *slog.Logger) {
+	otelErrors.Do(func() { otel.SetErrorHandler(&rareErrors{log: log}) })
+}
+
+var otelErrors sync.Once
 
 // rareErrors logs the SDK's own errors (a gRPC connection refused, an
 // attribute over a limit) at most once a minute.

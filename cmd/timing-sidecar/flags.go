@@ -102,6 +102,12 @@ func serveFlags() []cli.Flag {
 			Usage: "OTLP endpoint for traces, as OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (vLLM's flag name): each measured request becomes a span sent there. Empty leaves it to the OTEL_EXPORTER_OTLP_* variables; tracing is off when none is set."},
 		&cli.StringFlag{Name: "otlp-traces-protocol", EnvVars: env("otlp-traces-protocol"),
 			Usage: "OTLP protocol for traces: grpc or http/protobuf. Empty reads OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, then OTEL_EXPORTER_OTLP_PROTOCOL, then takes grpc, as vLLM does."},
+		&cli.StringFlag{Name: "otlp-metrics-endpoint", EnvVars: env("otlp-metrics-endpoint"),
+			Usage: "OTLP endpoint for the OpenTelemetry GenAI metrics (gen_ai.server.time_to_first_token and the rest), as OTEL_EXPORTER_OTLP_METRICS_ENDPOINT. Empty leaves it to the OTEL_EXPORTER_OTLP_* variables; the metrics are off when none is set. Exported every OTEL_METRIC_EXPORT_INTERVAL (60000 ms)."},
+		&cli.StringFlag{Name: "otlp-metrics-protocol", EnvVars: env("otlp-metrics-protocol"),
+			Usage: "OTLP protocol for metrics: grpc or http/protobuf. Empty reads OTEL_EXPORTER_OTLP_METRICS_PROTOCOL, then OTEL_EXPORTER_OTLP_PROTOCOL, then takes grpc."},
+		&cli.StringFlag{Name: "service-instance-id", EnvVars: env("service-instance-id"),
+			Usage: "service.instance.id of the traces' and metrics' resource, so that many sidecars reporting to one collector stay apart (the manifests pass the pod's name). Empty: a random id per process. OTEL_RESOURCE_ATTRIBUTES overrides it."},
 		&cli.StringFlag{Name: "log-level", EnvVars: env("log-level"), Value: "info",
 			Usage: "Log level: debug, info, warn or error. Logs are JSON on standard error."},
 	}

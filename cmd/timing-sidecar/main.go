@@ -39,7 +39,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Commands:  []*cli.Command{demoCommand(), emulateCommand(), benchCommand(), accuracyCommand()},
 		Action: func(c *cli.Context) error {
 			cfg := configFrom(c)
-			cfg.Tracing.ServiceVersion = version
+			cfg.Tracing.ServiceVersion, cfg.Metrics.ServiceVersion = version, version
 			log, err := newLogger(stderr, c.String("log-level"))
 			if err != nil {
 				return err
@@ -99,6 +99,12 @@ func configFrom(c *cli.Context) proxy.Config {
 		Tracing: telemetry.TraceConfig{
 			Endpoint: c.String("otlp-traces-endpoint"),
 			Protocol: c.String("otlp-traces-protocol"),
+			Identity: telemetry.Identity{InstanceID: c.String("service-instance-id")},
+		},
+		Metrics: telemetry.MetricsConfig{
+			Endpoint: c.String("otlp-metrics-endpoint"),
+			Protocol: c.String("otlp-metrics-protocol"),
+			Identity: telemetry.Identity{InstanceID: c.String("service-instance-id")},
 		},
 	}
 }

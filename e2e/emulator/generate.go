@@ -573,7 +573,9 @@ func (g *generation) statsHeaders(scheduled, first, last time.Time, completion i
 		return
 	}
 	h := g.w.Header()
-	ms := func(d time.Duration) string { return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 2, 64) }
+	ms := func(d time.Duration) string {
+		return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 2, 64)
+	}
 	h.Set("x-vllm-total-time", ms(time.Since(g.e.rec.Received)))
 	h.Set("x-vllm-queue-time", ms(scheduled.Sub(g.e.rec.Received)))
 	h.Set("x-vllm-prefill-time", ms(first.Sub(scheduled)))

@@ -1,0 +1,372 @@
+package telemetry
+
+import (
+	"context"
+	"errors"
+	"math"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/timing-sidecar/timing-sidecar/timing"
+)
+
+// genaiRecorder is a Recorder with the GenAI metrics read by a manual
+// reader, and its registry.
+func genaiRecorder(t *testing.T, opts Options) (*Recorder, *sdkmetric.ManualReader, *prometheus.Registry) {
+	t.Helper()
+	reader := sdkmetric.NewManualReader()
+	reg := prometheus.NewRegistry()
+	g, err := NewGenAIMetrics(MetricsConfig{Reader: reader, Identity: Identity{ServiceVersion: "v9", InstanceID: "pod-7"}}, reg, quiet, "10.0.0.5", 8000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Shutdown(context.Background()) }) //nolint:errcheck
+	opts.GenAI = g
+	return NewRecorder(reg, opts), reader, reg
+}
+
+func collect(t *testing.T, r *sdkmetric.ManualReader) metricdata.ResourceMetrics {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := r.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	return rm
+}
+
+func findMetric(rm metricdata.ResourceMetrics, name string) (metricdata.Metrics, bool) {
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name == name {
+				return m, true
+			}
+		}
+	}
+	return metricdata.Metrics{}, false
+}
+
+// promHistogram sums a Prometheus histogram's count and sum over the
+// series whose labels include want.
+func promHistogram(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) (uint64, float64) {
+	t.Helper()
+	var count uint64
+	var sum float64
+	for _, m := range promSeries(t, reg, name, want) {
+		count += m.GetHistogram().GetSampleCount()
+		sum += m.GetHistogram().GetSampleSum()
+	}
+	return count, sum
+}
+
+func promCounter(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) float64 {
+	t.Helper()
+	var v float64
+	for _, m := range promSeries(t, reg, name, want) {
+		v += m.GetCounter().GetValue()
+	}
+	return v
+}
+
+func promSeries(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) []*dto.Metric {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*dto.Metric
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			for k, v := range want {
+				if !slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool { return l.GetName() == k && l.GetValue() == v }) {
+					continue next
+				}
+			}
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// genaiRequests is the Prometheus fixture and a request whose engine
+// reported cached tokens, named a response model, and one that failed.
+func genaiRequests() []Record {
+	rs := slices.Clone(requests)
+	rs = append(rs,
+		Record{ID: "r7", Endpoint: EndpointMessages, Model: "claude-ish", ResponseModel: "claude-ish-2", Stream: true, Status: 200, Measured: true,
+			Metrics: timing.Metrics{QueueTime: num(3), TimeToFirstToken: num(40), MeanITL: num(9), E2ELatency: num(120),
+				PromptTokens: cnt(500), CompletionTokens: cnt(9), CachedTokens: cnt(480), Cache: timing.CacheFull}},
+		Record{ID: "r8", Endpoint: EndpointChat, Model: "llama", Stream: true, Status: 200, Measured: true, UpstreamError: ErrorInterrupted,
+			Metrics: timing.Metrics{QueueTime: num(3), TimeToFirstToken: num(40), E2ELatency: num(90), PromptTokens: cnt(5)}},
+	)
+	return rs
+}
+
+// TestGenAIMetricsAgreeWithPrometheus: the conventions' instruments, with
+// their names, units, advisory buckets and attributes, hold exactly the
+// counts and sums of the Prometheus series they mirror, for the same
+// requests.
+func TestGenAIMetricsAgreeWithPrometheus(t *testing.T) {
+	r, reader, reg := genaiRecorder(t, Options{MaxModels: 8, MaxTenants: 8})
+	for _, req := range genaiRequests() {
+		r.Begin()
+		r.Finish(&req)
+	}
+	rm := collect(t, reader)
+	res := map[string]string{}
+	for _, kv := range rm.Resource.Attributes() {
+		res[string(kv.Key)] = kv.Value.Emit()
+	}
+	if res["service.name"] != DefaultServiceName || res["service.version"] != "v9" || res["service.instance.id"] != "pod-7" {
+		t.Errorf("resource %v", res)
+	}
+	for _, tc := range []struct {
+		name, unit, prom string
+		buckets          []float64
+	}{
+		{"gen_ai.server.time_to_first_token", "s", "timing_sidecar_time_to_first_token_seconds", genaiTTFTBuckets},
+		{"gen_ai.server.time_per_output_token", "s", "timing_sidecar_inter_token_latency_seconds", genaiTPOTBuckets},
+		{"gen_ai.server.request.duration", "s", "timing_sidecar_e2e_request_latency_seconds", genaiDurationBuckets},
+	} {
+		m, ok := findMetric(rm, tc.name)
+		if !ok {
+			t.Errorf("no %s", tc.name)
+			continue
+		}
+		if m.Unit != tc.unit {
+			t.Errorf("%s: unit %q, want %q", tc.name, m.Unit, tc.unit)
+		}
+		h := m.Data.(metricdata.Histogram[float64])
+		for endpoint, model := range map[string]string{EndpointChat: "llama", EndpointCompletions: "qwen", EndpointMessages: "claude-ish"} {
+			var count uint64
+			var sum float64
+			for _, p := range h.DataPoints {
+				if !slices.Equal(p.Bounds, tc.buckets) {
+					t.Errorf("%s: bounds %v, want the conventions' %v", tc.name, p.Bounds, tc.buckets)
+				}
+				a := p.Attributes
+				if v, _ := a.Value("gen_ai.request.model"); v.AsString() != model {
+					continue
+				}
+				if v, _ := a.Value("gen_ai.operation.name"); v.AsString() != operation(endpoint).Value.AsString() {
+					continue
+				}
+				count += p.Count
+				sum += p.Sum
+			}
+			pc, ps := promHistogram(t, reg, tc.prom, map[string]string{"endpoint": endpoint, "model": model})
+			if count != pc || math.Abs(sum-ps) > 1e-9 {
+				t.Errorf("%s{%s, %s}: count %d sum %v; Prometheus %d %v", tc.name, endpoint, model, count, sum, pc, ps)
+			}
+		}
+	}
+	// Token usage: its sums are the token counters, by type.
+	m, ok := findMetric(rm, "gen_ai.client.token.usage")
+	if !ok || m.Unit != "{token}" {
+		t.Fatalf("token usage %v %q", ok, m.Unit)
+	}
+	sums := map[string]int64{}
+	for _, p := range m.Data.(metricdata.Histogram[int64]).DataPoints {
+		v, _ := p.Attributes.Value("gen_ai.token.type")
+		sums[v.AsString()] += p.Sum
+		if !slices.Equal(p.Bounds, genaiTokenBuckets) {
+			t.Errorf("token usage bounds %v", p.Bounds)
+		}
+	}
+	for typ, series := range map[string]string{"input": "timing_sidecar_prompt_tokens_total", "output": "timing_sidecar_generation_tokens_total",
+		"cached_input": "timing_sidecar_cached_prompt_tokens_total"} {
+		if want := promCounter(t, reg, series, nil); float64(sums[typ]) != want {
+			t.Errorf("token usage %s sums to %d; %s is %v", typ, sums[typ], series, want)
+		}
+	}
+	// The attributes of the Messages request and of the failed one.
+	m, _ = findMetric(rm, "gen_ai.server.request.duration")
+	want := map[string]map[string]string{
+		"claude-ish": {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "anthropic", "gen_ai.request.model": "claude-ish",
+			"gen_ai.response.model": "claude-ish-2", "server.address": "10.0.0.5", "server.port": "8000"},
+		"llama/interrupted": {"gen_ai.provider.name": "openai", "error.type": "interrupted"},
+	}
+	found := map[string]bool{}
+	for _, p := range m.Data.(metricdata.Histogram[float64]).DataPoints {
+		model, _ := p.Attributes.Value("gen_ai.request.model")
+		key := model.AsString()
+		if v, ok := p.Attributes.Value("error.type"); ok {
+			key += "/" + v.AsString()
+		}
+		w, ok := want[key]
+		if !ok {
+			continue
+		}
+		found[key] = true
+		for k, v := range w {
+			if got, ok := p.Attributes.Value(attribute.Key(k)); !ok || got.Emit() != v {
+				t.Errorf("%s: %s = %q, want %q", key, k, got.Emit(), v)
+			}
+		}
+	}
+	if len(found) != len(want) {
+		t.Errorf("found %v of %v", found, want)
+	}
+}
+
+// TestGenAIMetricsKeepTheLabelBounds: a model past --max-model-labels is
+// "other" in the OTLP attributes as in the Prometheus labels, and the
+// tenant is an attribute only with the tenant label on.
+func TestGenAIMetricsKeepTheLabelBounds(t *testing.T) {
+	r, reader, _ := genaiRecorder(t, Options{MaxModels: 1, MaxTenants: 1, TenantLabel: true})
+	for _, model := range []string{"a", "b", "c"} {
+		rec := Record{Endpoint: EndpointChat, Model: model, ResponseModel: model + "-resp", Tenant: "t-" + model, Stream: true, Status: 200, Measured: true,
+			Metrics: timing.Metrics{E2ELatency: num(10)}}
+		r.Begin()
+		r.Finish(&rec)
+	}
+	m, _ := findMetric(collect(t, reader), "gen_ai.server.request.duration")
+	seen := map[string]bool{}
+	for _, p := range m.Data.(metricdata.Histogram[float64]).DataPoints {
+		for _, k := range []attribute.Key{"gen_ai.request.model", "gen_ai.response.model", attrTenant} {
+			v, _ := p.Attributes.Value(k)
+			seen[string(k)+"="+v.AsString()] = true
+		}
+	}
+	for _, want := range []string{"gen_ai.request.model=a", "gen_ai.request.model=other", "gen_ai.response.model=other", "timing_sidecar.tenant=t-a", "timing_sidecar.tenant=other"} {
+		if !seen[want] {
+			t.Errorf("no %s among %v", want, seen)
+		}
+	}
+	for k := range seen {
+		if k == "gen_ai.request.model=b" || k == "gen_ai.request.model=c" || k == "gen_ai.response.model=b-resp" {
+			t.Errorf("%s past the bound", k)
+		}
+	}
+}
+
+func TestMetricsAreOffUnlessAnEndpointIsSet(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  MetricsConfig
+		env  map[string]string
+		on   bool
+	}{
+		{"nothing set", MetricsConfig{}, nil, false},
+		{"flag", MetricsConfig{Endpoint: "http://collector:4317"}, nil, true},
+		{"metrics variable", MetricsConfig{}, map[string]string{"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://c:4317"}, true},
+		{"base variable", MetricsConfig{}, map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, true},
+		{"traces variable alone", MetricsConfig{}, map[string]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4317"}, false},
+		{"exporter none", MetricsConfig{}, map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_METRICS_EXPORTER": "none"}, false},
+		{"sdk disabled beats the flag", MetricsConfig{Endpoint: "http://c:4317"}, map[string]string{"OTEL_SDK_DISABLED": "true"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, k := range []string{"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_METRICS_EXPORTER", "OTEL_SDK_DISABLED"} {
+				t.Setenv(k, tc.env[k])
+			}
+			if got := tc.cfg.On(); got != tc.on {
+				t.Errorf("On() = %v, want %v", got, tc.on)
+			}
+			g, err := NewGenAIMetrics(tc.cfg, prometheus.NewRegistry(), quiet, "", 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (g != nil) != tc.on {
+				t.Errorf("NewGenAIMetrics gave %v, want on = %v", g, tc.on)
+			}
+			// No collector there: the last export is given up at once.
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			g.Shutdown(ctx) //nolint:errcheck
+		})
+	}
+	t.Setenv("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "http/json")
+	if err := (MetricsConfig{Endpoint: "http://c:4318"}).Check(); err == nil {
+		t.Error("http/json accepted")
+	}
+}
+
+// failingExporter fails every export, after waiting for release: a
+// collector that is down, or hangs.
+type failingExporter struct {
+	sdkmetric.Exporter
+	release chan struct{}
+	calls   chan struct{}
+}
+
+func (e *failingExporter) Export(ctx context.Context, _ *metricdata.ResourceMetrics) error {
+	e.calls <- struct{}{}
+	select {
+	case <-e.release:
+	case <-ctx.Done():
+	}
+	return errors.New("collector down")
+}
+
+func (e *failingExporter) Shutdown(context.Context) error { return nil }
+
+// TestACollectorOutageCostsNoRequestAnything: while an export hangs on a
+// collector, requests are recorded as fast as ever (recording never
+// waits on the export); its failure is counted.
+func TestACollectorOutageCostsNoRequestAnything(t *testing.T) {
+	exp := &failingExporter{Exporter: nopExporter{}, release: make(chan struct{}), calls: make(chan struct{}, 8)}
+	reg := prometheus.NewRegistry()
+	g, err := NewGenAIMetrics(MetricsConfig{Exporter: exp}, reg, quiet, "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := NewRecorder(reg, Options{MaxModels: 4, GenAI: g})
+	flushed := make(chan error, 1)
+	go func() { flushed <- g.ForceFlush(context.Background()) }()
+	<-exp.calls // the export is in the collector's hands, and stays there
+	for range 1000 {
+		rec := requests[0]
+		r.Begin()
+		r.Finish(&rec) // would hang here if recording waited on the export
+	}
+	close(exp.release)
+	if err := <-flushed; err == nil {
+		t.Error("the failed export was not reported to ForceFlush")
+	}
+	if got := promCounter(t, reg, "timing_sidecar_otlp_metric_exports_total", map[string]string{"result": "failed"}); got != 1 {
+		t.Errorf("failed exports %v, want 1", got)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	g.Shutdown(ctx) //nolint:errcheck
+}
+
+// nopExporter is an exporter's defaults: cumulative temporality, the
+// default aggregations.
+type nopExporter struct{}
+
+func (nopExporter) Temporality(k sdkmetric.InstrumentKind) metricdata.Temporality {
+	return sdkmetric.DefaultTemporalitySelector(k)
+}
+func (nopExporter) Aggregation(k sdkmetric.InstrumentKind) sdkmetric.Aggregation {
+	return sdkmetric.DefaultAggregationSelector(k)
+}
+func (nopExporter) Export(context.Context, *metricdata.ResourceMetrics) error { return nil }
+func (nopExporter) ForceFlush(context.Context) error                          { return nil }
+func (nopExporter) Shutdown(context.Context) error                            { return nil }
+
+// TestRecordingWithGenAIAllocatesNothing: with the GenAI metrics on, a
+// request of a label set seen before is recorded without allocating.
+func TestRecordingWithGenAIAllocatesNothing(t *testing.T) {
+	r, _, _ := genaiRecorder(t, Options{MaxModels: 4})
+	rec := requests[0]
+	finish := func() {
+		rec.Model = requests[0].Model
+		r.Begin()
+		r.Finish(&rec)
+	}
+	finish()
+	if n := testing.AllocsPerRun(200, finish); n > 0 {
+		t.Errorf("%v allocations per request", n)
+	}
+}
