@@ -63,9 +63,12 @@ func buildJaeger() (string, error) {
 	return jaegerBuild.path, jaegerBuild.err
 }
 
-// jaeger is a running Jaeger: OTLP receivers and the query API.
+// jaeger is a running Jaeger: OTLP receivers, the query API, and the
+// metrics it received exposed for a scrape (a metrics pipeline from the
+// otlp receiver to the prometheus exporter: Jaeger v2 is an OpenTelemetry
+// Collector distribution).
 type jaeger struct {
-	grpc, http, query string // host:port
+	grpc, http, query, metrics string // host:port
 }
 
 // freePorts reserves n loopback ports and frees them for the caller.
@@ -93,6 +96,9 @@ const jaegerConfig = `service:
     traces:
       receivers: [otlp]
       exporters: [jaeger_storage_exporter]
+    metrics:
+      receivers: [otlp]
+      exporters: [prometheus]
   telemetry:
     metrics:
       level: none
@@ -123,6 +129,8 @@ receivers:
 exporters:
   jaeger_storage_exporter:
     trace_storage: memstore
+  prometheus:
+    endpoint: %s
 `
 
 // startJaeger runs Jaeger for one test and waits until it accepts spans
@@ -133,17 +141,17 @@ func startJaeger(t *testing.T) *jaeger {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ports := freePorts(t, 4)
-	j := &jaeger{grpc: ports[0], http: ports[1], query: ports[2]}
+	ports := freePorts(t, 5)
+	j := &jaeger{grpc: ports[0], http: ports[1], query: ports[2], metrics: ports[4]}
 	config := filepath.Join(t.TempDir(), "jaeger.yaml")
-	if err := os.WriteFile(config, fmt.Appendf(nil, jaegerConfig, j.query, ports[3], j.grpc, j.http), 0o644); err != nil {
+	if err := os.WriteFile(config, fmt.Appendf(nil, jaegerConfig, j.query, ports[3], j.grpc, j.http, j.metrics), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(path, "--config", "file:"+config)
 	// Jaeger would trace itself to the default collector address.
 	cmd.Env = append(os.Environ(), "OTEL_SDK_DISABLED=true", "OTEL_TRACES_EXPORTER=none")
 	startBackend(t, "jaeger", cmd, func() bool {
-		return listening(j.grpc, j.http) && answers200("http://"+j.query+"/api/services")
+		return listening(j.grpc, j.http) && answers200("http://"+j.query+"/api/services") && answers200("http://"+j.metrics+"/metrics")
 	})
 	return j
 }
