@@ -212,6 +212,14 @@ func checkSidecar(t *testing.T, spec *corev1.PodSpec) *corev1.Container {
 	if env["TIMING_SIDECAR_PER_REQUEST_METRICS"] == "" {
 		t.Error("per-request metrics is not one env var away")
 	}
+	instanceFromPod := false
+	for _, e := range sc.Env {
+		instanceFromPod = instanceFromPod || e.Name == "TIMING_SIDECAR_SERVICE_INSTANCE_ID" &&
+			e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.name"
+	}
+	if !instanceFromPod {
+		t.Error("service.instance.id is not the pod's name: sidecars reporting to one collector would not stay apart")
+	}
 	ports := map[string]int32{}
 	for _, p := range sc.Ports {
 		ports[p.Name] = p.ContainerPort
@@ -368,6 +376,9 @@ func TestTracingVariant(t *testing.T) {
 	}
 	if !strings.Contains(env["OTEL_RESOURCE_ATTRIBUTES"], "k8s.pod.name=$(POD_NAME)") {
 		t.Errorf("resource attributes %q", env["OTEL_RESOURCE_ATTRIBUTES"])
+	}
+	if env["TIMING_SIDECAR_OTLP_METRICS_ENDPOINT"] != endpoint {
+		t.Errorf("metrics endpoint %q, want the traces' collector %q", env["TIMING_SIDECAR_OTLP_METRICS_ENDPOINT"], endpoint)
 	}
 }
 
