@@ -105,30 +105,32 @@ func (p *Proxy) begin(ctx *fasthttp.RequestCtx, arrival time.Time) *flight {
 	if p.cfg.TenantHeader != "" {
 		f.rec.Tenant = string(ctx.Request.Header.Peek(p.cfg.TenantHeader))
 	}
-	f.rec.Asked.TTFT = askedObjective(&ctx.Request.Header, p.cfg.SLOTTFTHeader, telemetry.ObjectiveTTFT, &f.rec.AskedInvalid)
-	f.rec.Asked.ITL = askedObjective(&ctx.Request.Header, p.cfg.SLOITLHeader, telemetry.ObjectiveITL, &f.rec.AskedInvalid)
+	var ok bool
+	if f.rec.Asked.TTFT, ok = askedObjective(&ctx.Request.Header, p.cfg.SLOTTFTHeader); !ok {
+		f.rec.AskedInvalid |= telemetry.ObjectiveTTFT
+	}
+	if f.rec.Asked.ITL, ok = askedObjective(&ctx.Request.Header, p.cfg.SLOITLHeader); !ok {
+		f.rec.AskedInvalid |= telemetry.ObjectiveITL
+	}
 	// HTTP/1.0 has no trailers (nor chunks to end with them).
 	f.trailers = ctx.Request.Header.IsHTTP11() && bytes.Contains(ctx.Request.Header.Peek("Te"), []byte("trailers"))
 	p.telemetry.Begin()
 	return f
 }
 
-// askedObjective reads the objective a request carries in header name, if
-// any, noting in invalid one that holds no objective. The header itself
-// goes to the engine as it came: llm-d's scheduler may read it there.
-func askedObjective(h *fasthttp.RequestHeader, name string, which telemetry.AskedObjective, invalid *telemetry.AskedObjective) time.Duration {
+// askedObjective reads the objective a request carries in header name:
+// 0 when it carries none; false when the header holds no objective. The
+// header itself goes to the engine as it came: llm-d's scheduler may read
+// it there.
+func askedObjective(h *fasthttp.RequestHeader, name string) (time.Duration, bool) {
 	if name == "" {
-		return 0
+		return 0, true
 	}
 	v := h.Peek(name)
 	if v == nil {
-		return 0
+		return 0, true
 	}
-	d, ok := telemetry.ParseAskedObjective(v)
-	if !ok {
-		*invalid |= which
-	}
-	return d
+	return telemetry.ParseAskedObjective(v)
 }
 
 // newRequestID makes a 16-hex-digit id for a request that came without one.

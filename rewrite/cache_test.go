@@ -46,6 +46,14 @@ func TestCachedPromptTokensOfEveryShape(t *testing.T) {
 		{"Anthropic without cache keys: input_tokens is the prompt", func() timing.Usage {
 			return BodyUsage([]byte(`{"type":"message","usage":{"input_tokens":12,"output_tokens":3}}`))
 		}, c(12), timing.Count{}},
+		{"a gateway's chat usage with Anthropic's keys beside prompt_tokens", func() timing.Usage {
+			return BodyUsage([]byte(`{"usage":{"prompt_tokens":100,"prompt_tokens_details":{"cached_tokens":64},"cache_read_input_tokens":64,"cache_creation_input_tokens":0}}`))
+		}, c(100), c(64)},
+		{"Anthropic's final usage with the cache's keys alone", func() timing.Usage {
+			start := Messages.ClassifyEvent([]byte(`data: {"type":"message_start","message":{"id":"m","usage":{"input_tokens":10,"cache_read_input_tokens":80,"output_tokens":1}}}` + "\n\n")).Usage
+			delta := Messages.ClassifyEvent([]byte(`data: {"type":"message_delta","usage":{"cache_read_input_tokens":80,"output_tokens":9}}` + "\n\n")).Usage
+			return start.Merge(delta)
+		}, c(90), c(80)},
 		{"a count that is not one", func() timing.Usage {
 			return BodyUsage([]byte(`{"usage":{"prompt_tokens":30,"prompt_tokens_details":{"cached_tokens":-1}},"timings":{"cache_n":"20"}}`))
 		}, c(30), timing.Count{}},

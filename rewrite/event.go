@@ -192,8 +192,15 @@ func BodyUsage(body []byte) timing.Usage {
 //   - Responses: input_tokens_details.cached_tokens, part of input_tokens;
 //   - Anthropic's Messages: cache_read_input_tokens, apart from
 //     input_tokens, as cache_creation_input_tokens is (CacheApart).
+//
+// The shape is the usage's own, not the route's: Anthropic's keys make
+// the counts apart only beside input_tokens and without a details
+// object, so a gateway's Chat Completions usage that adds them to
+// prompt_tokens (LiteLLM's) is not counted twice.
 func parseUsage(usage gjson.Result) timing.Usage {
 	var u timing.Usage
+	var read, written, details timing.Count
+	fromInput := false
 	usage.ForEach(func(key, v gjson.Result) bool {
 		switch key.Str {
 		case "completion_tokens_details", "output_tokens_details":
@@ -203,27 +210,42 @@ func parseUsage(usage gjson.Result) timing.Usage {
 			return true
 		case "prompt_tokens_details", "input_tokens_details":
 			if c, ok := tokenCount(v.Get("cached_tokens")); ok {
-				u.CachedTokens = c
+				details = c
 			}
 			return true
 		}
 		// A count is a whole number of tokens, not below zero; anything
 		// else is not a count the sidecar can use, so it stays unknown.
-		if _, ok := tokenCount(v); !ok {
+		c, ok := tokenCount(v)
+		if !ok {
 			return true
 		}
 		switch key.Str {
-		case "prompt_tokens", "input_tokens": // Chat Completions; Responses and Anthropic
-			u.PromptTokens = timing.Count{Value: v.Int(), Set: true}
+		case "prompt_tokens": // Chat Completions
+			u.PromptTokens, fromInput = c, false
+		case "input_tokens": // Responses and Anthropic
+			u.PromptTokens, fromInput = c, true
 		case "completion_tokens", "output_tokens":
-			u.CompletionTokens = timing.Count{Value: v.Int(), Set: true}
+			u.CompletionTokens = c
 		case "cache_read_input_tokens":
-			u.CachedTokens, u.CacheApart = timing.Count{Value: v.Int(), Set: true}, true
+			read = c
 		case "cache_creation_input_tokens":
-			u.CacheWriteTokens, u.CacheApart = timing.Count{Value: v.Int(), Set: true}, true
+			written = c
 		}
 		return true
 	})
+	switch {
+	case details.Set:
+		u.CachedTokens = details
+	case fromInput && (read.Set || written.Set):
+		u.CachedTokens, u.CacheWriteTokens, u.CacheApart = read, written, true
+	case !u.PromptTokens.Set && (read.Set || written.Set):
+		// Anthropic's final usage may carry the cache's counts without
+		// input_tokens: apart, as message_start's were.
+		u.CachedTokens, u.CacheWriteTokens, u.CacheApart = read, written, true
+	case read.Set:
+		u.CachedTokens = read // beside prompt_tokens: part of it
+	}
 	return u
 }
 
@@ -233,7 +255,7 @@ func parseUsage(usage gjson.Result) timing.Usage {
 // before it reported prompt_tokens_details.
 func withCacheTimings(u timing.Usage, s string) timing.Usage {
 	if u.CachedTokens.Set {
-		return u
+		return u // no look for timings on the usage events of other engines
 	}
 	return cacheFromTimings(u, gjson.Get(s, "timings"))
 }

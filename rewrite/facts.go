@@ -9,8 +9,9 @@ import (
 
 // What a trace records of a request and its response beyond the timing:
 // the sampling settings the client asked for, and the id, model and finish
-// reasons the engine answered with. Only ever read when tracing is on;
-// nothing here reads text a client or the model wrote.
+// reasons the engine answered with. Only ever read when tracing is on (and
+// the answer's model, for the GenAI metrics, when they are); nothing here
+// reads text a client or the model wrote.
 
 // Sampling is the generation settings of a request, as GenAI spans name
 // them (gen_ai.request.*). A zero Has* means the field was not sent.

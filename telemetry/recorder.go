@@ -219,7 +219,7 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 	r.outputTokens = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_generation_tokens_total",
 		Help: "Generated tokens, from the engine's usage."}, counted)
 	r.cachedTokens = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_cached_prompt_tokens_total",
-		Help: "Prompt tokens the engine read from its prefix cache, from its usage (vLLM and SGLang with their cache reports, llama.cpp, the Responses and Messages APIs); / timing_sidecar_prompt_tokens_total is the cache hit ratio, over the requests whose engine reports it."}, counted)
+		Help: "Prompt tokens the engine read from its prefix cache, from requests whose engine reports them (vLLM and SGLang with their cache reports, llama.cpp, the Responses and Messages APIs). Over timing_sidecar_prompt_tokens_total, which counts every request, it is the cache hit ratio where every request's engine reports."}, counted)
 	r.upstreamErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_upstream_errors_total",
 		Help: "Engine failures by kind: connect, timeout, closed (before headers), bad_response (headers too large, or a stream that cannot be reassembled), interrupted or idle_timeout (mid-body)."}, []string{"kind"})
 	r.clientDisconnects = prometheus.NewCounter(prometheus.CounterOpts{Name: "timing_sidecar_client_disconnects_total",
@@ -333,7 +333,7 @@ func (r *Recorder) Finish(req *Record) {
 		r.unread.WithLabelValues(req.Unread).Inc()
 	}
 	if req.Measured {
-		r.observe(req, model, tenant, served)
+		r.observe(req, model, tenant)
 	}
 	if req.AskedInvalid&ObjectiveTTFT != 0 {
 		r.invalidObjectives.WithLabelValues(missedTTFT).Inc()
@@ -383,14 +383,17 @@ func (r *Recorder) judge(req *Record) judgement {
 
 // observe records a measured request's figures: once, into the
 // Prometheus series and, when on, the GenAI metrics, so the two agree.
-func (r *Recorder) observe(req *Record, model, tenant string, served bool) {
+func (r *Recorder) observe(req *Record, model, tenant string) {
 	m := &req.Metrics
 	s := r.seriesFor(req.Endpoint, model, tenant)
 	var o genaiObservation
 	if r.genai != nil {
 		o = genaiObservation{endpoint: req.Endpoint, model: model, tenant: tenant, errorType: errorType(req)}
 		if req.ResponseModel != "" {
-			o.responseModel = r.models.value(clean(req.ResponseModel), served)
+			// Only a value the request models admitted: a response model
+			// never takes a slot, so the Prometheus labels are the same
+			// with the GenAI metrics on or off.
+			o.responseModel = r.models.value(clean(req.ResponseModel), false)
 		}
 		if !r.tenantLabel {
 			o.tenant = ""

@@ -149,12 +149,19 @@ func (t *Tracer) ForceFlush(ctx context.Context) error {
 }
 
 // handleOTelErrors sends the SDK's own errors (a failed export among
-// them) to log, rarely: once per process, for traces and metrics alike.
+// them) to log, rarely. The SDK has one handler per process, for traces
+// and metrics alike; the last logger given is the one it writes to.
 func handleOTelErrors(log *slog.Logger) {
-	otelErrors.Do(func() { otel.SetErrorHandler(&rareErrors{log: log}) })
+	otelErrors.mu.Lock()
+	otelErrors.log = log
+	otelErrors.mu.Unlock()
+	otelErrorsOnce.Do(func() { otel.SetErrorHandler(&otelErrors) })
 }
 
-var otelErrors sync.Once
+var (
+	otelErrors     rareErrors
+	otelErrorsOnce sync.Once
+)
 
 // rareErrors logs the SDK's own errors (a gRPC connection refused, an
 // attribute over a limit) at most once a minute.

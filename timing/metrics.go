@@ -120,7 +120,7 @@ const (
 	CacheUnknown CacheClass = iota // the engine did not say
 	CacheNone                      // no token came from the cache
 	CachePartial                   // some did
-	CacheFull                      // all but at most FullCacheMargin did
+	CacheFull                      // most did, and all but at most FullCacheMargin
 	CacheClasses                   // the number of classes
 )
 
@@ -153,7 +153,8 @@ func cacheClass(prompt, cached Count) CacheClass {
 		return CacheUnknown
 	case cached.Value == 0:
 		return CacheNone
-	case prompt.Value-cached.Value <= FullCacheMargin:
+	case prompt.Value-cached.Value <= FullCacheMargin && cached.Value > prompt.Value-cached.Value:
+		// A short prompt's few cached tokens are not a full hit.
 		return CacheFull
 	}
 	return CachePartial
@@ -163,8 +164,8 @@ func cacheClass(prompt, cached Count) CacheClass {
 // prompt tokens the engine computed, prompt − cached, over the time from
 // arrival to the first token event (the TTFT the histogram and goodput
 // use), less the engine's own queue time when it reports one (vLLM's
-// queue_time_ms, x-vllm-queue-time): the time it spent computing the
-// prompt, with what the sidecar saw of the network and HTTP in it. It
+// queue_time_ms): the time it spent computing the prompt, with what the
+// sidecar saw of the network and HTTP in it. It
 // needs a stream (a first token) and the engine's cached count: without
 // the count, the tokens computed are not known.
 func (m *Metrics) prefill() {
@@ -367,6 +368,7 @@ func (m *Metrics) count(c *Clock, u Usage, streamed bool) {
 	m.prefill()
 }
 
+// countTokens sets the counts, and the per-token figures made from them.
 func (m *Metrics) countTokens(c *Clock, u Usage, streamed bool) {
 	m.PromptTokens, m.CompletionTokens, m.CachedTokens = u.Prompt(), u.CompletionTokens, u.CachedTokens
 	m.MeanITL, m.TokensPerSecond, m.TokenEvents, m.Split = Number{}, Number{}, Count{}, OutputSplit{}

@@ -591,6 +591,7 @@ func TestPrefillAndCacheClass(t *testing.T) {
 		{"an engine queue time longer than the TTFT is not believed", Usage{PromptTokens: count(1100), CachedTokens: count(0)},
 			EngineTiming{Reported: true, QueueTime: Number{500, true}}, true, CacheNone, Number{10000, true}},
 		{"every token cached: no prefill to measure", Usage{PromptTokens: count(64), CachedTokens: count(64)}, EngineTiming{}, true, CacheFull, Number{}},
+		{"a short prompt's few cached tokens are not a full hit", Usage{PromptTokens: count(20), CachedTokens: count(4)}, EngineTiming{}, true, CachePartial, Number{16 / 0.110, true}},
 		{"more cached than the prompt", Usage{PromptTokens: count(10), CachedTokens: count(64)}, EngineTiming{}, true, CacheUnknown, Number{}},
 		{"not streamed: no first token", Usage{PromptTokens: count(1100), CachedTokens: count(0)}, EngineTiming{}, false, CacheNone, Number{}},
 		{"Anthropic's shape counts the whole prompt", Usage{PromptTokens: count(100), CachedTokens: count(990), CacheWriteTokens: count(10), CacheApart: true},

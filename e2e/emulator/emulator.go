@@ -71,8 +71,9 @@ type Config struct {
 	// PromptTokensDetails plays vLLM's --enable-prompt-tokens-details:
 	// the usage reports the prompt tokens served by the prefix cache
 	// (HeaderCachedTokens), as prompt_tokens_details.cached_tokens, and
-	// the Messages API as cache_read_input_tokens apart from input_tokens
-	// (vLLM's Anthropic server). The Responses API always reports them.
+	// the Messages API as cache_read_input_tokens apart from input_tokens,
+	// as Anthropic's API counts them (and vLLM's Anthropic server, since it
+	// reports the cache). The Responses API always reports them.
 	PromptTokensDetails bool
 	// RequestStatsHeaders plays vLLM's proposed
 	// --enable-request-stats-headers: non-streaming chat and completions
