@@ -418,3 +418,25 @@ func TestUpgradeNonStreamingWithTheSDK(t *testing.T) {
 	// upper bound is the call's return.
 	checkStream(t, parseMetrics(t, f.Raw()), rec, client.whole(end, rec.TokenEvents))
 }
+
+// TestParallelismIsLogged: the start log names the sidecar's parallelism
+// and where it came from: the CPU request passed in, or the user's
+// GOMAXPROCS.
+func TestParallelismIsLogged(t *testing.T) {
+	engine := startEngine(t, emulator.Config{Timing: timing})
+	for _, tc := range []struct {
+		env  []string
+		want string
+	}{
+		{[]string{"TIMING_SIDECAR_CPU_REQUEST=500m"}, `"parallelism":1,"parallelism_from":"cpu_request"`},
+		{[]string{"GOMAXPROCS=64"}, `"parallelism":64,"parallelism_from":"GOMAXPROCS"`},
+	} {
+		s := startSidecar(t, []string{"--upstream", engine.URL()}, tc.env...)
+		s.mu.Lock()
+		logs := strings.Join(s.logs, "\n")
+		s.mu.Unlock()
+		if !strings.Contains(logs, tc.want) {
+			t.Errorf("%v: the start log lacks %s:\n%s", tc.env, tc.want, logs)
+		}
+	}
+}

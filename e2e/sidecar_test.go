@@ -151,13 +151,15 @@ func startSidecar(t *testing.T, args []string, env ...string) *sidecar {
 		defer close(logged)
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
+			// Kept before it is announced: a test that has the address
+			// has the line in logs.
+			s.mu.Lock()
+			s.logs = append(s.logs, sc.Text())
+			s.mu.Unlock()
 			var line addrs
 			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "timing-sidecar listening" {
 				listening <- line
 			}
-			s.mu.Lock()
-			s.logs = append(s.logs, sc.Text())
-			s.mu.Unlock()
 			t.Logf("sidecar: %s", sc.Text())
 		}
 	}()

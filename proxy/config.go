@@ -185,6 +185,11 @@ type Config struct {
 	ReadinessPath     string
 	ReadinessInterval time.Duration
 
+	// CPURequest is the container's CPU request, a Kubernetes quantity
+	// ("1", "500m"; the manifests pass it from the downward API): the
+	// sidecar's parallelism when it has no CPU limit (see parallelism).
+	CPURequest string
+
 	// ShutdownGrace is the longest time from SIGTERM to exit: requests in
 	// flight, streams included, get until then to finish.
 	ShutdownGrace time.Duration
@@ -255,6 +260,7 @@ func (c *Config) Validate() error {
 			addressProblem("listen address", c.Listen),
 			addressProblem("admin listen address", c.AdminListen),
 			c.objectivesProblem(),
+			cpuRequestError(c.CPURequest),
 			c.Tracing.Check(),
 			c.Metrics.Check(),
 		},
@@ -392,4 +398,9 @@ func (c *Config) sizeProblems() []error {
 		}
 	}
 	return errs
+}
+
+func cpuRequestError(s string) error {
+	_, err := ParseCPU(s)
+	return err
 }

@@ -108,6 +108,8 @@ func serveFlags() []cli.Flag {
 			Usage: "OTLP protocol for metrics: grpc or http/protobuf. Empty reads OTEL_EXPORTER_OTLP_METRICS_PROTOCOL, then OTEL_EXPORTER_OTLP_PROTOCOL, then takes grpc."},
 		&cli.StringFlag{Name: "service-instance-id", EnvVars: env("service-instance-id"),
 			Usage: "service.instance.id of the traces' and metrics' resource, so that many sidecars reporting to one collector stay apart (the manifests pass the pod's name). Empty: a random id per process. OTEL_RESOURCE_ATTRIBUTES overrides it."},
+		&cli.StringFlag{Name: "cpu-request", EnvVars: env("cpu-request"),
+			Usage: "The container's CPU request (1, 500m; the manifests pass it from the downward API). With no CPU limit and no GOMAXPROCS, the sidecar runs on that many cores, rounded up, instead of every core of the node; without it, on 2. The start log names the figure and where it came from."},
 		&cli.StringFlag{Name: "log-level", EnvVars: env("log-level"), Value: "info",
 			Usage: "Log level: debug, info, warn or error. Logs are JSON on standard error."},
 	}

@@ -96,6 +96,7 @@ func configFrom(c *cli.Context) proxy.Config {
 		SLOE2E:                 c.Duration("slo-e2e"),
 		SLOTTFTHeader:          c.String("slo-ttft-header"),
 		SLOITLHeader:           c.String("slo-itl-header"),
+		CPURequest:             c.String("cpu-request"),
 		Tracing: telemetry.TraceConfig{
 			Endpoint: c.String("otlp-traces-endpoint"),
 			Protocol: c.String("otlp-traces-protocol"),

@@ -220,6 +220,14 @@ func checkSidecar(t *testing.T, spec *corev1.PodSpec) *corev1.Container {
 	if !instanceFromPod {
 		t.Error("service.instance.id is not the pod's name: sidecars reporting to one collector would not stay apart")
 	}
+	sized := false
+	for _, e := range sc.Env {
+		sized = sized || e.Name == "TIMING_SIDECAR_CPU_REQUEST" && e.ValueFrom != nil && e.ValueFrom.ResourceFieldRef != nil &&
+			e.ValueFrom.ResourceFieldRef.Resource == "requests.cpu" && e.ValueFrom.ResourceFieldRef.ContainerName == sc.Name
+	}
+	if _, ok := sc.Resources.Limits[corev1.ResourceCPU]; !sized && !ok {
+		t.Error("neither a CPU limit nor the CPU request reaches the sidecar: on a GPU node it would run on every core")
+	}
 	ports := map[string]int32{}
 	for _, p := range sc.Ports {
 		ports[p.Name] = p.ContainerPort
