@@ -36,7 +36,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Writer:    stdout,
 		ErrWriter: stderr,
 		Flags:     serveFlags(),
-		Commands:  []*cli.Command{demoCommand(), emulateCommand(), benchCommand(), accuracyCommand()},
+		Commands:  []*cli.Command{demoCommand(), emulateCommand(), benchCommand(), accuracyCommand(), injectCommand()},
 		Action: func(c *cli.Context) error {
 			cfg := configFrom(c)
 			cfg.Tracing.ServiceVersion, cfg.Metrics.ServiceVersion = version, version

@@ -1,0 +1,201 @@
+package inject
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+
+	"sigs.k8s.io/kustomize/kyaml/kio"
+	"sigs.k8s.io/kustomize/kyaml/yaml"
+)
+
+// Options says how to inject.
+type Options struct {
+	// Image is the sidecar's image; empty keeps the template's.
+	Image string
+	// EngineContainer and EnginePort name the engine's container, by name
+	// or by a containerPort, beside those known by their command.
+	EngineContainer string
+	EnginePort      int
+	// Env is the sidecar's settings, as its environment variables.
+	Env []EnvVar
+}
+
+// MinGracePeriod is the least terminationGracePeriodSeconds of a pod with
+// the sidecar: its shutdown grace (100 s) and some.
+const MinGracePeriod = 120
+
+// ErrNoEngine is the answer to input with no engine in it: a mistake (the
+// wrong chart, a values file that renders no engine) more likely than a
+// wish to change nothing.
+var ErrNoEngine = errors.New("no engine found: no container runs vllm serve, vLLM's OpenAI entrypoint, SGLang's launch_server, llama-server or text-generation-launcher (name one with --engine-container or --engine-port)")
+
+// Inject reads Kubernetes YAML documents from in and writes them to out
+// with the sidecar in each pod spec that runs an engine. Nothing is
+// written unless every document could be handled.
+func Inject(in io.Reader, out io.Writer, opts Options) error {
+	docs, err := (&kio.ByteReader{Reader: in, PreserveSeqIndent: true}).Read()
+	if err != nil {
+		return fmt.Errorf("read the manifests: %w", err)
+	}
+	engines := 0
+	for i, doc := range docs {
+		for _, ps := range podSpecsOf(doc) {
+			found, err := injectPod(ps, &opts)
+			if err != nil {
+				return fmt.Errorf("document %d (%s %q, %s): %w", i+1, doc.GetKind(), doc.GetName(), ps.path, err)
+			}
+			if found {
+				engines++
+			}
+		}
+	}
+	if engines == 0 {
+		return ErrNoEngine
+	}
+	var buf bytes.Buffer
+	if err := (kio.ByteWriter{Writer: &buf}).Write(docs); err != nil {
+		return err
+	}
+	_, err = out.Write(buf.Bytes())
+	return err
+}
+
+// injectPod adds the sidecar to a pod spec that runs an engine, and says
+// whether it runs one (already injected or not).
+func injectPod(ps podSpec, opts *Options) (bool, error) {
+	pod := ps.node
+	containers, err := pod.Pipe(yaml.Lookup("containers"))
+	if err != nil {
+		return false, err
+	}
+	elements, err := containers.Elements()
+	if err != nil {
+		return false, err
+	}
+	var engineC *yaml.RNode
+	var eng *engine
+	for _, c := range elements {
+		if scalar(c, "name") == Name {
+			return true, nil // injected already
+		}
+		if e := engineOf(c, opts); e != nil {
+			if engineC != nil {
+				return false, fmt.Errorf("two containers could be the engine, %q and %q: name one with --engine-container", scalar(engineC, "name"), scalar(c, "name"))
+			}
+			engineC, eng = c, e
+		}
+	}
+	if inits, _ := pod.Pipe(yaml.Lookup("initContainers", "[name="+Name+"]")); inits != nil {
+		return true, nil
+	}
+	if engineC == nil {
+		return false, nil
+	}
+	if scalar(pod, "hostNetwork") == "true" {
+		return false, errors.New("the engine's pod is on hostNetwork: its ports are the node's, and moving the engine's could collide with another pod's; add the sidecar by hand")
+	}
+	old := listenPort(engineC, eng)
+	moved, err := freePort(pod, old, AdminPort)
+	if err != nil {
+		return false, err
+	}
+	if err := setEnginePort(engineC, eng, moved); err != nil {
+		return false, err
+	}
+	portName, err := moveContainerPort(engineC, old, moved)
+	if err != nil {
+		return false, err
+	}
+	if err := moveProbes(engineC, old, portName, moved); err != nil {
+		return false, err
+	}
+	if !portNameFree(pod, portName) {
+		// Not the engine's name (renamed above), but another's.
+		portName = "timing-http"
+	}
+	sidecar, err := sidecarContainer(opts, old, portName, moved, ps.native)
+	if err != nil {
+		return false, err
+	}
+	list := "initContainers"
+	if !ps.native {
+		list = "containers"
+		// Under Knative one container exposes the port: the sidecar's.
+		if err := engineC.PipeE(yaml.Clear("ports")); err != nil {
+			return false, err
+		}
+	}
+	target, err := pod.Pipe(yaml.LookupCreate(yaml.SequenceNode, list))
+	if err != nil {
+		return false, err
+	}
+	if err := target.PipeE(yaml.Append(sidecar.YNode())); err != nil {
+		return false, err
+	}
+	if !ps.native {
+		// KServe's runtime spec has no grace period of its own: Knative's
+		// (or the InferenceService's) applies.
+		return true, nil
+	}
+	return true, longEnoughGrace(pod)
+}
+
+// moveContainerPort moves the engine's containerPort old to moved, under
+// the name "engine", and returns the name the old port had ("http" if
+// none): the sidecar's port takes it, so Services whose targetPort names
+// it reach the sidecar.
+func moveContainerPort(c *yaml.RNode, old, moved int) (string, error) {
+	ports, _ := c.Pipe(yaml.Lookup("ports"))
+	if ports == nil {
+		return "http", nil
+	}
+	elements, _ := ports.Elements()
+	for _, p := range elements {
+		if scalar(p, "containerPort") != strconv.Itoa(old) {
+			continue
+		}
+		name := scalar(p, "name")
+		if name == "" {
+			name = "http"
+		}
+		if err := p.PipeE(yaml.SetField("containerPort", intNode(moved))); err != nil {
+			return "", err
+		}
+		return name, p.PipeE(yaml.SetField("name", yaml.NewStringRNode("engine")))
+	}
+	return "http", nil
+}
+
+// moveProbes points the engine's probes that tested its old port (by
+// number or by name) at the port it listens on now: they go on testing
+// the engine itself, not the sidecar in front of it, so a sidecar that
+// fails never restarts the engine.
+func moveProbes(c *yaml.RNode, old int, name string, moved int) error {
+	for _, probe := range []string{"livenessProbe", "readinessProbe", "startupProbe"} {
+		for _, handler := range []string{"httpGet", "tcpSocket", "grpc"} {
+			h, _ := c.Pipe(yaml.Lookup(probe, handler))
+			if h == nil {
+				continue
+			}
+			if v := scalar(h, "port"); v != strconv.Itoa(old) && v != name {
+				continue
+			}
+			if err := h.PipeE(yaml.SetField("port", intNode(moved))); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// longEnoughGrace gives the pod the time the sidecar needs to drain its
+// streams at shutdown, when it has less.
+func longEnoughGrace(pod *yaml.RNode) error {
+	if n, err := strconv.Atoi(scalar(pod, "terminationGracePeriodSeconds")); err == nil && n >= MinGracePeriod {
+		return nil
+	}
+	return pod.PipeE(yaml.SetField("terminationGracePeriodSeconds", intNode(MinGracePeriod)))
+}
