@@ -9,8 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
-	"sync"
 	"testing"
 	"time"
 )
@@ -23,45 +21,13 @@ import (
 
 const jaegerVersion = "v1.75.0"
 
-var jaegerBuild struct {
-	once sync.Once
-	path string
-	err  error
-}
+var jaegerBuild = &cachedBuild{name: "jaeger", version: jaegerVersion, module: "jaeger", pkg: "github.com/jaegertracing/jaeger/cmd/jaeger"}
 
 // buildJaeger builds the jaeger binary unless the cache has it. The first
 // build on a clean machine downloads and compiles a few hundred modules:
 // minutes, so TestMain starts it in the background, beside the tests that
 // do not need it.
-func buildJaeger() (string, error) {
-	jaegerBuild.once.Do(func() {
-		cache, err := os.UserCacheDir()
-		if err != nil {
-			cache = os.TempDir()
-		}
-		dir := filepath.Join(cache, "timing-sidecar")
-		path := filepath.Join(dir, fmt.Sprintf("jaeger-%s-%s-%s", jaegerVersion, runtime.GOOS, runtime.GOARCH))
-		if _, err := os.Stat(path); err == nil {
-			jaegerBuild.path = path
-			return
-		}
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			jaegerBuild.err = err
-			return
-		}
-		tmp := fmt.Sprintf("%s.%d.tmp", path, os.Getpid())
-		build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", tmp, "github.com/jaegertracing/jaeger/cmd/jaeger")
-		build.Dir = "jaeger"
-		build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-mod=readonly", "GOWORK=off")
-		if out, err := build.CombinedOutput(); err != nil {
-			jaegerBuild.err = fmt.Errorf("build jaeger %s: %v\n%s", jaegerVersion, err, out)
-			return
-		}
-		// Renamed into place whole: a build cut short leaves no binary.
-		jaegerBuild.path, jaegerBuild.err = path, os.Rename(tmp, path)
-	})
-	return jaegerBuild.path, jaegerBuild.err
-}
+func buildJaeger() (string, error) { return jaegerBuild.get() }
 
 // jaeger is a running Jaeger: OTLP receivers, the query API, and the
 // metrics it received exposed for a scrape (a metrics pipeline from the
