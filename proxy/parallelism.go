@@ -11,9 +11,9 @@ import (
 
 // A sidecar beside a GPU engine shares a node of tens or hundreds of
 // cores, often with a CPU request and no limit. Go would then run on
-// every core: its scheduler spreads a few streams' work over idle Ps,
-// each wake-up lands on another core, and the CPU per event and the
-// added delay rise (e2e/bench/README.md measures an unsized sidecar).
+// every core: its scheduler spreads a few streams' work over idle Ps and
+// spins looking for more, and the CPU per event rises (1.5 times with
+// GOMAXPROCS=64 on two cores: e2e/bench/README.md).
 // The sidecar sizes itself instead, as Istio sizes its Envoy to 2 worker
 // threads.
 

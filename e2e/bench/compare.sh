@@ -3,16 +3,21 @@
 # front of an engine, all in front of the same emulated engine on this
 # machine, and prints each one's ratio to nginx in the terms the
 # performance targets are stated in. Targets:
-#   direct         the engine itself (the delay floor)
-#   sidecar        timing-sidecar with its defaults (metrics on, access log
-#                  on, written to a file as a container runtime would)
-#   sidecar-nolog  the same with --access-log=false
-#   nginx          proxy_buffering off, upstream keepalive, access log off
-#   haproxy        option http-no-delay, http-reuse always
-#   caddy          reverse_proxy with flush_interval -1
-#   go-rp          Go's net/http/httputil.ReverseProxy (e2e/bench/reverseproxy)
-#   go-relay       a Go TCP relay that parses nothing (e2e/bench/tcprelay):
-#                  the floor for any proxy written in Go
+#   direct           the engine itself (the delay floor)
+#   sidecar          timing-sidecar with its defaults (metrics on, access
+#                    log on, written to a file as a container runtime
+#                    would), sized: with no GOMAXPROCS and no CPU limit it
+#                    runs on its default parallelism of 2 (proxy/parallelism.go)
+#   sidecar-nolog    the same with --access-log=false
+#   sidecar-unsized  the same as sidecar with GOMAXPROCS=64: Go's own sizing
+#                    on a 64-core node with no CPU limit, what an unsized
+#                    sidecar would cost beside a GPU engine
+#   nginx            proxy_buffering off, upstream keepalive, access log off
+#   haproxy          option http-no-delay, http-reuse always
+#   caddy            reverse_proxy with flush_interval -1
+#   go-rp            Go's net/http/httputil.ReverseProxy (e2e/bench/reverseproxy)
+#   go-relay         a Go TCP relay that parses nothing (e2e/bench/tcprelay):
+#                    the floor for any proxy written in Go
 #
 #   e2e/bench/compare.sh     (installs nginx, haproxy, caddy and wrk with
 #                             apt-get if missing)
@@ -47,6 +52,7 @@ CGO_ENABLED=0 go build -o "$work/tcprelay" ./e2e/bench/tcprelay
 CGO_ENABLED=0 go build -o "$work/reverseproxy" ./e2e/bench/reverseproxy
 ENGINE=127.0.0.1:18000 SIDECAR=127.0.0.1:18001 ADMIN=127.0.0.1:18002 NGINX=127.0.0.1:18003 RELAY=127.0.0.1:18004
 NOLOG=127.0.0.1:18008 NOLOG_ADMIN=127.0.0.1:18009 HAPROXY=127.0.0.1:18005 CADDY=127.0.0.1:18006 GORP=127.0.0.1:18007
+UNSIZED=127.0.0.1:18010 UNSIZED_ADMIN=127.0.0.1:18011
 
 "$bin" emulate --listen "$ENGINE" 2>"$work/engine.log" & pids+=($!); engine_pid=$!
 # The defaults: the access log goes to a file, as a container runtime's
@@ -55,6 +61,12 @@ NOLOG=127.0.0.1:18008 NOLOG_ADMIN=127.0.0.1:18009 HAPROXY=127.0.0.1:18005 CADDY=
   --readiness-interval 1h >"$work/access.log" 2>"$work/sidecar.log" & pids+=($!); sidecar_pid=$!
 "$bin" --listen "$NOLOG" --admin-listen "$NOLOG_ADMIN" --upstream "http://$ENGINE" --access-log=false \
   --readiness-interval 1h 2>"$work/sidecar-nolog.log" & pids+=($!); nolog_pid=$!
+# Unsized: the defaults with GOMAXPROCS=64, the parallelism Go gives itself
+# on a 64-core node with no CPU limit (the sidecar keeps a GOMAXPROCS it is
+# given). On this machine's two cores it shows the CPU that 64 Ps cost, not
+# the wake-ups a big node would spread over other cores.
+GOMAXPROCS=64 "$bin" --listen "$UNSIZED" --admin-listen "$UNSIZED_ADMIN" --upstream "http://$ENGINE" \
+  --readiness-interval 1h >"$work/access-unsized.log" 2>"$work/sidecar-unsized.log" & pids+=($!); unsized_pid=$!
 cat >"$work/haproxy.cfg" <<HAPROXY
 global
   maxconn 9000
@@ -124,11 +136,12 @@ cpu() { local p; for p in $(procs "$1"); do cat /proc/"$p"/task/*/schedstat 2>/d
 rss() { local k=0 v; for p in $(procs "$1"); do v=$(awk '/VmRSS/{print $2}' "/proc/$p/status" 2>/dev/null) && [ -n "$v" ] && k=$((k + v)); done; awk -v k="$k" 'BEGIN{printf "%.1f", k/1024}'; }
 field() { grep -o "\"$2\":[-0-9.e+]*" <<<"$1" | cut -d: -f2; }
 
-targets="direct sidecar sidecar-nolog nginx haproxy caddy go-rp go-relay"
-declare -A url=([direct]="http://$ENGINE" [sidecar]="http://$SIDECAR" [sidecar-nolog]="http://$NOLOG" [nginx]="http://$NGINX"
-  [haproxy]="http://$HAPROXY" [caddy]="http://$CADDY" [go-rp]="http://$GORP" [go-relay]="http://$RELAY")
-declare -A pid=([direct]=$engine_pid [sidecar]=$sidecar_pid [sidecar-nolog]=$nolog_pid [nginx]=$nginx_pid
-  [haproxy]=$haproxy_pid [caddy]=$caddy_pid [go-rp]=$gorp_pid [go-relay]=$relay_pid)
+targets="direct sidecar sidecar-nolog sidecar-unsized nginx haproxy caddy go-rp go-relay"
+declare -A url=([direct]="http://$ENGINE" [sidecar]="http://$SIDECAR" [sidecar-nolog]="http://$NOLOG"
+  [sidecar-unsized]="http://$UNSIZED" [nginx]="http://$NGINX" [haproxy]="http://$HAPROXY" [caddy]="http://$CADDY"
+  [go-rp]="http://$GORP" [go-relay]="http://$RELAY")
+declare -A pid=([direct]=$engine_pid [sidecar]=$sidecar_pid [sidecar-nolog]=$nolog_pid [sidecar-unsized]=$unsized_pid
+  [nginx]=$nginx_pid [haproxy]=$haproxy_pid [caddy]=$caddy_pid [go-rp]=$gorp_pid [go-relay]=$relay_pid)
 # Each round's figures go to one file, a line per target and load; the
 # summary takes, for every figure and every ratio, the median over rounds,
 # and each ratio is taken within a round (the targets run back to back), so
@@ -246,18 +259,18 @@ function ratio(kind, t, base,   r, v, d) {
 END {
   n = split(targets, name, " ")
   printf "\nmedians over %d rounds:\n", rounds
-  printf "%-14s %12s %12s %12s %16s %18s\n", "", "event p50 ms", "event p99 ms", "requests/s", "CPU us/event", "CPU us/unary req"
+  printf "%-16s %12s %12s %12s %16s %18s\n", "", "event p50 ms", "event p99 ms", "requests/s", "CPU us/event", "CPU us/unary req"
   for (i = 1; i <= n; i++) { t = name[i]
-    printf "%-14s %12.3f %12.3f %12.0f %16s %18s\n", t, med("p50", t), med("p99", t), med("rps", t), \
+    printf "%-16s %12.3f %12.3f %12.0f %16s %18s\n", t, med("p50", t), med("p99", t), med("rps", t), \
       (t == "direct" ? "-" : sprintf("%.1f", med("cpuev", t))), (t == "direct" ? "-" : sprintf("%.1f", med("cpureq", t))) }
   ng = "nginx"
   printf "\nratios to nginx, each the median over rounds of that round'"'"'s ratio (%d streams at %s, metrics on;\n", streams, itl
   printf "lower is better but unary, where higher is):\n"
-  printf "%-14s %14s %14s %14s %14s\n", "", "added p50", "added p99", "CPU/event", "unary req/s"
+  printf "%-16s %14s %14s %14s %14s\n", "", "added p50", "added p99", "CPU/event", "unary req/s"
   best50 = ""; best99 = ""; bestcpu = ""; bestrps = ""
   for (i = 1; i <= n; i++) { t = name[i]; if (t == "direct") continue
     a50 = ratio("p50", t, ng); a99 = ratio("p99", t, ng); c = ratio("cpu", t, ng); u = ratio("rps", t, ng)
-    printf "%-14s %14.2f %14.2f %14.2f %14.2f\n", t, a50, a99, c, u
+    printf "%-16s %14.2f %14.2f %14.2f %14.2f\n", t, a50, a99, c, u
     if (t ~ /^sidecar/ || t == "go-relay") continue # peers: nginx, haproxy, caddy, go-rp
     if (best50 == "" || a50 < b50) { best50 = t; b50 = a50 }
     if (best99 == "" || a99 < b99) { best99 = t; b99 = a99 }
