@@ -34,9 +34,13 @@ var ErrNoEngine = errors.New("no engine found: no container runs vllm serve, vLL
 
 // Inject reads Kubernetes YAML documents from in and writes them to out
 // with the sidecar in each pod spec that runs an engine. Nothing is
-// written unless every document could be handled.
+// written unless every document could be handled. A ResourceList in (a
+// KRM function's input, as kustomize gives an exec transformer) comes
+// back as a ResourceList.
 func Inject(in io.Reader, out io.Writer, opts Options) error {
-	docs, err := (&kio.ByteReader{Reader: in, PreserveSeqIndent: true}).Read()
+	var buf bytes.Buffer
+	rw := &kio.ByteReadWriter{Reader: in, Writer: &buf, PreserveSeqIndent: true}
+	docs, err := rw.Read()
 	if err != nil {
 		return fmt.Errorf("read the manifests: %w", err)
 	}
@@ -55,8 +59,7 @@ func Inject(in io.Reader, out io.Writer, opts Options) error {
 	if engines == 0 {
 		return ErrNoEngine
 	}
-	var buf bytes.Buffer
-	if err := (kio.ByteWriter{Writer: &buf}).Write(docs); err != nil {
+	if err := rw.Write(docs); err != nil {
 		return err
 	}
 	_, err = out.Write(buf.Bytes())

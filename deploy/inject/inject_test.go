@@ -318,3 +318,34 @@ func TestSettings(t *testing.T) {
 		t.Error("not a native sidecar")
 	}
 }
+
+// TestResourceList: as a KRM function (kustomize's exec transformer), a
+// ResourceList comes back a ResourceList with its items injected.
+func TestResourceList(t *testing.T) {
+	in := `apiVersion: config.kubernetes.io/v1
+kind: ResourceList
+items:
+  - apiVersion: v1
+    kind: Pod
+    metadata:
+      name: p
+    spec:
+      containers:
+        - name: e
+          command: [vllm, serve, m]
+`
+	out, err := injectString(t, in, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rl struct {
+		Kind  string
+		Items []corev1.Pod
+	}
+	if err := sigsyaml.Unmarshal([]byte(out), &rl); err != nil {
+		t.Fatal(err)
+	}
+	if rl.Kind != "ResourceList" || len(rl.Items) != 1 || len(rl.Items[0].Spec.InitContainers) != 1 || rl.Items[0].Spec.InitContainers[0].Name != Name {
+		t.Errorf("got:\n%s", out)
+	}
+}
