@@ -16,7 +16,7 @@ import (
 )
 
 // manifestMemoryLimit is the sidecar container's memory limit in
-// deploy/kubernetes, and manifestGoMemLimit the GOMEMLIMIT set beside it.
+// deploy/inject/sidecar.yaml, and manifestGoMemLimit the GOMEMLIMIT set beside it.
 const (
 	manifestMemoryLimit = 256 << 20
 	manifestGoMemLimit  = "150MiB"

@@ -9,19 +9,22 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/yaml"
 )
 
-// An engine is known by the program its container runs, and listens, when
-// its command says no --port, on that program's default port.
+// An engine is known by the program its container runs, or by an image
+// whose entrypoint runs it when the container sets no command; it
+// listens, when its command says no --port, on that program's default
+// port.
 type engine struct {
 	name        string
 	markers     []string // any of these in the command line
+	images      []string // images whose entrypoint is the engine
 	defaultPort int
 }
 
 var engines = []engine{
-	{"vLLM", []string{"vllm serve", "vllm.entrypoints.openai.api_server"}, 8000},
-	{"SGLang", []string{"sglang.launch_server"}, 30000},
-	{"llama.cpp", []string{"llama-server"}, 8080},
-	{"TGI", []string{"text-generation-launcher"}, 3000},
+	{"vLLM", []string{"vllm serve", "vllm.entrypoints.openai.api_server"}, []string{"vllm/vllm-openai"}, 8000},
+	{"SGLang", []string{"sglang.launch_server"}, nil, 30000},
+	{"llama.cpp", []string{"llama-server"}, []string{"ggml-org/llama.cpp:server"}, 8080},
+	{"TGI", []string{"text-generation-launcher"}, []string{"huggingface/text-generation-inference"}, 80},
 }
 
 // routers are programs that serve an engine's API in front of engines
@@ -54,6 +57,17 @@ func engineOf(c *yaml.RNode, opts *Options) *engine {
 		for _, m := range engines[i].markers {
 			if strings.Contains(line, m) {
 				return &engines[i]
+			}
+		}
+	}
+	if len(stringsOf(c, "command")) == 0 {
+		// The image's entrypoint runs: the engine's, for these images.
+		image := scalar(c, "image")
+		for i := range engines {
+			for _, m := range engines[i].images {
+				if strings.Contains(image, m) {
+					return &engines[i]
+				}
 			}
 		}
 	}

@@ -77,10 +77,14 @@ func setEnv(c *yaml.RNode, v EnvVar) error {
 		return err
 	}
 	if e == nil {
-		return env.PipeE(yaml.Append(yaml.NewMapRNode(&map[string]string{"name": v.Name, "value": v.Value}).YNode()))
+		// name, then value, the value always a string ("false", "0s").
+		return env.PipeE(yaml.Append(&yaml.Node{Kind: yaml.MappingNode, Content: []*yaml.Node{
+			yaml.NewScalarRNode("name").YNode(), yaml.NewScalarRNode(v.Name).YNode(),
+			yaml.NewScalarRNode("value").YNode(), quoted(v.Value),
+		}}))
 	}
 	if err := e.PipeE(yaml.Clear("valueFrom")); err != nil {
 		return err
 	}
-	return e.PipeE(yaml.SetField("value", yaml.NewStringRNode(v.Value)))
+	return e.PipeE(yaml.SetField("value", yaml.NewRNode(quoted(v.Value))))
 }

@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
 
+	"github.com/timing-sidecar/timing-sidecar/deploy/inject"
 	"github.com/timing-sidecar/timing-sidecar/proxy"
 )
 
@@ -240,9 +241,10 @@ func checkSidecar(t *testing.T, spec *corev1.PodSpec) *corev1.Container {
 		n, _ := strconv.Atoi(addr[strings.LastIndex(addr, ":")+1:])
 		return int32(n)
 	}
-	if ports["timing-http"] != listen("TIMING_SIDECAR_LISTEN", proxy.DefaultListen) ||
+	// The first port is the one it serves on: the engine's old port.
+	if len(sc.Ports) < 2 || sc.Ports[0].ContainerPort != listen("TIMING_SIDECAR_LISTEN", proxy.DefaultListen) ||
 		ports["timing-admin"] != listen("TIMING_SIDECAR_ADMIN_LISTEN", proxy.DefaultAdminListen) {
-		t.Errorf("container ports %v do not match the listen addresses", ports)
+		t.Errorf("container ports %v do not match the listen addresses", sc.Ports)
 	}
 	p, err := proxy.New(proxy.DefaultConfig(), nil, nil)
 	if err != nil {
@@ -277,7 +279,7 @@ func TestExample(t *testing.T) {
 	var all []byte
 	files, _ := filepath.Glob("example/*.yaml")
 	for _, f := range files {
-		if filepath.Base(f) == "kustomization.yaml" {
+		if filepath.Base(f) == "kustomization.yaml" || filepath.Base(f) == "vllm.yaml" {
 			continue
 		}
 		b, err := os.ReadFile(f)
@@ -292,15 +294,15 @@ func TestExample(t *testing.T) {
 		t.Fatalf("example builds to %d deployments, %d services, %d monitors", len(built.deployments), len(built.services), len(built.monitors))
 	}
 	d := built.deployments[0]
-	checkSidecar(t, &d.Spec.Template.Spec)
+	sc := checkSidecar(t, &d.Spec.Template.Spec)
 	gpu := d.Spec.Template.Spec.Containers[0].Resources.Limits["nvidia.com/gpu"]
 	if got := d.Spec.Template.Spec.Containers[0]; got.Name != "vllm" || gpu.IsZero() ||
-		!strings.Contains(strings.Join(got.Args, " "), "--model") || got.Ports[0].ContainerPort != 8000 {
+		!strings.Contains(strings.Join(got.Args, " "), "--model") || got.Ports[0].ContainerPort != 18000 {
 		t.Errorf("vLLM container %+v", got)
 	}
 	svc := built.services[0]
-	if svc.Spec.Ports[0].TargetPort != intstr.FromInt32(8001) {
-		t.Errorf("the Service sends clients to %v, not the sidecar", svc.Spec.Ports[0].TargetPort)
+	if tp := svc.Spec.Ports[0].TargetPort; tp != intstr.FromString(sc.Ports[0].Name) && tp != intstr.FromInt32(sc.Ports[0].ContainerPort) {
+		t.Errorf("the Service sends clients to %v, not the sidecar (%v)", tp, sc.Ports[0])
 	}
 	if d.Spec.Template.Annotations["prometheus.io/port"] != "9101" {
 		t.Error("no Prometheus scrape annotations on the admin port")
@@ -319,7 +321,7 @@ func TestExample(t *testing.T) {
 	}
 }
 
-var update = flag.Bool("update", false, "write the example's PrometheusRule from deploy/prometheus")
+var update = flag.Bool("update", false, "write the example's PrometheusRule from deploy/prometheus, and its Deployment from vllm.yaml")
 
 const (
 	rulesFile          = "../prometheus/timing-sidecar-rules.yaml"
@@ -390,62 +392,35 @@ func TestTracingVariant(t *testing.T) {
 	}
 }
 
-// TestPatchAddsTheSidecarToAnExistingDeployment builds the component
-// against a plain vLLM Deployment and Service named differently from the
-// example, as a user's are.
-func TestPatchAddsTheSidecarToAnExistingDeployment(t *testing.T) {
-	built := build(t, "testdata/existing-vllm")
-	if len(built.deployments) != 1 || len(built.services) != 1 {
-		t.Fatalf("built %d deployments and %d services", len(built.deployments), len(built.services))
-	}
-	d := built.deployments[0]
-	if d.Name != "llama" {
-		t.Errorf("the patch renamed the Deployment to %q", d.Name)
-	}
-	spec := &d.Spec.Template.Spec
-	checkSidecar(t, spec)
-	if len(spec.Containers) != 1 || spec.Containers[0].Name != "vllm" || spec.Containers[0].Args[1] != "meta-llama/Llama-3.1-8B-Instruct" {
-		t.Errorf("the user's vLLM container changed: %+v", spec.Containers)
-	}
-	if d.Spec.Template.Annotations["team"] != "search" || d.Spec.Template.Annotations["prometheus.io/scrape"] != "true" {
-		t.Errorf("annotations not merged: %v", d.Spec.Template.Annotations)
-	}
-	svc := built.services[0]
-	if svc.Name != "llama" || svc.Spec.Ports[0].Port != 80 || svc.Spec.Ports[0].TargetPort != intstr.FromInt32(8001) {
-		t.Errorf("Service %s port %d -> %v, want 80 -> 8001", svc.Name, svc.Spec.Ports[0].Port, svc.Spec.Ports[0].TargetPort)
-	}
-}
-
-// TestPatchFilesStandAlone: the files the README's kubectl patch commands
-// use decode as what kubectl expects.
-func TestPatchFilesStandAlone(t *testing.T) {
-	var forKustomize, forKubectl appsv1.Deployment
-	for file, d := range map[string]*appsv1.Deployment{"patch/sidecar.yaml": &forKustomize, "patch/kubectl-sidecar.yaml": &forKubectl} {
-		b, err := os.ReadFile(file)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := yaml.UnmarshalStrict(b, d); err != nil {
-			t.Fatalf("%s: %v", file, err)
-		}
-	}
-	if forKubectl.Name != "" {
-		t.Errorf("kubectl-sidecar.yaml names a Deployment (%q): kubectl patch would refuse another name", forKubectl.Name)
-	}
-	forKustomize.ObjectMeta = forKubectl.ObjectMeta
-	if !reflect.DeepEqual(forKustomize, forKubectl) {
-		t.Error("kubectl-sidecar.yaml differs from sidecar.yaml beyond the name")
-	}
-	b, err := os.ReadFile("patch/service.yaml")
+// TestInjectIntoAnExistingDeployment: a plain vLLM Deployment and Service
+// named differently from the example, as a user's are, through inject
+// (kubectl get -o yaml | timing-sidecar inject | kubectl apply -f -).
+func TestInjectIntoAnExistingDeployment(t *testing.T) {
+	in, err := os.ReadFile("testdata/existing-vllm/vllm.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ops []struct {
-		Op, Path string
-		Value    int
+	var out bytes.Buffer
+	if err := inject.Inject(bytes.NewReader(in), &out, inject.Options{}); err != nil {
+		t.Fatal(err)
 	}
-	if err := yaml.UnmarshalStrict(b, &ops); err != nil || len(ops) != 1 || ops[0].Value != 8001 {
-		t.Fatalf("service patch %+v, %v", ops, err)
+	built := decode(t, "injected", out.Bytes())
+	if len(built.deployments) != 1 || len(built.services) != 1 {
+		t.Fatalf("%d deployments and %d services", len(built.deployments), len(built.services))
+	}
+	d := built.deployments[0]
+	if d.Name != "llama" || d.Spec.Template.Annotations["team"] != "search" {
+		t.Errorf("the user's Deployment changed: %s %v", d.Name, d.Spec.Template.Annotations)
+	}
+	spec := &d.Spec.Template.Spec
+	sc := checkSidecar(t, spec)
+	if len(spec.Containers) != 1 || spec.Containers[0].Name != "vllm" || spec.Containers[0].Args[1] != "meta-llama/Llama-3.1-8B-Instruct" {
+		t.Errorf("the user's vLLM container: %+v", spec.Containers)
+	}
+	// The Service is untouched, and its target port is now the sidecar's.
+	svc := built.services[0]
+	if svc.Name != "llama" || svc.Spec.Ports[0].Port != 80 || svc.Spec.Ports[0].TargetPort != intstr.FromInt32(sc.Ports[0].ContainerPort) {
+		t.Errorf("Service %s port %d -> %v; the sidecar serves %d", svc.Name, svc.Spec.Ports[0].Port, svc.Spec.Ports[0].TargetPort, sc.Ports[0].ContainerPort)
 	}
 }
 
@@ -491,4 +466,42 @@ func envOf(c *corev1.Container) map[string]string {
 		env[e.Name] = e.Value
 	}
 	return env
+}
+
+// exampleSettings are the sidecar's settings in the example, beside the
+// ones its container spec (deploy/inject/sidecar.yaml) sets.
+var exampleSettings = []inject.EnvVar{
+	// "true": non-streaming requests are streamed from the engine and
+	// reassembled, so they get TTFT and ITL too.
+	{Name: "TIMING_SIDECAR_UPGRADE_NON_STREAMING", Value: "false"},
+	// Latency objectives for goodput; 0s sets none. Set them to your SLA.
+	{Name: "TIMING_SIDECAR_SLO_TTFT", Value: "0s"},
+	{Name: "TIMING_SIDECAR_SLO_ITL", Value: "0s"},
+	{Name: "TIMING_SIDECAR_SLO_E2E", Value: "0s"},
+	{Name: "TIMING_SIDECAR_LOG_LEVEL", Value: "info"},
+}
+
+// TestExampleIsInjected keeps the example's Deployment what inject makes
+// of vllm.yaml: one source for the sidecar's container, one port model.
+func TestExampleIsInjected(t *testing.T) {
+	in, err := os.ReadFile("example/vllm.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	out.WriteString("# Generated by timing-sidecar inject from vllm.yaml (go test ./deploy/kubernetes -update); edit vllm.yaml.\n")
+	if err := inject.Inject(bytes.NewReader(in), &out, inject.Options{Env: exampleSettings}); err != nil {
+		t.Fatal(err)
+	}
+	const file = "example/deployment.yaml"
+	if *update {
+		os.WriteFile(file, out.Bytes(), 0o644)
+	}
+	got, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, out.Bytes()) {
+		t.Errorf("%s is not what inject makes of vllm.yaml: run go test ./deploy/kubernetes -update", file)
+	}
 }
