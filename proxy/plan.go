@@ -31,7 +31,7 @@ type plan struct {
 // (the API leaves out what it does not have: several choices, stream
 // options, the upgrade).
 func planFor(cfg *Config, req rewrite.Request) plan {
-	if cfg.Mode == ModeOff {
+	if cfg.Mode == ModeOff || req.Untouched {
 		return plan{} // a transparent proxy: measured, never changed
 	}
 	p := plan{

@@ -20,6 +20,11 @@ var (
 	completionsRoute = route{measured: true, api: rewrite.Completions, label: telemetry.EndpointCompletions}
 	messagesRoute    = route{measured: true, api: rewrite.Messages, label: telemetry.EndpointMessages}
 	responsesRoute   = route{measured: true, api: rewrite.Responses, label: telemetry.EndpointResponses}
+	embeddingsRoute  = route{measured: true, api: rewrite.Pooling, label: telemetry.EndpointEmbeddings}
+	poolingRoute     = route{measured: true, api: rewrite.Pooling, label: telemetry.EndpointPooling}
+	classifyRoute    = route{measured: true, api: rewrite.Pooling, label: telemetry.EndpointClassify}
+	scoreRoute       = route{measured: true, api: rewrite.Pooling, label: telemetry.EndpointScore}
+	rerankRoute      = route{measured: true, api: rewrite.Pooling, label: telemetry.EndpointRerank}
 	otherRoute       = route{label: telemetry.EndpointOther}
 )
 
@@ -35,6 +40,16 @@ func routeOf(path []byte) route {
 		return messagesRoute
 	case "/v1/responses":
 		return responsesRoute
+	case "/v1/embeddings":
+		return embeddingsRoute
+	case "/pooling":
+		return poolingRoute
+	case "/classify":
+		return classifyRoute
+	case "/score", "/v1/score":
+		return scoreRoute
+	case "/rerank", "/v1/rerank", "/v2/rerank":
+		return rerankRoute
 	}
 	return otherRoute
 }

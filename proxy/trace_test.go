@@ -197,7 +197,7 @@ func TestTracingLeavesOtherRequestsAlone(t *testing.T) {
 	})
 	t.Run("unmeasured path", func(t *testing.T) {
 		p, base, exp := tracedSidecar(t, engine.URL(), nil)
-		resp := post(t, base+"/v1/embeddings", `{"model":"m","input":"x"}`, map[string]string{"Traceparent": parent})
+		resp := post(t, base+"/tokenize", `{"model":"m","prompt":"x"}`, map[string]string{"Traceparent": parent})
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 		if got := engine.next(t).Header.Get("Traceparent"); got != parent {

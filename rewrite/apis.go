@@ -53,6 +53,43 @@ var (
 		eventReason: "response.status", bodyReason: "status"}}
 )
 
+// Pooling is vLLM's pooling endpoints: embeddings (/v1/embeddings, also
+// OpenAI's), /pooling, /classify, /score and rerank (Jina's and Cohere's
+// shapes). A request is one JSON object answered by one JSON body with a
+// "usage" (prompt_tokens, or rerank's total_tokens, all input); nothing
+// streams, and neither the request nor the answer is edited: vLLM's
+// schemas for them have no metrics object.
+var Pooling API = poolingAPI{}
+
+type poolingAPI struct{}
+
+// InspectRequest reads the model; the rest of what InspectRequest reads is
+// for the generation APIs, and include_metrics, meaningless here, goes to
+// the engine as it came whatever its value.
+func (poolingAPI) InspectRequest(body []byte) Request {
+	r := InspectRequest(body)
+	if r.InvalidIncludeMetrics {
+		// Read no further by the generation APIs' rules, which refuse
+		// it; here it is the engine's to judge, and the model stands.
+		r.Understood = true
+		if m := gjson.GetBytes(body, "model"); m.Type == gjson.String {
+			r.Model = m.Str
+		}
+	}
+	return Request{Understood: r.Understood, Repeated: r.Repeated, Model: r.Model, Untouched: true}
+}
+
+func (poolingAPI) ClassifyEvent(raw []byte) Event { return Event{} }
+
+func (poolingAPI) ObserveEvent(*Answer, Event) {}
+
+func (poolingAPI) ObserveBody(a *Answer, body []byte) {
+	r := gjson.GetManyBytes(body, "id", "model")
+	a.identify(r[0], r[1])
+}
+
+func (poolingAPI) AppendAssembled(dst []byte, _ *Assembly) ([]byte, bool) { return dst, false }
+
 // openAIAPI is Chat Completions (chat) and Completions.
 type openAIAPI struct{ chat bool }
 

@@ -124,3 +124,15 @@ func TestTakesMetricsAgreesWithTheSplice(t *testing.T) {
 		t.Error("a Responses usage event does not take the metrics")
 	}
 }
+
+// TestPoolingReadsTheModelAndEditsNothing: the pooling endpoints' requests
+// are read for their model and marked untouched, whatever include_metrics
+// holds.
+func TestPoolingReadsTheModelAndEditsNothing(t *testing.T) {
+	for _, body := range []string{`{"model":"bge","input":"x"}`, `{"model":"bge","input":"x","include_metrics":"yes please"}`, `{"model":"bge","input":"x","stream":true}`} {
+		r := Pooling.InspectRequest([]byte(body))
+		if !r.Understood || !r.Untouched || r.Model != "bge" || r.Stream || r.IncludeMetrics || r.HasIncludeMetrics || r.InvalidIncludeMetrics {
+			t.Errorf("%s: %+v", body, r)
+		}
+	}
+}

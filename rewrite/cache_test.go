@@ -54,6 +54,12 @@ func TestCachedPromptTokensOfEveryShape(t *testing.T) {
 			delta := Messages.ClassifyEvent([]byte(`data: {"type":"message_delta","usage":{"cache_read_input_tokens":80,"output_tokens":9}}` + "\n\n")).Usage
 			return start.Merge(delta)
 		}, c(90), c(80)},
+		{"rerank's total, all input", func() timing.Usage {
+			return BodyUsage([]byte(`{"id":"rerank-1","model":"m","usage":{"total_tokens":12},"results":[]}`))
+		}, c(12), timing.Count{}},
+		{"a total beside the prompt is not the prompt", func() timing.Usage {
+			return BodyUsage([]byte(`{"usage":{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}}`))
+		}, c(5), timing.Count{}},
 		{"a count that is not one", func() timing.Usage {
 			return BodyUsage([]byte(`{"usage":{"prompt_tokens":30,"prompt_tokens_details":{"cached_tokens":-1}},"timings":{"cache_n":"20"}}`))
 		}, c(30), timing.Count{}},

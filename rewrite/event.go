@@ -199,7 +199,7 @@ func BodyUsage(body []byte) timing.Usage {
 // prompt_tokens (LiteLLM's) is not counted twice.
 func parseUsage(usage gjson.Result) timing.Usage {
 	var u timing.Usage
-	var read, written, details timing.Count
+	var read, written, details, total timing.Count
 	fromInput := false
 	usage.ForEach(func(key, v gjson.Result) bool {
 		switch key.Str {
@@ -227,6 +227,8 @@ func parseUsage(usage gjson.Result) timing.Usage {
 			u.PromptTokens, fromInput = c, true
 		case "completion_tokens", "output_tokens":
 			u.CompletionTokens = c
+		case "total_tokens":
+			total = c
 		case "cache_read_input_tokens":
 			read = c
 		case "cache_creation_input_tokens":
@@ -234,6 +236,11 @@ func parseUsage(usage gjson.Result) timing.Usage {
 		}
 		return true
 	})
+	if !u.PromptTokens.Set && !u.CompletionTokens.Set && total.Set {
+		// Rerank's usage (Jina's and Cohere's shapes) has only the
+		// total: every token of it is input.
+		u.PromptTokens = total
+	}
 	switch {
 	case details.Set:
 		u.CachedTokens = details

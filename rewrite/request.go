@@ -40,6 +40,11 @@ type Request struct {
 	// MultipleChoices is n > 1 or several prompts in one completions
 	// request: one metrics object cannot describe them, so it is null.
 	MultipleChoices bool
+	// Untouched says the request's API never has its bodies edited nor
+	// its responses given a metrics object (embeddings, rerank and the
+	// other pooling endpoints): measured and counted, passed through as
+	// they are.
+	Untouched bool
 	// Upgradable says a non-streaming request may be sent to the engine as
 	// a stream and its response reassembled exactly: one choice, and only
 	// fields whose effect a stream reproduces (see upgradableField).

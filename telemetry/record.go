@@ -12,6 +12,11 @@ const (
 	EndpointCompletions = "completions"
 	EndpointMessages    = "messages"  // Anthropic's Messages API
 	EndpointResponses   = "responses" // OpenAI's Responses API
+	EndpointEmbeddings  = "embeddings"
+	EndpointPooling     = "pooling"
+	EndpointClassify    = "classify"
+	EndpointScore       = "score"
+	EndpointRerank      = "rerank"
 	EndpointOther       = "other"
 )
 

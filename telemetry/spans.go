@@ -17,10 +17,18 @@ import (
 // a header value.
 
 // operation is gen_ai.operation.name for an endpoint: Completions is
-// text_completion; Chat Completions, Messages and Responses are chat.
+// text_completion; Chat Completions, Messages and Responses are chat;
+// embeddings is the conventions' embeddings; the other pooling endpoints
+// have no name there and take their own (custom values, as the
+// conventions allow).
 func operation(endpoint string) attribute.KeyValue {
-	if endpoint == EndpointCompletions {
+	switch endpoint {
+	case EndpointCompletions:
 		return semconv.GenAIOperationNameTextCompletion
+	case EndpointEmbeddings:
+		return semconv.GenAIOperationNameEmbeddings
+	case EndpointPooling, EndpointClassify, EndpointScore, EndpointRerank:
+		return semconv.GenAIOperationNameKey.String(endpoint)
 	}
 	return semconv.GenAIOperationNameChat
 }

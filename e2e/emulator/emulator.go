@@ -219,6 +219,9 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/completions", s.generate)
 	mux.HandleFunc("POST /v1/messages", s.generate)
 	mux.HandleFunc("POST /v1/responses", s.generate)
+	for _, path := range []string{"/v1/embeddings", "/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank"} {
+		mux.HandleFunc("POST "+path, s.pool)
+	}
 	mux.HandleFunc("GET /v1/models", s.models)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { s.count("/health") })
 	mux.HandleFunc("GET /metrics", s.metrics)
