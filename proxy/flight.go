@@ -36,6 +36,9 @@ type flight struct {
 	computed, lateUsage bool
 	// trailers: the client accepts trailers (TE: trailers).
 	trailers bool
+	// timingHeader: an answer passed through untouched (the pooling
+	// endpoints) gets a Server-Timing header with its time to first byte.
+	timingHeader bool
 	// streaming: a body stream finishes the flight, not the handler.
 	streaming bool
 	// route is what the path makes of the request.

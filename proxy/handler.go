@@ -104,6 +104,7 @@ func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight, body []byte) 
 	}
 	pl := planFor(&p.cfg, req)
 	f.rec.Model, f.rec.Stream = req.Model, req.Stream
+	f.timingHeader = req.Untouched && p.cfg.Mode != ModeOff
 	if p.tracer != nil {
 		p.beginTrace(ctx, f, body)
 	}

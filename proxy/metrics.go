@@ -98,3 +98,12 @@ func serverTiming(m *timing.Metrics) []byte {
 	add("e2e", m.E2ELatency)
 	return b
 }
+
+// firstByteTiming is the Server-Timing value of an answer passed through
+// untouched: its time to first byte, the engine's response headers, which
+// for an answer sent whole is the engine's computation. The end is not
+// known when the headers go out.
+func firstByteTiming(f *flight) []byte {
+	b := []byte("ttfb;dur=")
+	return strconv.AppendFloat(b, float64(f.clock.Accepted.Sub(f.clock.Arrival))/float64(time.Millisecond), 'f', 3, 64)
+}

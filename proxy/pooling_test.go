@@ -45,6 +45,9 @@ func TestPoolingEndpointsAreMeasured(t *testing.T) {
 		if resp.StatusCode != 200 || string(got) != string(want) {
 			t.Errorf("%s: %d, answer changed:\n got %s\nwant %s", tc.path, resp.StatusCode, got, want)
 		}
+		if st := resp.Header.Get("Server-Timing"); !strings.HasPrefix(st, "ttfb;dur=") {
+			t.Errorf("%s: Server-Timing %q", tc.path, st)
+		}
 		if string(rec.Body) != tc.body {
 			t.Errorf("%s: the engine got %s, not the request as sent", tc.path, rec.Body)
 		}
@@ -53,13 +56,16 @@ func TestPoolingEndpointsAreMeasured(t *testing.T) {
 		var e struct {
 			Model  string   `json:"model"`
 			E2E    *float64 `json:"e2e_latency_ms"`
+			TTFB   *float64 `json:"time_to_first_byte_ms"`
 			Prompt *int     `json:"prompt_tokens"`
 			SLO    string   `json:"slo"`
 		}
 		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &e); err != nil {
 			t.Fatal(err)
 		}
-		if e.Model != "bge" || e.E2E == nil || *e.E2E <= 0 || e.Prompt == nil || *e.Prompt != rec.PromptTokens || e.SLO != "met" {
+		if e.Model != "bge" || e.E2E == nil || *e.E2E <= 0 || e.TTFB == nil || *e.TTFB > *e.E2E ||
+			*e.TTFB < 15 || // the engine's 5 + 10 ms, between its reading the request and its answer
+			e.Prompt == nil || *e.Prompt != rec.PromptTokens || e.SLO != "met" {
 			t.Errorf("%s: logged %s", tc.path, lines[len(lines)-1])
 		}
 	}

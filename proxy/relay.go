@@ -25,6 +25,10 @@ import (
 func (p *Proxy) relayBody(ctx *fasthttp.RequestCtx, f *flight, x *upstream.Exchange, resp *fasthttp.Response, prefix []byte, readErr error) {
 	copyResponseHeader(ctx, resp)
 	setResponseID(ctx, f)
+	if f.timingHeader && f.measured {
+		// After the engine's own entries: Server-Timing is a list.
+		ctx.Response.Header.AddBytesV("Server-Timing", firstByteTiming(f))
+	}
 	f.rec.Status = resp.StatusCode()
 	if resp.BodyStream() == nil {
 		// HEAD, 204, 304: headers only.

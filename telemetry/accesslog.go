@@ -288,6 +288,7 @@ func appendLine(b []byte, now time.Time, r *Record, j *judgement) []byte {
 	b = appendNumber(b, `,"tokens_per_second":`, m.TokensPerSecond)
 	b = appendNumber(b, `,"e2e_latency_ms":`, m.E2ELatency)
 	b = appendNumber(b, `,"max_itl_ms":`, m.MaxITL)
+	b = appendNumber(b, `,"time_to_first_byte_ms":`, m.TimeToFirstByte)
 	b = appendCount(b, `,"prompt_tokens":`, m.PromptTokens)
 	b = appendCount(b, `,"completion_tokens":`, m.CompletionTokens)
 	b = appendCount(b, `,"token_events":`, m.TokenEvents)

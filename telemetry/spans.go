@@ -63,6 +63,7 @@ const (
 	attrClientGone   = attribute.Key(attrPrefix + "client_gone")
 	attrUpstreamErr  = attribute.Key(attrPrefix + "upstream_error")
 	attrCache        = attribute.Key(attrPrefix + "cache")
+	attrFirstByte    = attribute.Key(attrPrefix + "time_to_first_byte_ms")
 	attrPrefill      = attribute.Key(attrPrefix + "prefill_tokens_per_second")
 	eventAccepted    = attrPrefix + "engine_accepted"
 	eventFirstToken  = attrPrefix + "first_token"
@@ -154,6 +155,9 @@ func serverAttributes(a []attribute.KeyValue, r *Record) []attribute.KeyValue {
 	seconds(vllmFirstToken, ttft, ok)
 	seconds(vllmE2E, m.E2ELatency.Value, m.E2ELatency.Set)
 	a = appendMetrics(a, m)
+	if n := m.TimeToFirstByte; n.Set {
+		a = append(a, attrFirstByte.Float64(math.Round(n.Value*1000)/1000))
+	}
 	if m.Cache != timing.CacheUnknown {
 		a = append(a, attrCache.String(m.Cache.String()))
 	}

@@ -102,6 +102,11 @@ type Metrics struct {
 	// total, the time spent outside the engine.
 	Engine   EngineTiming
 	Overhead Number
+	// TimeToFirstByte is accepted − arrival for every response, streamed
+	// or not: for an answer sent whole (embeddings, rerank), the engine's
+	// whole computation. Not part of the JSON object: QueueTime is the
+	// same mark for streams.
+	TimeToFirstByte Number
 	// CachedTokens is the prompt tokens the engine read from its prefix
 	// cache, when it said (not part of the JSON object: the client has
 	// them in usage); Cache classes the prompt by them.
@@ -336,6 +341,7 @@ func (m *Metrics) SetEngine(e EngineTiming) {
 func Compute(c *Clock, u Usage, streamed bool) Metrics {
 	var m Metrics
 	m.E2ELatency = number(span(c.Arrival, c.Done))
+	m.TimeToFirstByte = number(span(c.Arrival, c.Accepted))
 	if streamed {
 		m.QueueTime = number(span(c.Arrival, c.Accepted))
 		if c.tokenEvents > 0 {
