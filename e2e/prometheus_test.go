@@ -178,6 +178,16 @@ func TestDashboardAndRulesInPrometheus(t *testing.T) {
 	if r := send(t, s.base, false, 8, map[string]string{"X-Tenant": "beta"}); r.status != 200 {
 		t.Fatalf("unary: %d", r.status)
 	}
+	// An embeddings request, the pooling panel's source.
+	emb, err := http.Post(s.base+"/v1/embeddings", "application/json", strings.NewReader(`{"model":"m","input":"a b c"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, emb.Body)
+	emb.Body.Close()
+	if emb.StatusCode != 200 {
+		t.Fatalf("embeddings: %d", emb.StatusCode)
+	}
 	prom.await(t, `sum(timing_sidecar_time_to_first_token_seconds_count)`, func(v float64) bool { return v >= streams }, "the streams scraped")
 
 	// Every dashboard expression, variables filled in, returns data (a

@@ -68,6 +68,9 @@ func variable(name, label, query string) *dashboard.QueryVariableBuilder {
 		Multi(true).IncludeAll(true).AllValue(".*").Sort(dashboard.VariableSortAlphabeticalAsc)
 }
 
+// poolingEndpoints is the endpoint label values of the pooling endpoints.
+const poolingEndpoints = "embeddings|pooling|classify|score|rerank"
+
 // Dashboard builds the dashboard.
 func Dashboard() (dashboard.Dashboard, error) {
 	b := dashboard.NewDashboardBuilder("timing-sidecar: LLM requests").Uid(UID).
@@ -108,6 +111,10 @@ func Dashboard() (dashboard.Dashboard, error) {
 		query(`histogram_quantile(0.1, sum by (le, model) (rate(timing_sidecar_prefill_tokens_per_second_bucket{`+models+`}[$__rate_interval])))`, "p10 {{model}}")))
 	b.WithPanel(panel("Decode speed per stream", "Tokens per second one stream receives: 1 / median inter-token latency.", "none",
 		query(`1 / histogram_quantile(0.5, sum by (le, model) (rate(timing_sidecar_inter_token_latency_seconds_bucket{`+models+`}[$__rate_interval])))`, "{{model}}")))
+
+	b.WithPanel(panel("Embeddings and rerank", "End-to-end latency (p50, p99) of the pooling endpoints (embeddings, pooling, classify, score, rerank), by endpoint: their answers come whole, so this is the engine's computation and the network. Empty without such traffic.", "s",
+		query(`histogram_quantile(0.5, sum by (le, endpoint) (rate(timing_sidecar_e2e_request_latency_seconds_bucket{`+models+`, endpoint=~"`+poolingEndpoints+`"}[$__rate_interval])))`, "p50 {{endpoint}}"),
+		query(`histogram_quantile(0.99, sum by (le, endpoint) (rate(timing_sidecar_e2e_request_latency_seconds_bucket{`+models+`, endpoint=~"`+poolingEndpoints+`"}[$__rate_interval])))`, "p99 {{endpoint}}")))
 
 	b.WithRow(dashboard.NewRowBuilder("Tokens"))
 	b.WithPanel(panel("Tokens per second by model", "Prompt and generated tokens, from the engine's usage.", "none",
