@@ -3,6 +3,8 @@ package proxy
 import (
 	"encoding/json"
 	"io"
+	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -81,4 +83,102 @@ func TestPoolingEndpointsAreMeasured(t *testing.T) {
 			t.Errorf("requests_total{%s} = %v, want %d", label, got, n)
 		}
 	}
+}
+
+// TestPoolingAgainstAMisbehavingEngine: an answer without usage, a
+// request without a model, an upload larger than the memory budget and an
+// answer cut halfway are each logged with what could be measured, and the
+// client gets what the engine sent.
+func TestPoolingAgainstAMisbehavingEngine(t *testing.T) {
+	engine := newFakeEngine(t)
+	var log syncBuffer
+	p, base := startSidecar(t, engine.URL(), func(c *Config) { c.MaxBodyMemory = 32 << 10 }, &log)
+	noUsage := `{"id":"embd-1","object":"list","model":"bge","data":[{"index":0,"object":"embedding","embedding":[0.1]}]}`
+	huge := `{"model":"bge","input":"` + strings.Repeat("a ", 50<<10) + `"}`
+	for _, tc := range []struct {
+		name, body string
+		headers    map[string]string
+		model      string
+		unread     string
+	}{
+		{"no usage", `{"model":"bge","input":"x"}`, map[string]string{"X-Fake-Body": noUsage}, "bge", ""},
+		{"no model", `{"input":"x"}`, map[string]string{"X-Fake-Body": noUsage}, "", ""},
+		{"larger than the memory budget", huge, map[string]string{"X-Fake-Body": noUsage}, "", "no_memory"},
+	} {
+		resp := post(t, base+"/v1/embeddings", tc.body, tc.headers)
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		fr := engine.next(t)
+		<-fr.Finished
+		if resp.StatusCode != 200 || string(got) != noUsage || string(fr.Body) != tc.body {
+			t.Errorf("%s: %d %s; the engine got %d bytes of %d", tc.name, resp.StatusCode, got, len(fr.Body), len(tc.body))
+		}
+		p.telemetry.Flush()
+		lines := log.lines()
+		var e struct {
+			Model  string   `json:"model"`
+			E2E    *float64 `json:"e2e_latency_ms"`
+			Prompt *int     `json:"prompt_tokens"`
+		}
+		last := lines[len(lines)-1]
+		if err := json.Unmarshal([]byte(last), &e); err != nil {
+			t.Fatal(err)
+		}
+		if e.Model != tc.model || e.E2E == nil || e.Prompt != nil {
+			t.Errorf("%s: logged %s", tc.name, last)
+		}
+		if tc.unread != "" && counterValue(t, p, "timing_sidecar_unread_requests_total", map[string]string{"reason": tc.unread}) != 1 {
+			t.Errorf("%s: not counted as unread (%s)", tc.name, tc.unread)
+		}
+		if used := p.bodies.used.Load(); used != 0 {
+			t.Errorf("%s: %d bytes of the budget still held", tc.name, used)
+		}
+	}
+}
+
+// TestPoolingAnswerCutHalfway: an engine that closes before its declared
+// length is an interrupted request, logged and counted, and the client
+// gets what came and then a close.
+func TestPoolingAnswerCutHalfway(t *testing.T) {
+	engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, _ []byte) {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"id\":\"embd-1\",\"data\":[")
+		c.Close()
+	})
+	log := &notifyingBuffer{wrote: make(chan struct{}, 1)}
+	p, base := startSidecar(t, engine.URL(), nil, log)
+	resp := post(t, base+"/v1/rerank", `{"model":"bge","query":"q","documents":["a"]}`, nil)
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err == nil || !strings.HasPrefix(string(got), `{"id":"embd-1"`) {
+		t.Errorf("the client read %q, %v: want what came, then an error", got, err)
+	}
+	// The record is made as the relay ends, after the client's read; the
+	// access log writes it out on its own within its flush interval.
+	select {
+	case <-log.wrote:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no access-log line")
+	}
+	lines := log.lines()
+	if len(lines) != 1 || !strings.Contains(lines[0], `"upstream_error":"interrupted"`) || !strings.Contains(lines[0], `"model":"bge"`) {
+		t.Errorf("logged %v", lines)
+	}
+	if got := counterValue(t, p, "timing_sidecar_upstream_errors_total", map[string]string{"kind": "interrupted"}); got != 1 {
+		t.Errorf("interrupted %v", got)
+	}
+}
+
+// notifyingBuffer is an access log that says when a line was written.
+type notifyingBuffer struct {
+	syncBuffer
+	wrote chan struct{}
+}
+
+func (b *notifyingBuffer) Write(p []byte) (int, error) {
+	n, err := b.syncBuffer.Write(p)
+	select {
+	case b.wrote <- struct{}{}:
+	default:
+	}
+	return n, err
 }
