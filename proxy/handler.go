@@ -51,7 +51,11 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx) {
 		clientconn.CloseAfterError(ctx)
 		return
 	}
-	body, ok := p.readBody(ctx, f)
+	read := p.readBody
+	if f.route.upload && ctx.IsPost() {
+		read = p.readUpload
+	}
+	body, ok := read(ctx, f)
 	if !ok {
 		return
 	}
@@ -91,11 +95,12 @@ func (p *Proxy) recoverRequest(ctx *fasthttp.RequestCtx, f *flight) {
 // response when the mode and the request ask for it.
 func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight, body []byte) {
 	var req rewrite.Request // a body left unread is not Understood
-	if f.unread == nil {
+	if f.unread == nil || f.route.upload && body != nil {
+		// An upload's first bytes hold its form fields.
 		req = f.route.api.InspectRequest(body)
 	}
 	switch {
-	case f.unread != nil:
+	case f.unread != nil && !(f.route.upload && body != nil):
 		f.rec.Unread = telemetry.UnreadNoMemory
 	case req.Repeated:
 		f.rec.Unread = telemetry.UnreadRepeated

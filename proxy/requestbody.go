@@ -89,6 +89,8 @@ func (p *Proxy) readBody(ctx *fasthttp.RequestCtx, f *flight) ([]byte, bool) {
 				grown = n // one copy fewer, and no more garbage
 			}
 			if !p.bodies.take(grown-cap(body), wait) && (wait > 0 || !p.bodies.awaitGrowth(grown-cap(body))) {
+				p.log.Warn("no room in --max-body-memory for the request body; it goes to the engine unread, and is answered without metrics",
+					"request_id", f.rec.ID, "content_length", n, "max_body_memory", p.cfg.MaxBodyMemory)
 				p.streamUnread(f, body, stream, n)
 				return nil, true
 			}
@@ -120,18 +122,64 @@ func (p *Proxy) readBody(ctx *fasthttp.RequestCtx, f *flight) ([]byte, bool) {
 	}
 }
 
-// streamUnread sends a body the budget has no room for to the engine as it
-// arrives, unread: what was read of it, then the rest. The request is
-// answered, without the metrics object. The room what was read holds is
-// given back once it has gone to the engine.
+// streamUnread sends a body to the engine as it arrives, unread: what was
+// read of it, then the rest (a body the budget has no room for, or an
+// upload past its form fields). The room what was read holds is given
+// back once it has gone to the engine.
 func (p *Proxy) streamUnread(f *flight, read []byte, rest io.Reader, size int) {
 	room := &readRoom{budget: p.bodies}
 	room.n.Store(int64(f.bodyTaken))
 	f.bodyTaken, f.readRoom = 0, room
 	body := &clientBody{r: io.MultiReader(&roomReader{Reader: bytes.NewReader(read), room: room}, rest)}
 	f.unread, f.unreadSize = body, size
-	p.log.Warn("no room in --max-body-memory for the request body; it goes to the engine unread, and is answered without metrics",
-		"request_id", f.rec.ID, "content_length", size, "max_body_memory", p.cfg.MaxBodyMemory)
+}
+
+// uploadPeek is how much of an upload the sidecar reads for its form
+// fields (model, stream), which clients send before the file: the file
+// streams on to the engine unread, never held.
+const uploadPeek = 16 << 10
+
+// readUpload reads an upload's first bytes, within the budget, and leaves
+// the rest to stream to the engine unread; a body that fits in them (or
+// came with the headers) is read whole. It returns what it read, and
+// false when it has answered the client itself.
+func (p *Proxy) readUpload(ctx *fasthttp.RequestCtx, f *flight) ([]byte, bool) {
+	n := ctx.Request.Header.ContentLength()
+	if n > p.cfg.MaxRequestBodySize {
+		p.refuseBody(ctx, f, fasthttp.ErrBodyTooLarge)
+		return nil, false
+	}
+	if !ctx.Request.IsBodyStream() || (n >= 0 && n <= bodyPrefetch) {
+		body := ctx.Request.Body()
+		f.rec.BytesIn = len(body)
+		return body, true
+	}
+	stream := ctx.RequestBodyStream()
+	if n >= 0 {
+		f.rec.BytesIn = n
+	}
+	size := uploadPeek
+	if n >= 0 {
+		size = min(size, n)
+	}
+	if !p.bodies.take(size, bodyBudgetWait) {
+		p.streamUnread(f, nil, stream, n) // no room even for the fields: unread
+		return nil, true
+	}
+	f.bodyTaken += size
+	peek := make([]byte, size)
+	m, err := io.ReadFull(stream, peek)
+	peek = peek[:m]
+	switch {
+	case m == n || (n < 0 && (err == io.EOF || err == io.ErrUnexpectedEOF)):
+		f.rec.BytesIn = m
+		return peek, true // all of it
+	case err != nil:
+		p.refuseBody(ctx, f, err)
+		return nil, false
+	}
+	p.streamUnread(f, peek, stream, n)
+	return peek, true
 }
 
 // refuseBody answers a request whose body could not be read as fasthttp

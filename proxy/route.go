@@ -13,6 +13,9 @@ type route struct {
 	measured bool
 	api      rewrite.API
 	label    string
+	// upload: a multipart upload (audio), read only as far as its form
+	// fields before the file; the rest streams to the engine unread.
+	upload bool
 }
 
 var (
@@ -25,6 +28,8 @@ var (
 	classifyRoute    = route{measured: true, api: rewrite.Pooling, label: telemetry.EndpointClassify}
 	scoreRoute       = route{measured: true, api: rewrite.Pooling, label: telemetry.EndpointScore}
 	rerankRoute      = route{measured: true, api: rewrite.Pooling, label: telemetry.EndpointRerank}
+	transcribeRoute  = route{measured: true, api: rewrite.Transcriptions, label: telemetry.EndpointTranscriptions, upload: true}
+	translateRoute   = route{measured: true, api: rewrite.Transcriptions, label: telemetry.EndpointTranslations, upload: true}
 	otherRoute       = route{label: telemetry.EndpointOther}
 )
 
@@ -50,6 +55,10 @@ func routeOf(path []byte) route {
 		return scoreRoute
 	case "/rerank", "/v1/rerank", "/v2/rerank":
 		return rerankRoute
+	case "/v1/audio/transcriptions":
+		return transcribeRoute
+	case "/v1/audio/translations":
+		return translateRoute
 	}
 	return otherRoute
 }

@@ -1,6 +1,9 @@
 package rewrite
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestClassifyMessagesAndResponses(t *testing.T) {
 	for _, tt := range []struct {
@@ -133,6 +136,43 @@ func TestPoolingReadsTheModelAndEditsNothing(t *testing.T) {
 		r := Pooling.InspectRequest([]byte(body))
 		if !r.Understood || !r.Untouched || r.Model != "bge" || r.Stream || r.IncludeMetrics || r.HasIncludeMetrics || r.InvalidIncludeMetrics {
 			t.Errorf("%s: %+v", body, r)
+		}
+	}
+}
+
+// TestTranscriptionFormFields: the model and stream fields are read from a
+// multipart form, also when only its first bytes are there.
+func TestTranscriptionFormFields(t *testing.T) {
+	form := func(fields ...string) string {
+		var b strings.Builder
+		for i := 0; i+1 < len(fields); i += 2 {
+			if fields[i] == "file" {
+				b.WriteString("--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\nContent-Type: audio/wav\r\n\r\n" + fields[i+1] + "\r\n")
+				continue
+			}
+			b.WriteString("--XyZ\r\nContent-Disposition: form-data; name=\"" + fields[i] + "\"\r\n\r\n" + fields[i+1] + "\r\n")
+		}
+		b.WriteString("--XyZ--\r\n")
+		return b.String()
+	}
+	audio := strings.Repeat("RIFF", 1000)
+	for _, tc := range []struct {
+		name, body string
+		model      string
+		stream     bool
+		understood bool
+	}{
+		{"fields before the file", form("model", "whisper", "stream", "true", "file", audio), "whisper", true, true},
+		{"fields after the file", form("file", audio, "model", "whisper", "stream", "True"), "whisper", true, true},
+		{"only the first bytes, fields first", form("model", "whisper", "stream", "1", "file", audio)[:300], "whisper", true, true},
+		{"only the first bytes, fields after the file", form("file", audio, "model", "whisper")[:300], "", false, true},
+		{"no model", form("file", audio), "", false, true},
+		{"stream off", form("model", "w", "stream", "false", "file", "x"), "w", false, true},
+		{"not a form", `{"model":"whisper"}`, "", false, false},
+	} {
+		r := Transcriptions.InspectRequest([]byte(tc.body))
+		if r.Model != tc.model || r.Stream != tc.stream || r.Understood != tc.understood || !r.Untouched {
+			t.Errorf("%s: %+v", tc.name, r)
 		}
 	}
 }

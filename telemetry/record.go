@@ -17,7 +17,10 @@ const (
 	EndpointClassify    = "classify"
 	EndpointScore       = "score"
 	EndpointRerank      = "rerank"
-	EndpointOther       = "other"
+	// OpenAI's audio endpoints, multipart uploads.
+	EndpointTranscriptions = "transcriptions"
+	EndpointTranslations   = "translations"
+	EndpointOther          = "other"
 )
 
 // Upstream error kinds, as the "kind" label names them.

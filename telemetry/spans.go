@@ -27,7 +27,7 @@ func operation(endpoint string) attribute.KeyValue {
 		return semconv.GenAIOperationNameTextCompletion
 	case EndpointEmbeddings:
 		return semconv.GenAIOperationNameEmbeddings
-	case EndpointPooling, EndpointClassify, EndpointScore, EndpointRerank:
+	case EndpointPooling, EndpointClassify, EndpointScore, EndpointRerank, EndpointTranscriptions, EndpointTranslations:
 		return semconv.GenAIOperationNameKey.String(endpoint)
 	}
 	return semconv.GenAIOperationNameChat

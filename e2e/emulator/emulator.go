@@ -222,6 +222,8 @@ func (s *Server) Handler() http.Handler {
 	for _, path := range []string{"/v1/embeddings", "/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank"} {
 		mux.HandleFunc("POST "+path, s.pool)
 	}
+	mux.HandleFunc("POST /v1/audio/transcriptions", s.audio)
+	mux.HandleFunc("POST /v1/audio/translations", s.audio)
 	mux.HandleFunc("GET /v1/models", s.models)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { s.count("/health") })
 	mux.HandleFunc("GET /metrics", s.metrics)
