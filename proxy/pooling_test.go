@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -181,4 +182,71 @@ func (b *notifyingBuffer) Write(p []byte) (int, error) {
 	default:
 	}
 	return n, err
+}
+
+// TestPoolingAndAudioAreTraced: their SERVER spans are named by the
+// conventions' operation (embeddings) or the endpoint's own, with the
+// model and the prompt tokens.
+func TestPoolingAndAudioAreTraced(t *testing.T) {
+	engine := startEmulator(t, emulator.Config{Model: "bge", Timing: emulator.Timing{TTFT: 5 * time.Millisecond, OutputTokens: 2}})
+	p, base, exp := tracedSidecar(t, engine.URL(), nil)
+	for _, tc := range []struct{ path, body, name, op string }{
+		{"/v1/embeddings", `{"model":"bge","input":"a b"}`, "embeddings bge", "embeddings"},
+		{"/v1/rerank", `{"model":"bge","query":"q","documents":["a"]}`, "rerank bge", "rerank"},
+	} {
+		id := strings.ReplaceAll(tc.path, "/", "-")
+		resp := post(t, base+tc.path, tc.body, map[string]string{"X-Request-Id": id})
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		server, _ := spansOf(t, p, exp, id)
+		a := map[string]any{}
+		for _, kv := range server.Attributes {
+			a[string(kv.Key)] = kv.Value.AsInterface()
+		}
+		if server.Name != tc.name || a["gen_ai.operation.name"] != tc.op || a["gen_ai.request.model"] != "bge" || a["gen_ai.usage.input_tokens"] == nil {
+			t.Errorf("%s: span %q %v", tc.path, server.Name, a)
+		}
+	}
+	ct, body := audioForm(t, 4<<10, "model", "bge")
+	resp := postForm(t, base+"/v1/audio/transcriptions", ct, "audio", body)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if server, _ := spansOf(t, p, exp, "audio"); server.Name != "transcriptions bge" {
+		t.Errorf("audio span %q", server.Name)
+	}
+}
+
+// TestStreamedTranscriptionCutHalfway: an engine that drops a streamed
+// transcription after two deltas is an interrupted request; the client
+// has the deltas that came.
+func TestStreamedTranscriptionCutHalfway(t *testing.T) {
+	engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, _ []byte) {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+		for range 2 {
+			ev := `data: {"id":"trsc-1","object":"transcription.chunk","model":"whisper","choices":[{"delta":{"content":" hi"},"finish_reason":null}]}` + "\n\n"
+			fmt.Fprintf(c, "%x\r\n%s\r\n", len(ev), ev)
+		}
+		c.Close()
+	})
+	log := &notifyingBuffer{wrote: make(chan struct{}, 1)}
+	p, base := startSidecar(t, engine.URL(), nil, log)
+	ct, body := audioForm(t, 4<<10, "model", "whisper", "stream", "true")
+	resp := postForm(t, base+"/v1/audio/transcriptions", ct, "cut", body)
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if strings.Count(string(got), `"content":" hi"`) != 2 {
+		t.Errorf("the client got %q", got)
+	}
+	select {
+	case <-log.wrote:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no access-log line")
+	}
+	line := log.lines()[0]
+	if !strings.Contains(line, `"upstream_error":"interrupted"`) || !strings.Contains(line, `"model":"whisper"`) || strings.Contains(line, `"time_to_first_token_ms":null`) {
+		t.Errorf("logged %s", line)
+	}
+	if got := counterValue(t, p, "timing_sidecar_upstream_errors_total", map[string]string{"kind": "interrupted"}); got != 1 {
+		t.Errorf("interrupted %v", got)
+	}
 }
