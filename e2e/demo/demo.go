@@ -5,12 +5,14 @@
 package demo
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -66,7 +68,52 @@ func Run(ctx context.Context, timing emulator.Timing, w io.Writer) error {
 		report(w, metrics, rec, r.stream)
 		fmt.Fprintf(w, "  \"metrics\": %s\n", metrics)
 	}
+	if err := pooling(ctx, engine.URL(), base, w); err != nil {
+		return err
+	}
 	return besideVLLM(ctx, timing, w)
+}
+
+// pooling shows the pooling endpoints measured and passed through: each
+// answer byte for byte the engine's, with the sidecar's Server-Timing.
+func pooling(ctx context.Context, engine, base string, w io.Writer) error {
+	fmt.Fprintf(w, "\nembeddings and rerank (measured and counted by endpoint and model; the answer passes untouched)\n")
+	for _, r := range []struct{ path, body string }{
+		{"/v1/embeddings", `{"model":"emulated","input":["Tell me about foxes"]}`},
+		{"/v1/rerank", `{"model":"emulated","query":"foxes","documents":["Foxes are canids.","Owls hunt at night."]}`},
+	} {
+		id := "demo" + strings.ReplaceAll(r.path, "/", "-")
+		direct, _, err := post(ctx, engine+r.path, r.body, id)
+		if err != nil {
+			return fmt.Errorf("%s: %w", r.path, err)
+		}
+		through, timing, err := post(ctx, base+r.path, r.body, id)
+		if err != nil {
+			return fmt.Errorf("%s: %w", r.path, err)
+		}
+		fmt.Fprintf(w, "  POST %-16s Server-Timing: %s, answer as the engine's: %v\n", r.path, timing, bytes.Equal(direct, through))
+	}
+	return nil
+}
+
+// post sends a JSON body and returns the answer and its Server-Timing.
+func post(ctx context.Context, url, body, id string) ([]byte, string, error) {
+	req, err := http.NewRequestWithContext(ctx, "POST", url, strings.NewReader(body))
+	if err != nil {
+		return nil, "", err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Request-Id", id)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("status %d: %s", resp.StatusCode, b)
+	}
+	return b, resp.Header.Get("Server-Timing"), err
 }
 
 // besideVLLM shows the sidecar in front of an engine that reports its own
