@@ -236,22 +236,33 @@ func parseUsage(usage gjson.Result) timing.Usage {
 		}
 		return true
 	})
-	if !u.PromptTokens.Set && !u.CompletionTokens.Set && total.Set {
-		// Rerank's usage (Jina's and Cohere's shapes) has only the
-		// total: every token of it is input.
-		u.PromptTokens = total
+	return settleCounts(u, usageCounts{read: read, written: written, details: details, total: total, fromInput: fromInput})
+}
+
+// usageCounts is what parseUsage reads beside the usage's own counts: the
+// cache's, in each API's place, and the total.
+type usageCounts struct {
+	read, written, details, total timing.Count
+	fromInput                     bool // the prompt came as input_tokens
+}
+
+// settleCounts settles u's prompt and cache counts by the usage's shape:
+// rerank's total alone is all input; a details object (OpenAI's,
+// Responses') has the cached count inside the prompt; Anthropic's keys
+// beside input_tokens, or alone in a final usage, count apart from it;
+// beside prompt_tokens (a gateway's chat usage), inside it.
+func settleCounts(u timing.Usage, c usageCounts) timing.Usage {
+	if !u.PromptTokens.Set && !u.CompletionTokens.Set && c.total.Set {
+		u.PromptTokens = c.total
 	}
+	anthropic := c.read.Set || c.written.Set
 	switch {
-	case details.Set:
-		u.CachedTokens = details
-	case fromInput && (read.Set || written.Set):
-		u.CachedTokens, u.CacheWriteTokens, u.CacheApart = read, written, true
-	case !u.PromptTokens.Set && (read.Set || written.Set):
-		// Anthropic's final usage may carry the cache's counts without
-		// input_tokens: apart, as message_start's were.
-		u.CachedTokens, u.CacheWriteTokens, u.CacheApart = read, written, true
-	case read.Set:
-		u.CachedTokens = read // beside prompt_tokens: part of it
+	case c.details.Set:
+		u.CachedTokens = c.details
+	case anthropic && (c.fromInput || !u.PromptTokens.Set):
+		u.CachedTokens, u.CacheWriteTokens, u.CacheApart = c.read, c.written, true
+	case c.read.Set:
+		u.CachedTokens = c.read
 	}
 	return u
 }

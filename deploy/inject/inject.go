@@ -70,32 +70,9 @@ func Inject(in io.Reader, out io.Writer, opts Options) error {
 // whether it runs one (already injected or not).
 func injectPod(ps podSpec, opts *Options) (bool, error) {
 	pod := ps.node
-	containers, err := pod.Pipe(yaml.Lookup("containers"))
-	if err != nil {
-		return false, err
-	}
-	elements, err := containers.Elements()
-	if err != nil {
-		return false, err
-	}
-	var engineC *yaml.RNode
-	var eng *engine
-	for _, c := range elements {
-		if scalar(c, "name") == Name {
-			return true, nil // injected already
-		}
-		if e := engineOf(c, opts); e != nil {
-			if engineC != nil {
-				return false, fmt.Errorf("two containers could be the engine, %q and %q: name one with --engine-container", scalar(engineC, "name"), scalar(c, "name"))
-			}
-			engineC, eng = c, e
-		}
-	}
-	if inits, _ := pod.Pipe(yaml.Lookup("initContainers", "[name="+Name+"]")); inits != nil {
-		return true, nil
-	}
-	if engineC == nil {
-		return false, nil
+	engineC, eng, injected, err := engineContainer(pod, opts)
+	if err != nil || injected || engineC == nil {
+		return injected, err
 	}
 	if scalar(pod, "hostNetwork") == "true" {
 		return false, errors.New("the engine's pod is on hostNetwork: its ports are the node's, and moving the engine's could collide with another pod's; add the sidecar by hand")
@@ -144,6 +121,34 @@ func injectPod(ps podSpec, opts *Options) (bool, error) {
 		return true, nil
 	}
 	return true, longEnoughGrace(pod)
+}
+
+// engineContainer finds the pod's engine container; injected says the pod
+// has the sidecar already.
+func engineContainer(pod *yaml.RNode, opts *Options) (c *yaml.RNode, e *engine, injected bool, err error) {
+	if inits, _ := pod.Pipe(yaml.Lookup("initContainers", "[name="+Name+"]")); inits != nil {
+		return nil, nil, true, nil
+	}
+	containers, err := pod.Pipe(yaml.Lookup("containers"))
+	if err != nil {
+		return nil, nil, false, err
+	}
+	elements, err := containers.Elements()
+	if err != nil {
+		return nil, nil, false, err
+	}
+	for _, each := range elements {
+		if scalar(each, "name") == Name {
+			return nil, nil, true, nil
+		}
+		if found := engineOf(each, opts); found != nil {
+			if c != nil {
+				return nil, nil, false, fmt.Errorf("two containers could be the engine, %q and %q: name one with --engine-container", scalar(c, "name"), scalar(each, "name"))
+			}
+			c, e = each, found
+		}
+	}
+	return c, e, false, nil
 }
 
 // moveContainerPort moves the engine's containerPort old to moved, under

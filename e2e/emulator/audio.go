@@ -28,40 +28,9 @@ func (s *Server) audio(w http.ResponseWriter, r *http.Request) {
 		g.fail(http.StatusBadRequest, "BadRequestError", err.Error())
 		return
 	}
-	form, err := r.MultipartReader()
-	if err != nil {
-		g.fail(http.StatusBadRequest, "BadRequestError", "the request is not a multipart form")
-		return
-	}
-	var model string
-	var stream, usage bool
-	audioBytes := 0
-	for {
-		part, err := form.NextPart()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			g.fail(http.StatusBadRequest, "BadRequestError", "the form ends early")
-			return
-		}
-		if part.FileName() != "" {
-			n, _ := io.Copy(io.Discard, part) // counted, never held
-			audioBytes += int(n)
-			continue
-		}
-		v, _ := io.ReadAll(io.LimitReader(part, 1<<10))
-		switch part.FormName() {
-		case "model":
-			model = string(v)
-		case "stream":
-			stream, _ = strconv.ParseBool(strings.TrimSpace(string(v)))
-		case "stream_include_usage":
-			usage, _ = strconv.ParseBool(strings.TrimSpace(string(v)))
-		}
-	}
-	if audioBytes == 0 {
-		g.fail(http.StatusBadRequest, "BadRequestError", "file is required")
+	model, stream, usage, audioBytes, msg := readAudioForm(r)
+	if msg != "" {
+		g.fail(http.StatusBadRequest, "BadRequestError", msg)
 		return
 	}
 	if model == "" {
@@ -82,6 +51,49 @@ func (s *Server) audio(w http.ResponseWriter, r *http.Request) {
 			"usage": map[string]any{"type": "duration", "seconds": seconds}})
 		return
 	}
+	g.streamAudio(t, id, model, prompt, tokens, usage)
+}
+
+// readAudioForm reads the form part by part, counting the file's bytes
+// without holding them; msg is vLLM's complaint about a form it refuses.
+func readAudioForm(r *http.Request) (model string, stream, usage bool, audioBytes int, msg string) {
+	form, err := r.MultipartReader()
+	if err != nil {
+		return "", false, false, 0, "the request is not a multipart form"
+	}
+	for {
+		part, err := form.NextPart()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return "", false, false, 0, "the form ends early"
+		}
+		if part.FileName() != "" {
+			n, _ := io.Copy(io.Discard, part) // counted, never held
+			audioBytes += int(n)
+			continue
+		}
+		v, _ := io.ReadAll(io.LimitReader(part, 1<<10))
+		switch part.FormName() {
+		case "model":
+			model = string(v)
+		case "stream":
+			stream, _ = strconv.ParseBool(strings.TrimSpace(string(v)))
+		case "stream_include_usage":
+			usage, _ = strconv.ParseBool(strings.TrimSpace(string(v)))
+		}
+	}
+	if audioBytes == 0 {
+		return "", false, false, 0, "file is required"
+	}
+	return model, stream, usage, audioBytes, ""
+}
+
+// streamAudio sends the transcription as transcription.chunk events, one
+// word each, then the usage when asked, then [DONE].
+func (g *generation) streamAudio(t Timing, id, model string, prompt, tokens int, usage bool) {
+	w, s := g.w, g.s
 	if !g.wait(t.HeaderDelay) {
 		return
 	}
