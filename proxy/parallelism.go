@@ -27,9 +27,10 @@ const (
 )
 
 // DefaultParallelism is the sidecar's parallelism with neither a CPU
-// limit nor a request to size it by: two cores relay several thousand
-// streams' events (e2e/bench/README.md), more than one engine sends, and
-// a sidecar that wants more gets a request.
+// limit nor a request to size it by: two cores relay 200 streams of 50
+// events a second each in the comparison benchmark (e2e/bench/README.md),
+// beside the engine's load generator, and a sidecar that needs more gets
+// a request.
 const DefaultParallelism = 2
 
 // parallelism chooses the sidecar's GOMAXPROCS: the user's GOMAXPROCS
