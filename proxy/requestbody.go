@@ -37,27 +37,36 @@ const bodyJumpShare = 8
 // garbage collector rather than kept with the pooled flight.
 const maxBodyRoom = 64 << 10
 
+// bodyStart begins reading a request's body: one over
+// --max-request-body-size is refused (false); one that came with the
+// headers, or is empty, is returned whole (the connection's own buffer
+// holds it); otherwise its stream and declared length (-1: chunked).
+func (p *Proxy) bodyStart(ctx *fasthttp.RequestCtx, f *flight) (whole []byte, stream io.Reader, n int, ok bool) {
+	n = ctx.Request.Header.ContentLength()
+	if n > p.cfg.MaxRequestBodySize {
+		p.refuseBody(ctx, f, fasthttp.ErrBodyTooLarge)
+		return nil, nil, n, false
+	}
+	if !ctx.Request.IsBodyStream() || (n >= 0 && n <= bodyPrefetch) {
+		whole = ctx.Request.Body()
+		f.rec.BytesIn = len(whole)
+		return whole, nil, n, true
+	}
+	if n >= 0 {
+		f.rec.BytesIn = n
+	}
+	return nil, ctx.RequestBodyStream(), n, true
+}
+
 // readBody reads the request's body for inspection when the budget has
 // room for it, or leaves it to stream through unread. It returns the body
 // read (nil when it streams through) and false when it has answered the
 // client itself: a body over --max-request-body-size, or a client that
 // failed while sending it.
 func (p *Proxy) readBody(ctx *fasthttp.RequestCtx, f *flight) ([]byte, bool) {
-	n := ctx.Request.Header.ContentLength()
-	if n > p.cfg.MaxRequestBodySize {
-		p.refuseBody(ctx, f, fasthttp.ErrBodyTooLarge)
-		return nil, false
-	}
-	if !ctx.Request.IsBodyStream() || (n >= 0 && n <= bodyPrefetch) {
-		// Read with the headers, or nothing to read: the connection's own
-		// buffer holds it.
-		body := ctx.Request.Body()
-		f.rec.BytesIn = len(body)
-		return body, true
-	}
-	stream := ctx.RequestBodyStream()
-	if n >= 0 {
-		f.rec.BytesIn = n
+	whole, stream, n, ok := p.bodyStart(ctx, f)
+	if !ok || stream == nil {
+		return whole, ok
 	}
 	// The room grows as the bytes arrive, each step taken from the budget
 	// first: it doubles, and once an eighth of a declared length has come
@@ -144,19 +153,9 @@ const uploadPeek = 16 << 10
 // came with the headers) is read whole. It returns what it read, and
 // false when it has answered the client itself.
 func (p *Proxy) readUpload(ctx *fasthttp.RequestCtx, f *flight) ([]byte, bool) {
-	n := ctx.Request.Header.ContentLength()
-	if n > p.cfg.MaxRequestBodySize {
-		p.refuseBody(ctx, f, fasthttp.ErrBodyTooLarge)
-		return nil, false
-	}
-	if !ctx.Request.IsBodyStream() || (n >= 0 && n <= bodyPrefetch) {
-		body := ctx.Request.Body()
-		f.rec.BytesIn = len(body)
-		return body, true
-	}
-	stream := ctx.RequestBodyStream()
-	if n >= 0 {
-		f.rec.BytesIn = n
+	whole, stream, n, ok := p.bodyStart(ctx, f)
+	if !ok || stream == nil {
+		return whole, ok
 	}
 	size := uploadPeek
 	if n >= 0 {
