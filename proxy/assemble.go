@@ -124,7 +124,7 @@ func (p *Proxy) assemble(events *rewrite.EventReader, a *rewrite.Assembly, f *fl
 			continue
 		}
 		ev := f.route.api.ClassifyEvent(raw)
-		if f.observeAnswer {
+		if f.readsAnswer() {
 			f.route.api.ObserveEvent(&f.answer, ev)
 		}
 		switch ev.Kind {

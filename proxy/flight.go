@@ -73,7 +73,8 @@ type flight struct {
 	engineHeaders timing.EngineTiming
 	headerCached  timing.Count
 	// answer is what the response said of itself, read when
-	// observeAnswer: for the trace, and the GenAI metrics' response model.
+	// observeAnswer: for the trace, and the GenAI metrics' response model
+	// (see readsAnswer).
 	answer        rewrite.Answer
 	observeAnswer bool
 	// client is the connection the request came on; nil for one that is
@@ -134,6 +135,14 @@ func askedObjective(h *fasthttp.RequestHeader, name string) (time.Duration, bool
 		return 0, true
 	}
 	return telemetry.ParseAskedObjective(v)
+}
+
+// readsAnswer tells whether a stream's next event is read for the answer:
+// each one when traced (its id, model and finish reasons), and for the
+// GenAI metrics alone only until the model is known, off the per-event
+// path after that.
+func (f *flight) readsAnswer() bool {
+	return f.observeAnswer && (f.rec.Trace.On() || f.answer.Model == "")
 }
 
 // newRequestID makes a 16-hex-digit id for a request that came without one.

@@ -540,7 +540,7 @@ func (r *eventRelay) inspect(raw []byte, at time.Time) {
 	if ev.Kind == rewrite.EventToken {
 		f.clock.MarkOutput(at, ev.Output)
 	}
-	if f.observeAnswer {
+	if f.readsAnswer() {
 		f.route.api.ObserveEvent(&f.answer, ev)
 	}
 	// Anthropic's message_start carries the input tokens ahead of the

@@ -262,19 +262,24 @@ func quoted(s string) *yaml.Node {
 // portNameFree tells whether no container of the pod has a port named
 // name (port names are the pod's, and unique in it).
 func portNameFree(pod *yaml.RNode, name string) bool {
-	for _, list := range []string{"containers", "initContainers"} {
-		cs, _ := pod.Pipe(yaml.Lookup(list))
-		if cs == nil {
-			continue
-		}
-		elements, _ := cs.Elements()
-		for _, c := range elements {
-			if p, _ := c.Pipe(yaml.Lookup("ports", "[name="+name+"]")); p != nil {
-				return false
-			}
+	for _, c := range podContainers(pod) {
+		if p, _ := c.Pipe(yaml.Lookup("ports", "[name="+name+"]")); p != nil {
+			return false
 		}
 	}
 	return true
+}
+
+// podContainers is a pod's containers and init containers.
+func podContainers(pod *yaml.RNode) []*yaml.RNode {
+	var all []*yaml.RNode
+	for _, list := range []string{"containers", "initContainers"} {
+		if cs, _ := pod.Pipe(yaml.Lookup(list)); cs != nil {
+			elements, _ := cs.Elements()
+			all = append(all, elements...)
+		}
+	}
+	return all
 }
 
 // freePort is a port nothing in the pod uses: from + 10000, or the next
@@ -284,16 +289,9 @@ func freePort(pod *yaml.RNode, from int, taken ...int) (int, error) {
 	for _, p := range taken {
 		used[p] = true
 	}
-	for _, list := range []string{"containers", "initContainers"} {
-		cs, _ := pod.Pipe(yaml.Lookup(list))
-		if cs == nil {
-			continue
-		}
-		elements, _ := cs.Elements()
-		for _, c := range elements {
-			for _, p := range containerPorts(c) {
-				used[p] = true
-			}
+	for _, c := range podContainers(pod) {
+		for _, p := range containerPorts(c) {
+			used[p] = true
 		}
 	}
 	for p := from + 10000; p < 65536; p++ {
