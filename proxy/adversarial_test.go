@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/timing-sidecar/timing-sidecar/rewrite"
 )
 
 // The tests in this file try the sidecar as an attacker would: raw bytes
@@ -68,7 +69,7 @@ func exposition(t *testing.T, p *Proxy) string {
 }
 
 func TestClientInputInLabelsCannotCrashTheSidecar(t *testing.T) {
-	for _, mode := range []Mode{ModeOff, ModeOptIn} {
+	for _, mode := range []rewrite.Mode{rewrite.ModeOff, rewrite.ModeOptIn} {
 		for _, engineUp := range []bool{true, false} {
 			upstream := "http://127.0.0.1:1" // nothing listens there
 			if engineUp {
@@ -158,7 +159,7 @@ func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 
 func TestDeeplyNestedBodiesAreForwardedUnread(t *testing.T) {
 	engine := newFakeEngine(t)
-	base := startProxy(t, engine.URL(), func(c *Config) { c.Mode = ModeAlways })
+	base := startProxy(t, engine.URL(), func(c *Config) { c.Mode = rewrite.ModeAlways })
 	const depth = 6 << 20 // 12 MB: once a stack overflow, which no recover catches
 	body := `{"model":"m","messages":` + strings.Repeat("[", depth) + strings.Repeat("]", depth) + `}`
 	resp := post(t, base+"/v1/chat/completions", body, nil)
@@ -772,7 +773,7 @@ func TestHeldResponsesShareTheMemoryBudget(t *testing.T) {
 // answered without the metrics object, and is counted.
 func TestRepeatedMembersAreForwardedUnread(t *testing.T) {
 	engine := newFakeEngine(t)
-	p, base := startSidecar(t, engine.URL(), func(c *Config) { c.Mode = ModeAlways }, nil)
+	p, base := startSidecar(t, engine.URL(), func(c *Config) { c.Mode = rewrite.ModeAlways }, nil)
 	body := `{"model":"m","stream":true,"stream_options":{"include_usage":false},"messages":[],"stream_options":{"include_usage":true}}`
 	resp := post(t, base+"/v1/chat/completions", body, nil)
 	got, _ := io.ReadAll(resp.Body)

@@ -81,7 +81,7 @@ func (p *Proxy) relayAssembled(ctx *fasthttp.RequestCtx, f *flight, x *upstream.
 		f.rec.Status = e.Status
 		return
 	}
-	if f.plan.wantMetrics {
+	if f.plan.WantMetrics {
 		mb := p.pools.buffer()
 		defer p.pools.release(mb)
 		mb.B = f.metricsJSON(mb.B[:0], done, engine)

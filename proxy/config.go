@@ -8,27 +8,22 @@ import (
 	"time"
 
 	"github.com/timing-sidecar/timing-sidecar/proxy/upstream"
+	"github.com/timing-sidecar/timing-sidecar/rewrite"
 	"github.com/timing-sidecar/timing-sidecar/telemetry"
 )
 
-// Mode says which requests get a metrics object.
-type Mode string
-
-const (
-	// ModeOff makes the sidecar a transparent proxy.
-	ModeOff Mode = "off"
-	// ModeOptIn adds metrics for requests with "include_metrics": true.
-	ModeOptIn Mode = "opt-in"
-	// ModeAlways adds metrics to every measured request.
-	ModeAlways Mode = "always"
-)
+// policy is what a request's plan is made from.
+func (c *Config) policy() rewrite.Policy {
+	return rewrite.Policy{Mode: c.Mode, UpgradeNonStreaming: c.UpgradeNonStreaming,
+		ForwardIncludeMetrics: c.ForwardIncludeMetrics, InjectUsage: c.InjectUsage}
+}
 
 // Defaults. They are safe for multi-minute streams: nothing bounds the
 // length of a response, only silences and the request's own transfer.
 const (
 	DefaultListen                 = ":8001"
 	DefaultUpstream               = "http://127.0.0.1:8000"
-	DefaultMode                   = ModeOptIn
+	DefaultMode                   = rewrite.ModeOptIn
 	DefaultUpstreamConnectTimeout = 5 * time.Second
 	// Zero: a non-streaming generation is silent until it is done, and may
 	// take many minutes; the client's own timeout decides, and the sidecar
@@ -105,7 +100,7 @@ type Config struct {
 	TLSCertFile, TLSKeyFile, TLSClientCAFile string
 	TLSClientCerts                           int
 	// Mode selects which requests get metrics.
-	Mode Mode
+	Mode rewrite.Mode
 	// UpstreamConnectTimeout bounds dialing the engine.
 	UpstreamConnectTimeout time.Duration
 	// UpstreamHeaderTimeout bounds the wait for the engine's response
@@ -324,7 +319,7 @@ func (c *Config) upstreamProblem() error {
 
 func (c *Config) modeProblem() error {
 	switch c.Mode {
-	case ModeOff, ModeOptIn, ModeAlways:
+	case rewrite.ModeOff, rewrite.ModeOptIn, rewrite.ModeAlways:
 		return nil
 	}
 	return fmt.Errorf("per-request metrics mode %q: want off, opt-in or always", c.Mode)

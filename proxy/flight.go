@@ -27,7 +27,7 @@ type flight struct {
 	measured bool
 	// plan is what the sidecar does with the request, settled before
 	// it is forwarded.
-	plan plan
+	plan rewrite.Plan
 	// result is the request's metrics, computed once when it is done,
 	// from the marks in doneClock; computed says they are, and lateUsage
 	// that counts came after.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/timing-sidecar/timing-sidecar/proxy/upstream"
+	"github.com/timing-sidecar/timing-sidecar/rewrite"
 )
 
 // FuzzRawRequest feeds raw bytes, any number of requests, to the sidecar's
@@ -55,7 +56,7 @@ func FuzzRawRequest(f *testing.F) {
 	engine := newRecordingEngine(f)
 	cfg := DefaultConfig()
 	cfg.Upstream = engine.url()
-	cfg.Mode = ModeOff // bodies pass unchanged, so they compare as sent
+	cfg.Mode = rewrite.ModeOff // bodies pass unchanged, so they compare as sent
 	cfg.AccessLog = false
 	p, err := New(cfg, slog.New(slog.DiscardHandler), nil)
 	if err != nil {

@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
+	"github.com/timing-sidecar/timing-sidecar/rewrite"
 	"github.com/timing-sidecar/timing-sidecar/telemetry"
 )
 
@@ -76,7 +77,7 @@ func TestMalformedRequestBodiesAreForwardedUnchanged(t *testing.T) {
 		`["a","b"]`,
 	} {
 		engine := newFakeEngine(t)
-		base := startProxy(t, engine.URL(), func(c *Config) { c.Mode = ModeAlways })
+		base := startProxy(t, engine.URL(), func(c *Config) { c.Mode = rewrite.ModeAlways })
 		resp := post(t, base+"/v1/chat/completions", body, nil)
 		got, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
@@ -100,7 +101,7 @@ func TestIncludeMetricsOfTheWrongTypeIsRefused(t *testing.T) {
 	noRequest(t, engine.arrived)
 
 	// With the sidecar off the field is not its business.
-	off := startProxy(t, engine.URL(), func(c *Config) { c.Mode = ModeOff })
+	off := startProxy(t, engine.URL(), func(c *Config) { c.Mode = rewrite.ModeOff })
 	resp := post(t, off+"/v1/chat/completions", `{"include_metrics":"maybe"}`, nil)
 	resp.Body.Close()
 	if fr := engine.next(t); resp.StatusCode != 200 || string(fr.Body) != `{"include_metrics":"maybe"}` {

@@ -107,14 +107,14 @@ func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight, body []byte) 
 	case !req.Understood && !req.InvalidIncludeMetrics:
 		f.rec.Unread = telemetry.UnreadInvalid
 	}
-	pl := planFor(&p.cfg, req)
+	pl := rewrite.PlanFor(p.policy, req)
 	f.rec.Model, f.rec.Stream = req.Model, req.Stream
-	f.timingHeader = req.Untouched && p.cfg.Mode != ModeOff
+	f.timingHeader = req.Untouched && p.cfg.Mode != rewrite.ModeOff
 	if p.tracer != nil {
 		p.beginTrace(ctx, f, body)
 	}
 	f.observeAnswer = f.rec.Trace.On() || p.genai != nil
-	if pl.refuse {
+	if pl.Refuse {
 		// The sidecar's own field: its client gets told, not the engine.
 		apiError{Status: fasthttp.StatusBadRequest, Type: "invalid_request_error", Code: "invalid_include_metrics",
 			Param: "include_metrics", Message: "timing-sidecar: include_metrics must be a boolean"}.write(ctx)
@@ -122,7 +122,7 @@ func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight, body []byte) 
 		return
 	}
 	f.plan = p.editBody(f, body, req, pl)
-	x, resp, ok := p.forward(ctx, f, f.plan.wantMetrics || f.plan.hideUsage || f.plan.upgrade)
+	x, resp, ok := p.forward(ctx, f, f.plan.WantMetrics || f.plan.HideUsage || f.plan.Upgrade)
 	if !ok {
 		return
 	}
@@ -133,24 +133,24 @@ func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight, body []byte) 
 // upgraded to a stream, or with include_metrics cut and usage asked for,
 // or as it came. It returns the plan as carried out: a body the edit
 // fails on goes as it came, without metrics.
-func (p *Proxy) editBody(f *flight, body []byte, req rewrite.Request, pl plan) plan {
+func (p *Proxy) editBody(f *flight, body []byte, req rewrite.Request, pl rewrite.Plan) rewrite.Plan {
 	edit := req
-	edit.HasIncludeMetrics = pl.cutIncludeMetrics
-	if pl.upgrade {
+	edit.HasIncludeMetrics = pl.CutIncludeMetrics
+	if pl.Upgrade {
 		err := rewrite.UpgradedBody(&f.edit, body, edit)
 		if err == nil {
 			return pl
 		}
 		p.log.Warn("could not upgrade the request to a stream; forwarding it as it is", "err", err, "request_id", f.rec.ID)
-		pl.upgrade = false
+		pl.Upgrade = false
 	}
-	if !pl.cutIncludeMetrics && !pl.askUsage {
+	if !pl.CutIncludeMetrics && !pl.AskUsage {
 		f.edit.Reset(body)
 		return pl
 	}
-	if err := rewrite.UpstreamBody(&f.edit, body, edit, pl.askUsage); err != nil {
+	if err := rewrite.UpstreamBody(&f.edit, body, edit, pl.AskUsage); err != nil {
 		p.log.Warn("could not edit request body; forwarding it unchanged", "err", err, "request_id", f.rec.ID)
-		pl.wantMetrics, pl.hideUsage, pl.metricsOnFinish = false, false, false
+		pl.WantMetrics, pl.HideUsage, pl.MetricsOnFinish = false, false, false
 	}
 	return pl
 }
@@ -166,14 +166,14 @@ func (p *Proxy) relayMeasured(ctx *fasthttp.RequestCtx, f *flight, x *upstream.E
 	}
 	f.measured = true
 	f.rec.Stream = isEventStream(resp)
-	f.upgraded = f.plan.upgrade && f.rec.Stream // not an engine that answered unstreamed anyway
+	f.upgraded = f.plan.Upgrade && f.rec.Stream // not an engine that answered unstreamed anyway
 	switch {
 	case f.upgraded:
 		f.rec.Stream = false // as the client sees it
 		p.relayAssembled(ctx, f, x, resp)
 	case f.rec.Stream:
 		p.relayEvents(ctx, f, x, resp)
-	case f.plan.wantMetrics:
+	case f.plan.WantMetrics:
 		p.relayWithMetrics(ctx, f, x, resp)
 	default:
 		p.relayBody(ctx, f, x, resp, nil, nil)

@@ -72,7 +72,7 @@ func (f *flight) addUsage(u timing.Usage) {
 // choices (as vLLM does). Those are not computed here: other choices may
 // still stream, and the record computes them at the request's end.
 func (f *flight) metricsJSON(dst []byte, done time.Time, engine timing.EngineTiming) []byte {
-	if f.plan.multiple {
+	if f.plan.Multiple {
 		return append(dst, "null"...)
 	}
 	return f.done(done, engine).AppendJSON(dst)

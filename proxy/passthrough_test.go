@@ -10,11 +10,13 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/timing-sidecar/timing-sidecar/rewrite"
 )
 
 func TestOtherPathsPassThroughUnchanged(t *testing.T) {
 	engine := newFakeEngine(t)
-	base := startProxy(t, engine.URL(), func(c *Config) { c.Mode = ModeAlways })
+	base := startProxy(t, engine.URL(), func(c *Config) { c.Mode = rewrite.ModeAlways })
 	tests := []struct {
 		method, uri, body string
 	}{

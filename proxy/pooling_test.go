@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/timing-sidecar/timing-sidecar/e2e/emulator"
+	"github.com/timing-sidecar/timing-sidecar/rewrite"
 )
 
 // TestPoolingEndpointsAreMeasured: embeddings, pooling, classify, score
@@ -21,7 +22,7 @@ import (
 func TestPoolingEndpointsAreMeasured(t *testing.T) {
 	engine := startEmulator(t, emulator.Config{Model: "bge", Timing: emulator.Timing{HeaderDelay: 5 * time.Millisecond, TTFT: 10 * time.Millisecond}})
 	var log syncBuffer
-	p, base := startSidecar(t, engine.URL(), func(c *Config) { c.Mode, c.SLOE2E = ModeAlways, time.Hour }, &log)
+	p, base := startSidecar(t, engine.URL(), func(c *Config) { c.Mode, c.SLOE2E = rewrite.ModeAlways, time.Hour }, &log)
 	for _, tc := range []struct {
 		path, body, label string
 	}{

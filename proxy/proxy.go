@@ -18,13 +18,16 @@ import (
 
 	"github.com/timing-sidecar/timing-sidecar/proxy/clientconn"
 	"github.com/timing-sidecar/timing-sidecar/proxy/upstream"
+	"github.com/timing-sidecar/timing-sidecar/rewrite"
 	"github.com/timing-sidecar/timing-sidecar/telemetry"
 )
 
 // Proxy is the sidecar's HTTP server, its upstream client and its admin
 // endpoints.
 type Proxy struct {
-	cfg       Config
+	cfg Config
+	// policy is the part of cfg a request's plan is made from.
+	policy    rewrite.Policy
 	log       *slog.Logger
 	up        *upstream.Client
 	server    *fasthttp.Server
@@ -82,7 +85,7 @@ func New(cfg Config, log *slog.Logger, accessLog io.Writer) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{cfg: cfg, log: log, up: up, pools: newPools(cfg.MaxEventSize), registry: newRegistry(), stop: make(chan struct{}), streams: newStreamSet(),
+	p := &Proxy{cfg: cfg, policy: cfg.policy(), log: log, up: up, pools: newPools(cfg.MaxEventSize), registry: newRegistry(), stop: make(chan struct{}), streams: newStreamSet(),
 		bodies: newBodyBudget(cfg.MaxBodyMemory), tls: serveTLS}
 	opts := telemetry.Options{MaxModels: cfg.MaxModelLabels, TenantLabel: cfg.TenantLabel, MaxTenants: cfg.MaxTenantLabels,
 		Objectives:       telemetry.Objectives{TTFT: cfg.SLOTTFT, ITL: cfg.SLOITL, E2E: cfg.SLOE2E},

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/timing-sidecar/timing-sidecar/rewrite"
 )
 
 // startProxy runs a sidecar in front of upstream on a loopback port and
@@ -345,19 +347,19 @@ func TestRequestsWithoutMetricsPassByteForByte(t *testing.T) {
 	engine := newFakeEngine(t)
 	tests := []struct {
 		name        string
-		mode        Mode
+		mode        rewrite.Mode
 		path        string
 		body        string
 		injectUsage bool
 	}{
-		{"not opted in, stream, usage not injected", ModeOptIn, "/v1/chat/completions", `{"model":"m", "stream":true}`, false},
-		{"not opted in, stream with its own usage", ModeOptIn, "/v1/chat/completions", `{"stream":true,"stream_options":{"include_usage":true}}`, true},
-		{"not opted in, unary", ModeOptIn, "/v1/completions", `{"model":"m","prompt":"hi"}`, true},
-		{"off mode keeps include_metrics", ModeOff, "/v1/chat/completions", `{"stream":true,"include_metrics":true}`, true},
-		{"not JSON", ModeAlways, "/v1/chat/completions", `{"stream":true,`, true},
-		{"stream the engine refuses", ModeOptIn, "/v1/chat/completions", `{"stream":"maybe","include_metrics":true}`, true},
-		{"running usage without include_usage", ModeOptIn, "/v1/chat/completions", `{"stream":true,"stream_options":{"continuous_usage_stats":true,"include_usage":false}}`, true},
-		{"stream options without include_usage (vLLM sends usage)", ModeOptIn, "/v1/chat/completions", `{"stream":true,"stream_options":{}}`, true},
+		{"not opted in, stream, usage not injected", rewrite.ModeOptIn, "/v1/chat/completions", `{"model":"m", "stream":true}`, false},
+		{"not opted in, stream with its own usage", rewrite.ModeOptIn, "/v1/chat/completions", `{"stream":true,"stream_options":{"include_usage":true}}`, true},
+		{"not opted in, unary", rewrite.ModeOptIn, "/v1/completions", `{"model":"m","prompt":"hi"}`, true},
+		{"off mode keeps include_metrics", rewrite.ModeOff, "/v1/chat/completions", `{"stream":true,"include_metrics":true}`, true},
+		{"not JSON", rewrite.ModeAlways, "/v1/chat/completions", `{"stream":true,`, true},
+		{"stream the engine refuses", rewrite.ModeOptIn, "/v1/chat/completions", `{"stream":"maybe","include_metrics":true}`, true},
+		{"running usage without include_usage", rewrite.ModeOptIn, "/v1/chat/completions", `{"stream":true,"stream_options":{"continuous_usage_stats":true,"include_usage":false}}`, true},
+		{"stream options without include_usage (vLLM sends usage)", rewrite.ModeOptIn, "/v1/chat/completions", `{"stream":true,"stream_options":{}}`, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -410,7 +412,7 @@ func TestHiddenUsageLeavesTheClientsBytes(t *testing.T) {
 
 func TestAlwaysModeMeasuresEveryRequest(t *testing.T) {
 	engine := newFakeEngine(t)
-	base := startProxy(t, engine.URL(), func(c *Config) { c.Mode = ModeAlways })
+	base := startProxy(t, engine.URL(), func(c *Config) { c.Mode = rewrite.ModeAlways })
 	resp := post(t, base+"/v1/chat/completions", `{"model":"m","include_metrics":false}`, nil)
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()

@@ -365,13 +365,13 @@ func (p *Proxy) relayEvents(ctx *fasthttp.RequestCtx, f *flight, x *upstream.Exc
 	}
 	r := p.pools.relay.Get().(*eventRelay)
 	r.p, r.f, r.x, r.resp = p, f, x, resp
-	r.hold = finishHold{plan: f.plan}
+	r.hold = rewrite.FinishHold{Plan: f.plan}
 	r.src.reset(p, x, x.Body(resp))
 	r.events.Reset(&r.src)
 	if f.client != nil {
 		f.client.OnStall(r.clientBlocked)
 	}
-	if f.plan.wantMetrics && f.trailers {
+	if f.plan.WantMetrics && f.trailers {
 		// Announced now, filled in when the stream ends.
 		ctx.Response.Header.SetTrailer("Server-Timing") //nolint:errcheck
 		r.trailer = &ctx.Response.Header
@@ -386,7 +386,7 @@ func (p *Proxy) relayEvents(ctx *fasthttp.RequestCtx, f *flight, x *upstream.Exc
 // It runs on the connection's goroutine, which also writes the trailer after
 // the last event.
 //
-// One event at a time may be held back (see finishHold), for at most
+// One event at a time may be held back (see rewrite.FinishHold), for at most
 // --max-event-hold.
 type eventRelay struct {
 	p       *Proxy
@@ -408,7 +408,7 @@ type eventRelay struct {
 	readErr                     error
 	eof                         bool
 	// hold decides which event carries the metrics and which waits.
-	hold finishHold
+	hold rewrite.FinishHold
 	// engine is the engine's own timing from a usage event removed
 	// before the client (metricsOnFinish), and engineMetrics its metrics
 	// object, whose members the sidecar does not write go on with its own.
@@ -547,31 +547,31 @@ func (r *eventRelay) inspect(raw []byte, at time.Time) {
 	// rest; a usage event, the counts a held event's metrics need, and
 	// with them, maybe, the engine's own timing.
 	f.addUsage(ev.Usage)
-	if ev.Kind == rewrite.EventUsage && f.plan.metricsOnFinish {
+	if ev.Kind == rewrite.EventUsage && f.plan.MetricsOnFinish {
 		r.keepEngineReport(ev)
 	}
-	facts := factsOf(ev)
-	if r.hold.waitsForUsage() {
-		facts.keepAlive = rewrite.IsKeepAlive(raw, ev)
+	facts := rewrite.HoldFactsOf(ev)
+	if r.hold.WaitsForUsage() {
+		facts.KeepAlive = rewrite.IsKeepAlive(raw, ev)
 	}
 	var released []byte
 	var releasedAt time.Time
-	if release, withMetrics := r.hold.releaseBefore(facts); release {
+	if release, withMetrics := r.hold.ReleaseBefore(facts); release {
 		released, releasedAt = r.sendHeld(withMetrics, at), r.heldAt
 	}
-	switch r.hold.act(facts) {
-	case actDrop:
+	switch r.hold.Act(facts) {
+	case rewrite.ActDrop:
 		r.pending = nil
-	case actSplice:
+	case rewrite.ActSplice:
 		if !rewrite.TakesMetrics(ev) {
 			break // not an object to splice into: it goes as it came
 		}
 		r.metrics = f.metricsJSON(r.metrics[:0], at, rewrite.EngineTimingOf(ev.Target()))
 		if out, ok := rewrite.AppendEventWithMetrics(r.spliced[:0], raw, ev, r.metrics); ok {
 			r.spliced, r.pending = out, out
-			r.hold.carried()
+			r.hold.Carried()
 		}
-	case actHold:
+	case rewrite.ActHold:
 		r.heldBuf = append(r.heldBuf[:0], raw...)
 		r.held, r.pending, r.heldAt = r.heldBuf, nil, at
 	}
@@ -594,7 +594,7 @@ func (r *eventRelay) keepEngineReport(ev rewrite.Event) {
 // event the sidecar asked for and the client did not, and takes its counts.
 func (r *eventRelay) hiddenUsage(raw []byte) bool {
 	f := r.f
-	if !f.plan.hideUsage && !f.plan.metricsOnFinish {
+	if !f.plan.HideUsage && !f.plan.MetricsOnFinish {
 		return false
 	}
 	ev := f.route.api.ClassifyEvent(raw)
@@ -608,7 +608,7 @@ func (r *eventRelay) hiddenUsage(raw []byte) bool {
 // releaseHeld lets the held event go at the end of the stream or the
 // hold's bound, with the metrics if withMetrics and no event carried them.
 func (r *eventRelay) releaseHeld(withMetrics bool, done time.Time) []byte {
-	return r.sendHeld(r.hold.release() && withMetrics, done)
+	return r.sendHeld(r.hold.Release() && withMetrics, done)
 }
 
 // sendHeld returns the held event, with the metrics spliced in if
@@ -646,7 +646,7 @@ func (r *eventRelay) spliceHeld(held []byte, done time.Time) ([]byte, bool) {
 	out, ok := rewrite.AppendEventWithMetrics(r.heldOut[:0], held, ev, r.metrics)
 	if ok {
 		r.heldOut = out
-		r.hold.carried()
+		r.hold.Carried()
 	}
 	return out, ok
 }

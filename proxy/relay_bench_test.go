@@ -18,6 +18,7 @@ import (
 
 	"github.com/timing-sidecar/timing-sidecar/proxy/netclock"
 	"github.com/timing-sidecar/timing-sidecar/proxy/upstream"
+	"github.com/timing-sidecar/timing-sidecar/rewrite"
 	"github.com/timing-sidecar/timing-sidecar/telemetry"
 	"github.com/timing-sidecar/timing-sidecar/timing"
 )
@@ -49,8 +50,8 @@ func (l *loopReader) Read(p []byte) (int, error) {
 func newBenchRelay(stream string) *eventRelay {
 	r := newPools(DefaultMaxEventSize).relay.Get().(*eventRelay)
 	r.events.Reset(&loopReader{data: []byte(stream)})
-	r.f = &flight{clock: timing.Clock{Arrival: time.Now(), Accepted: time.Now()}, plan: plan{wantMetrics: true}, measured: true, route: chatRoute}
-	r.hold = finishHold{plan: r.f.plan}
+	r.f = &flight{clock: timing.Clock{Arrival: time.Now(), Accepted: time.Now()}, plan: rewrite.Plan{WantMetrics: true}, measured: true, route: chatRoute}
+	r.hold = rewrite.FinishHold{Plan: r.f.plan}
 	// The reads' arrival as a connection would record it; the recorder
 	// takes each event's relay delay.
 	r.x = &upstream.Exchange{Recv: &netclock.Conn{Received: time.Now()}}
@@ -102,7 +103,7 @@ func BenchmarkRelayStream100(b *testing.B) {
 	b.SetBytes(int64(len(stream)))
 	b.ReportAllocs()
 	for b.Loop() {
-		r.hold.sent, r.f.computed = false, false // a new stream: its usage event takes the metrics
+		r.hold, r.f.computed = rewrite.FinishHold{Plan: r.f.plan}, false // a new stream: its usage event takes the metrics
 		writeEvents(b, r, &w, 101)
 	}
 }
@@ -131,7 +132,7 @@ func relayAllocations(t *testing.T, tracer *telemetry.Tracer) {
 	var w eventWriter
 	writeEvents(t, r, &w, 11) // warm up: buffers reach their steady size
 	allocs := testing.AllocsPerRun(20, func() {
-		r.hold.sent, r.f.computed = false, false // each stream's usage event is spliced
+		r.hold, r.f.computed = rewrite.FinishHold{Plan: r.f.plan}, false // each stream's usage event is spliced
 		writeEvents(t, r, &w, 11)
 	})
 	if allocs != 0 {

@@ -9,6 +9,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/timing-sidecar/timing-sidecar/e2e/emulator"
+	"github.com/timing-sidecar/timing-sidecar/rewrite"
 )
 
 // TestRequestsAreReadAsTheEngineReadsThem: requests whose fields the
@@ -19,7 +20,7 @@ import (
 func TestRequestsAreReadAsTheEngineReadsThem(t *testing.T) {
 	engine := startEmulator(t, emulator.Config{Timing: emulator.Timing{TTFT: 5 * time.Millisecond, OutputTokens: 3}})
 	optIn := startProxy(t, engine.URL(), nil)
-	always := startProxy(t, engine.URL(), func(c *Config) { c.Mode = ModeAlways })
+	always := startProxy(t, engine.URL(), func(c *Config) { c.Mode = rewrite.ModeAlways })
 	// "stream_options" with every letter escaped: longer than any bound a
 	// reader might put on the keys it unescapes.
 	escapedOptions := `"\u0073\u0074\u0072\u0065\u0061\u006d\u005f\u006f\u0070\u0074\u0069\u006f\u006e\u0073"`

@@ -16,6 +16,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/timing-sidecar/timing-sidecar/e2e/emulator"
+	"github.com/timing-sidecar/timing-sidecar/rewrite"
 )
 
 // A client that did not ask for usage gets the engine's events and no
@@ -90,11 +91,11 @@ func TestMetricsRideOnTheFinishingEvent(t *testing.T) {
 		})
 		for _, mode := range []struct {
 			name string
-			mode Mode
+			mode rewrite.Mode
 			body string
 		}{
-			{"always", ModeAlways, tt.body},
-			{"opt-in", ModeOptIn, strings.Replace(tt.body, `{"stream":true`, `{"stream":true,"include_metrics":true`, 1)},
+			{"always", rewrite.ModeAlways, tt.body},
+			{"opt-in", rewrite.ModeOptIn, strings.Replace(tt.body, `{"stream":true`, `{"stream":true,"include_metrics":true`, 1)},
 		} {
 			t.Run(tt.name+", "+mode.name, func(t *testing.T) {
 				base := startProxy(t, engine.URL(), func(c *Config) { c.Mode = mode.mode })
@@ -219,11 +220,11 @@ func TestClientLoopsReadTheMetrics(t *testing.T) {
 	direct := stream(t, sdkClient(engine.URL()))
 	for _, tt := range []struct {
 		name string
-		mode Mode
+		mode rewrite.Mode
 		opts []option.RequestOption
 	}{
-		{"always", ModeAlways, nil},
-		{"opt-in without stream_options", ModeOptIn, []option.RequestOption{option.WithJSONSet("include_metrics", true)}},
+		{"always", rewrite.ModeAlways, nil},
+		{"opt-in without stream_options", rewrite.ModeOptIn, []option.RequestOption{option.WithJSONSet("include_metrics", true)}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			base := startProxy(t, engine.URL(), func(c *Config) { c.Mode = tt.mode })
@@ -439,7 +440,7 @@ func TestFinishingEventTooLargeToInspect(t *testing.T) {
 		io.WriteString(c, sseHead+chunk(roleEvent)+chunk(tokenEvent("a"))+chunk(large)+chunk(usage)+chunk("data: [DONE]\n\n")+"0\r\n\r\n")
 	})
 	var log syncBuffer
-	p, base := startSidecar(t, engine.URL(), func(c *Config) { c.Mode, c.MaxEventSize = ModeAlways, 1024 }, &log)
+	p, base := startSidecar(t, engine.URL(), func(c *Config) { c.Mode, c.MaxEventSize = rewrite.ModeAlways, 1024 }, &log)
 	resp := post(t, base+"/v1/chat/completions", `{"stream":true}`, nil)
 	got, err := io.ReadAll(resp.Body)
 	resp.Body.Close()

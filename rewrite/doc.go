@@ -5,6 +5,14 @@
 // reads (Chat Completions, Completions, Messages, Responses) is behind one
 // interface, API, with one implementation each.
 //
+// It also decides what is done with those bytes, as pure functions the
+// proxy carries out: a request's plan (PlanFor: what is asked of the
+// engine, whether and where the metrics go) and, event by event, which
+// event of a stream carries them and which waits (FinishHold).
+//
+// It imports timing (for the figures it reads and writes) and nothing of
+// the proxy's: no network, no clock.
+//
 // # What the sidecar reads, and how the engine reads the same bytes
 //
 // The sidecar edits a request, and a response, on what it reads of the

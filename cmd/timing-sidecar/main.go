@@ -16,6 +16,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/timing-sidecar/timing-sidecar/proxy"
+	"github.com/timing-sidecar/timing-sidecar/rewrite"
 	"github.com/timing-sidecar/timing-sidecar/telemetry"
 )
 
@@ -60,7 +61,7 @@ func configFrom(c *cli.Context) proxy.Config {
 		TLSKeyFile:             c.String("ssl-keyfile"),
 		TLSClientCAFile:        c.String("ssl-ca-certs"),
 		TLSClientCerts:         c.Int("ssl-cert-reqs"),
-		Mode:                   proxy.Mode(c.String("per-request-metrics")),
+		Mode:                   rewrite.Mode(c.String("per-request-metrics")),
 		UpstreamConnectTimeout: c.Duration("upstream-connect-timeout"),
 		UpstreamHeaderTimeout:  c.Duration("upstream-header-timeout"),
 		UpstreamIdleTimeout:    c.Duration("upstream-idle-timeout"),

@@ -10,6 +10,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/timing-sidecar/timing-sidecar/proxy"
+	"github.com/timing-sidecar/timing-sidecar/rewrite"
 )
 
 // parse runs the app's flag parsing and returns the resulting config and
@@ -51,7 +52,7 @@ func TestEnvironmentAndFlags(t *testing.T) {
 	if cfg.Upstream != "http://vllm:8000" || cfg.UpstreamIdleTimeout != 90*time.Second {
 		t.Errorf("environment not applied: %+v", cfg)
 	}
-	if cfg.Mode != proxy.ModeOff {
+	if cfg.Mode != rewrite.ModeOff {
 		t.Errorf("mode = %s; the flag must win over the environment", cfg.Mode)
 	}
 }

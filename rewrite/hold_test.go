@@ -1,10 +1,8 @@
-package proxy
+package rewrite
 
 import (
 	"strings"
 	"testing"
-
-	"github.com/timing-sidecar/timing-sidecar/rewrite"
 )
 
 // TestFinishHold runs the hold's transitions: events in, what is written
@@ -14,23 +12,23 @@ import (
 // "-name" removed, "(name)" held. "end" is the end of the stream (or the
 // hold's bound).
 func TestFinishHold(t *testing.T) {
-	facts := map[string]eventFacts{
-		"role":   {carriesChoices: true},
-		"token":  {kind: rewrite.EventToken, carriesChoices: true},
-		"finish": {kind: rewrite.EventToken, carriesChoices: true, ends: true},
-		"other":  {carriesChoices: true, ends: true}, // a second choice finishing, empty delta
-		"fin+u":  {kind: rewrite.EventToken, carriesChoices: true, ends: true, usageOnChoices: true},
-		"usage":  {kind: rewrite.EventUsage},
-		"ping":   {keepAlive: true},
-		"error":  {kind: rewrite.EventError},
-		"done":   {kind: rewrite.EventDone},
+	facts := map[string]HoldFacts{
+		"role":   {CarriesChoices: true},
+		"token":  {Kind: EventToken, CarriesChoices: true},
+		"finish": {Kind: EventToken, CarriesChoices: true, Ends: true},
+		"other":  {CarriesChoices: true, Ends: true}, // a second choice finishing, empty delta
+		"fin+u":  {Kind: EventToken, CarriesChoices: true, Ends: true, UsageOnChoices: true},
+		"usage":  {Kind: EventUsage},
+		"ping":   {KeepAlive: true},
+		"error":  {Kind: EventError},
+		"done":   {Kind: EventDone},
 	}
-	askedUsage := plan{wantMetrics: true}
-	noUsage := plan{wantMetrics: true, metricsOnFinish: true}
-	hidden := plan{hideUsage: true}
+	askedUsage := Plan{WantMetrics: true}
+	noUsage := Plan{WantMetrics: true, MetricsOnFinish: true}
+	hidden := Plan{HideUsage: true}
 	for _, tt := range []struct {
 		name   string
-		plan   plan
+		plan   Plan
 		events string
 		want   string
 	}{
@@ -46,34 +44,34 @@ func TestFinishHold(t *testing.T) {
 		{"two events with usage: the last takes them", askedUsage, "fin+u fin+u end", "(fin+u) H (fin+u) H+m"},
 		{"usage on the finish, then a usage event", askedUsage, "fin+u usage", "(fin+u) H usage+m"},
 		{"usage the client never asked for is removed", hidden, "token finish usage done", "token finish -usage done"},
-		{"nothing planned: all passes", plan{}, "token fin+u usage done", "token fin+u usage done"},
+		{"nothing planned: all passes", Plan{}, "token fin+u usage done", "token fin+u usage done"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			h := finishHold{plan: tt.plan}
+			h := FinishHold{Plan: tt.plan}
 			var out []string
 			for _, name := range strings.Fields(tt.events) {
 				if name == "end" {
 					if h.held {
-						out = append(out, released(&h, h.release()))
+						out = append(out, released(&h, h.Release()))
 					}
 					continue
 				}
 				e := facts[name]
-				if !h.waitsForUsage() {
-					e.keepAlive = false // read only while a finish waits for the usage
+				if !h.WaitsForUsage() {
+					e.KeepAlive = false // read only while a finish waits for the usage
 				}
-				if release, withMetrics := h.releaseBefore(e); release {
+				if release, withMetrics := h.ReleaseBefore(e); release {
 					out = append(out, released(&h, withMetrics))
 				}
-				switch h.act(e) {
-				case actPass:
+				switch h.Act(e) {
+				case ActPass:
 					out = append(out, name)
-				case actSplice:
-					h.carried()
+				case ActSplice:
+					h.Carried()
 					out = append(out, name+"+m")
-				case actDrop:
+				case ActDrop:
 					out = append(out, "-"+name)
-				case actHold:
+				case ActHold:
 					out = append(out, "("+name+")")
 				}
 			}
@@ -84,9 +82,9 @@ func TestFinishHold(t *testing.T) {
 	}
 }
 
-func released(h *finishHold, withMetrics bool) string {
+func released(h *FinishHold, withMetrics bool) string {
 	if withMetrics {
-		h.carried()
+		h.Carried()
 		return "H+m"
 	}
 	return "H"
