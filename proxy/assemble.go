@@ -90,7 +90,7 @@ func (p *Proxy) relayAssembled(ctx *fasthttp.RequestCtx, f *flight, x *upstream.
 		if withMetrics, ok := rewrite.InspectBody(body).WithMetrics(body, mb.B); ok {
 			body = withMetrics
 			// After the engine's own entries: Server-Timing is a list.
-			ctx.Response.Header.AddBytesV("Server-Timing", serverTiming(m))
+			ctx.Response.Header.AddBytesV("Server-Timing", m.AppendServerTiming(nil))
 		}
 	}
 	room := 0

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"strconv"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -76,34 +75,4 @@ func (f *flight) metricsJSON(dst []byte, done time.Time, engine timing.EngineTim
 		return append(dst, "null"...)
 	}
 	return f.done(done, engine).AppendJSON(dst)
-}
-
-// serverTiming formats the W3C Server-Timing value of the measured figures.
-func serverTiming(m *timing.Metrics) []byte {
-	var b []byte
-	add := func(name string, n timing.Number) {
-		if !n.Set {
-			return
-		}
-		if len(b) > 0 {
-			b = append(b, ", "...)
-		}
-		b = append(b, name...)
-		b = append(b, ";dur="...)
-		b = strconv.AppendFloat(b, n.Value, 'f', 3, 64)
-	}
-	add("queue", m.QueueTime)
-	add("ttft", m.TimeToFirstToken)
-	add("gen", m.GenerationTime)
-	add("e2e", m.E2ELatency)
-	return b
-}
-
-// firstByteTiming is the Server-Timing value of an answer passed through
-// untouched: its time to first byte, the engine's response headers, which
-// for an answer sent whole is the engine's computation. The end is not
-// known when the headers go out.
-func firstByteTiming(f *flight) []byte {
-	b := []byte("ttfb;dur=")
-	return strconv.AppendFloat(b, float64(f.clock.Accepted.Sub(f.clock.Arrival))/float64(time.Millisecond), 'f', 3, 64)
 }

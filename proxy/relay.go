@@ -27,7 +27,7 @@ func (p *Proxy) relayBody(ctx *fasthttp.RequestCtx, f *flight, x *upstream.Excha
 	setResponseID(ctx, f)
 	if f.timingHeader && f.measured {
 		// After the engine's own entries: Server-Timing is a list.
-		ctx.Response.Header.AddBytesV("Server-Timing", firstByteTiming(f))
+		ctx.Response.Header.AddBytesV("Server-Timing", f.clock.AppendFirstByteTiming(nil))
 	}
 	f.rec.Status = resp.StatusCode()
 	if resp.BodyStream() == nil {
@@ -317,7 +317,7 @@ func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *upstrea
 	}
 	if ok {
 		// After the engine's own entries: Server-Timing is a list.
-		ctx.Response.Header.AddBytesV("Server-Timing", serverTiming(m))
+		ctx.Response.Header.AddBytesV("Server-Timing", m.AppendServerTiming(nil))
 	} else {
 		// As the engine sent it: the read buffer, and its room, go to the
 		// response.
@@ -659,7 +659,7 @@ func (r *eventRelay) fillTrailer() {
 	m := r.f.done(r.f.clock.Done, timing.EngineTiming{})
 	// After the engine's entries, which announcing the trailer moved here:
 	// fasthttp keeps a field name in the header or in the trailer.
-	r.trailer.AddBytesV("Server-Timing", serverTiming(m))
+	r.trailer.AddBytesV("Server-Timing", m.AppendServerTiming(nil))
 }
 
 func (r *eventRelay) exchange() *upstream.Exchange { return r.x }

@@ -18,7 +18,6 @@ import (
 
 	"github.com/timing-sidecar/timing-sidecar/proxy/framing"
 	"github.com/timing-sidecar/timing-sidecar/proxy/netclock"
-	"github.com/timing-sidecar/timing-sidecar/rewrite"
 	"github.com/valyala/fasthttp"
 )
 
@@ -335,9 +334,16 @@ type Watcher interface {
 // it), or, with Stream set, a client's body streamed through unread, sent
 // once.
 type Body struct {
-	Edit   *rewrite.Edit
+	Edit   Edited
 	Stream Stream
 	Size   int // Stream's length; -1 if unknown
+}
+
+// Edited is an edited body (rewrite.Edit): its size, and a reader from its
+// start each time it is sent.
+type Edited interface {
+	Len() int
+	Reader() io.Reader
 }
 
 // Stream is a client's body streamed through; Err is the error that cut
