@@ -628,7 +628,7 @@ func TestBodiesPastTheMemoryBudgetStreamThrough(t *testing.T) {
 			if got := strings.Contains(string(events), `"metrics"`); got != tc.read {
 				t.Fatalf("metrics in the answer: %v, want %v", got, tc.read)
 			}
-			if used := p.bodies.used.Load(); used != 0 {
+			if used := p.bodies.Used(); used != 0 {
 				t.Fatalf("%d bytes of the budget still held", used)
 			}
 		})
@@ -765,7 +765,7 @@ func TestHeldResponsesShareTheMemoryBudget(t *testing.T) {
 	}
 	// A held answer's room comes back once fasthttp has written it, which
 	// may be just after the client has read it all.
-	eventually(t, "the budget given back", func() bool { return p.bodies.used.Load() == 0 })
+	eventually(t, "the budget given back", func() bool { return p.bodies.Used() == 0 })
 }
 
 // TestRepeatedMembersAreForwardedUnread: a request that repeats a member

@@ -96,7 +96,7 @@ func (p *Proxy) relayAssembled(ctx *fasthttp.RequestCtx, f *flight, x *upstream.
 	room := 0
 	if len(body) > responseFree {
 		room = len(body)
-		p.bodies.charge(room)
+		p.bodies.Charge(room)
 	}
 	p.respondHeld(ctx, body, room)
 	f.rec.Status, f.rec.BytesOut = fasthttp.StatusOK, len(body)

@@ -104,7 +104,7 @@ func TestAudioUploadsAreMeasured(t *testing.T) {
 		if tc.stream && (e.TTFT == nil || e.ITL == nil || e.Completion == nil || *e.Completion != 6) {
 			t.Errorf("%s: stream figures missing: %s", tc.name, last)
 		}
-		if used := p.bodies.used.Load(); used != 0 {
+		if used := p.bodies.Used(); used != 0 {
 			t.Errorf("%s: %d bytes of the budget still held", tc.name, used)
 		}
 	}
@@ -151,7 +151,7 @@ func TestAudioUploadWithoutRoom(t *testing.T) {
 	if got := counterValue(t, p, "timing_sidecar_unread_requests_total", map[string]string{"reason": "no_memory"}); got != 1 {
 		t.Errorf("unread no_memory = %v, want 1", got)
 	}
-	if used := p.bodies.used.Load(); used != 0 {
+	if used := p.bodies.Used(); used != 0 {
 		t.Errorf("%d bytes of the budget still held", used)
 	}
 }

@@ -9,8 +9,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"testing/synctest"
-	"time"
+
+	"github.com/timing-sidecar/timing-sidecar/proxy/membudget"
 )
 
 // TestSlowUploadersHoldWhatTheySent: a client that declares a large body
@@ -34,8 +34,8 @@ func TestSlowUploadersHoldWhatTheySent(t *testing.T) {
 	}
 	// Both bodies' bytes are in the sidecar's room (the reads have no
 	// event to wait on).
-	eventually(t, "the uploads read", func() bool { return p.bodies.used.Load() >= 2*sent })
-	if used := p.bodies.used.Load(); used > 2*2*sent {
+	eventually(t, "the uploads read", func() bool { return p.bodies.Used() >= 2*sent })
+	if used := p.bodies.Used(); used > 2*2*sent {
 		t.Fatalf("two uploads of %d bytes so far hold %d bytes of the budget", sent, used)
 	}
 
@@ -79,7 +79,7 @@ func TestHeldAnswersKeepTheirRoomUntilWritten(t *testing.T) {
 	eventually(t, "the request recorded", func() bool {
 		return counterValue(t, p, "timing_sidecar_requests_total", map[string]string{"endpoint": "chat_completions", "stream": "false", "status": "200", "model": "m"}) == 1
 	})
-	if used := p.bodies.used.Load(); used < size {
+	if used := p.bodies.Used(); used < size {
 		t.Fatalf("the budget counts %d bytes while the sidecar holds a %d-byte answer for its client", used, size)
 	}
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
@@ -91,35 +91,17 @@ func TestHeldAnswersKeepTheirRoomUntilWritten(t *testing.T) {
 	if !strings.Contains(string(got[len(got)-2000:]), `"metrics":{`) || len(got) < size {
 		t.Fatalf("status %d, %d bytes, no metrics", resp.StatusCode, len(got))
 	}
-	eventually(t, "the room given back", func() bool { return p.bodies.used.Load() == 0 })
-}
-
-// TestOneBodyAtATimeWaitsToGrow: of the bodies that hold room, one at a
-// time waits for more; another gives up at once, so that they never all
-// wait on each other.
-func TestOneBodyAtATimeWaitsToGrow(t *testing.T) {
-	b := newBodyBudget(100)
-	b.charge(100)
-	grew := make(chan bool)
-	go func() { grew <- b.awaitGrowth(10) }()
-	eventually(t, "the first body waiting", func() bool { return b.growing.Load() && b.waiting.Load() == 1 })
-	if b.awaitGrowth(10) {
-		t.Fatal("a second body got room that is not there")
-	}
-	b.give(50)
-	if !<-grew {
-		t.Fatal("the waiting body did not get the room given back")
-	}
+	eventually(t, "the room given back", func() bool { return p.bodies.Used() == 0 })
 }
 
 // TestUnreadBodiesGiveBackTheirRoomOnceSent: what was read of a body that
 // then streams through unread gives its room back as soon as those bytes
 // have gone to the engine, not when the client's upload ends.
 func TestUnreadBodiesGiveBackTheirRoomOnceSent(t *testing.T) {
-	p := &Proxy{bodies: newBodyBudget(1 << 20), log: slog.New(slog.DiscardHandler)}
+	p := &Proxy{bodies: membudget.New(1 << 20), log: slog.New(slog.DiscardHandler)}
 	f := &flight{}
 	read := []byte(strings.Repeat("a", 64<<10))
-	p.bodies.charge(len(read))
+	p.bodies.Charge(len(read))
 	f.bodyTaken = len(read)
 	rest, more := io.Pipe()
 	p.streamUnread(f, read, rest, 2*len(read))
@@ -127,7 +109,7 @@ func TestUnreadBodiesGiveBackTheirRoomOnceSent(t *testing.T) {
 	if _, err := io.ReadFull(f.unread, got); err != nil {
 		t.Fatal(err)
 	}
-	if used := p.bodies.used.Load(); used != 0 {
+	if used := p.bodies.Used(); used != 0 {
 		t.Fatalf("%d bytes still held once what was read went on", used)
 	}
 	go more.Write(read) //nolint:errcheck
@@ -135,29 +117,7 @@ func TestUnreadBodiesGiveBackTheirRoomOnceSent(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.sent(f) // given once
-	if used := p.bodies.used.Load(); used != 0 {
+	if used := p.bodies.Used(); used != 0 {
 		t.Fatalf("budget at %d after the request", used)
 	}
-}
-
-// TestMemoryReturnsOnceTheBudgetIsQuiet: the forced return of memory to
-// the system waits until no large body is held, so that a burst of
-// uploads gets one, after it, and never lands among them.
-func TestMemoryReturnsOnceTheBudgetIsQuiet(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		b := newBodyBudget(1 << 30)
-		b.charge(2 * returnMemoryAfter)
-		b.give(returnMemoryAfter) // one large body let go, another still held
-		time.Sleep(5 * returnMemoryDelay)
-		synctest.Wait()
-		if !b.returning.Load() {
-			t.Fatal("memory returned while a large body is held")
-		}
-		b.give(returnMemoryAfter)
-		time.Sleep(2 * returnMemoryDelay)
-		synctest.Wait()
-		if b.returning.Load() {
-			t.Fatal("memory not returned once the budget was quiet")
-		}
-	})
 }

@@ -128,7 +128,7 @@ type Config struct {
 	// MaxRequestBodySize is the largest request body accepted (413 above).
 	MaxRequestBodySize int
 	// MaxBodyMemory bounds the request bodies held in memory at once; a
-	// body with no room streams through unread (bodyBudget).
+	// body with no room streams through unread (proxy/membudget).
 	MaxBodyMemory int
 	// MaxRequestHeaderSize is the largest request header block accepted
 	// (431 above).

@@ -434,7 +434,7 @@ func TestReadAheadKeepsTheEnginesMarksThroughAPause(t *testing.T) {
 	if got := histogramSamples(t, p, "timing_sidecar_max_inter_token_latency_seconds"); got != 1 {
 		t.Errorf("%d largest gaps observed, want 1", got)
 	}
-	if used := p.bodies.used.Load(); used != 0 {
+	if used := p.bodies.Used(); used != 0 {
 		t.Errorf("%d bytes of the budget still held", used)
 	}
 }

@@ -165,7 +165,7 @@ func (p *Proxy) relayed(f *flight, delay time.Duration) {
 // finish records the flight. It runs once, when the response is complete
 // (or failed): at the end of the handler, or when a body stream closes.
 func (p *Proxy) finish(f *flight) {
-	p.bodies.give(f.responseTaken)
+	p.bodies.Give(f.responseTaken)
 	f.responseTaken = 0
 	recorded := p.record(f)
 	// Out of the streams Shutdown drains once recorded, so that the

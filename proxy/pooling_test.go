@@ -132,7 +132,7 @@ func TestPoolingAgainstAMisbehavingEngine(t *testing.T) {
 		if tc.unread != "" && counterValue(t, p, "timing_sidecar_unread_requests_total", map[string]string{"reason": tc.unread}) != 1 {
 			t.Errorf("%s: not counted as unread (%s)", tc.name, tc.unread)
 		}
-		if used := p.bodies.used.Load(); used != 0 {
+		if used := p.bodies.Used(); used != 0 {
 			t.Errorf("%s: %d bytes of the budget still held", tc.name, used)
 		}
 	}

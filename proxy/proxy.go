@@ -17,6 +17,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/timing-sidecar/timing-sidecar/proxy/clientconn"
+	"github.com/timing-sidecar/timing-sidecar/proxy/membudget"
 	"github.com/timing-sidecar/timing-sidecar/proxy/upstream"
 	"github.com/timing-sidecar/timing-sidecar/rewrite"
 	"github.com/timing-sidecar/timing-sidecar/telemetry"
@@ -61,7 +62,7 @@ type Proxy struct {
 	// closed when the drain begins.
 	idle idleClients
 	// bodies bounds the memory request bodies hold.
-	bodies *bodyBudget
+	bodies *membudget.Budget
 	// tls, when set, is what the client port serves HTTPS with.
 	tls *tls.Config
 }
@@ -86,7 +87,7 @@ func New(cfg Config, log *slog.Logger, accessLog io.Writer) (*Proxy, error) {
 		return nil, err
 	}
 	p := &Proxy{cfg: cfg, policy: cfg.policy(), log: log, up: up, pools: newPools(cfg.MaxEventSize), registry: newRegistry(), stop: make(chan struct{}), streams: newStreamSet(),
-		bodies: newBodyBudget(cfg.MaxBodyMemory), tls: serveTLS}
+		bodies: membudget.New(cfg.MaxBodyMemory), tls: serveTLS}
 	opts := telemetry.Options{MaxModels: cfg.MaxModelLabels, TenantLabel: cfg.TenantLabel, MaxTenants: cfg.MaxTenantLabels,
 		Objectives:       telemetry.Objectives{TTFT: cfg.SLOTTFT, ITL: cfg.SLOITL, E2E: cfg.SLOE2E},
 		KernelTimestamps: up.KernelStamps()}

@@ -114,7 +114,7 @@ func (s *streamSource) await(d time.Duration) bool {
 // engine, and reads it only through the read-ahead from now on. Without room in the budget there is none, and the engine
 // waits for the client as before.
 func (s *streamSource) clientBlocked() {
-	if s.ahead != nil || s.ended || !s.p.bodies.takeAhead(readAheadMemory) {
+	if s.ahead != nil || s.ended || !s.p.bodies.TakeAhead(readAheadMemory) {
 		return
 	}
 	a := &readAhead{buf: make([]byte, readAheadBytes), marks: make([]aheadMark, readAheadReads),
@@ -272,6 +272,6 @@ func (s *streamSource) close(abort func()) (ran bool, waited time.Duration) {
 	}
 	<-a.done
 	s.ahead = nil
-	s.p.bodies.giveAhead(readAheadMemory)
+	s.p.bodies.GiveAhead(readAheadMemory)
 	return true, a.waited
 }

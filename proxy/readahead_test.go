@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/timing-sidecar/timing-sidecar/proxy/membudget"
 	"github.com/timing-sidecar/timing-sidecar/proxy/netclock"
 	"github.com/timing-sidecar/timing-sidecar/proxy/upstream"
 	"github.com/timing-sidecar/timing-sidecar/telemetry"
@@ -59,7 +60,7 @@ func TestReadAheadKeepsBytesAndStamps(t *testing.T) {
 		src.chunks = append(src.chunks, c)
 	}
 	src.at = at
-	p := &Proxy{bodies: newBodyBudget(DefaultMaxBodyMemory)}
+	p := &Proxy{bodies: membudget.New(DefaultMaxBodyMemory)}
 	var s streamSource
 	s.reset(p, src.x, src)
 	s.clientBlocked()
@@ -99,7 +100,7 @@ func TestReadAheadKeepsBytesAndStamps(t *testing.T) {
 	if ran, _ := s.close(func() { t.Error("aborted a stream that ended") }); !ran {
 		t.Fatal("no read-ahead ran")
 	}
-	if used := p.bodies.used.Load(); used != 0 {
+	if used := p.bodies.Used(); used != 0 {
 		t.Fatalf("%d bytes of the budget still held", used)
 	}
 }
@@ -115,7 +116,7 @@ func (panickingBody) Read([]byte) (int, error) { panic("engine body bug") }
 // logged, and leaves the process, and the budget, as they were.
 func TestReadAheadPanicEndsOnlyItsStream(t *testing.T) {
 	var log syncBuffer
-	p := &Proxy{bodies: newBodyBudget(DefaultMaxBodyMemory), registry: newRegistry(),
+	p := &Proxy{bodies: membudget.New(DefaultMaxBodyMemory), registry: newRegistry(),
 		log: slog.New(slog.NewJSONHandler(&log, nil))}
 	p.telemetry = telemetry.NewRecorder(p.registry, telemetry.Options{})
 	var s streamSource
@@ -135,7 +136,7 @@ func TestReadAheadPanicEndsOnlyItsStream(t *testing.T) {
 	if !strings.Contains(log.String(), "engine body bug") {
 		t.Fatalf("the panic is not logged: %s", log.String())
 	}
-	if used := p.bodies.used.Load(); used != 0 {
+	if used := p.bodies.Used(); used != 0 {
 		t.Fatalf("%d bytes of the budget still held", used)
 	}
 }

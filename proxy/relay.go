@@ -308,11 +308,11 @@ func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *upstrea
 		room = 0 // counted per request (deploy/README.md)
 	}
 	var body []byte
-	ok := p.bodies.take(room, 0)
+	ok := p.bodies.Take(room, 0)
 	if ok {
 		body, ok = inspected.WithMetrics(buf.B, mb.B)
 		if !ok {
-			p.bodies.give(room)
+			p.bodies.Give(room)
 		}
 	}
 	if ok {

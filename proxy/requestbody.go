@@ -6,6 +6,8 @@ import (
 	"io"
 	"sync/atomic"
 
+	"github.com/timing-sidecar/timing-sidecar/proxy/membudget"
+
 	"github.com/timing-sidecar/timing-sidecar/proxy/clientconn"
 	"github.com/valyala/fasthttp"
 )
@@ -90,14 +92,14 @@ func (p *Proxy) readBody(ctx *fasthttp.RequestCtx, f *flight) ([]byte, bool) {
 	if n < 0 {
 		limit = p.cfg.MaxRequestBodySize + 1 // one past: a chunked body over the limit shows
 	}
-	body, wait := f.body[:0], bodyBudgetWait
+	body, wait := f.body[:0], membudget.Wait
 	for {
 		if len(body) == cap(body) {
 			grown := min(limit, max(2*cap(body), 16<<10))
 			if n >= 0 && len(body) >= n/bodyJumpShare {
 				grown = n // one copy fewer, and no more garbage
 			}
-			if !p.bodies.take(grown-cap(body), wait) && (wait > 0 || !p.bodies.awaitGrowth(grown-cap(body))) {
+			if !p.bodies.Take(grown-cap(body), wait) && (wait > 0 || !p.bodies.AwaitGrowth(grown-cap(body))) {
 				p.log.Warn("no room in --max-body-memory for the request body; it goes to the engine unread, and is answered without metrics",
 					"request_id", f.rec.ID, "content_length", n, "max_body_memory", p.cfg.MaxBodyMemory)
 				p.streamUnread(f, body, stream, n)
@@ -161,7 +163,7 @@ func (p *Proxy) readUpload(ctx *fasthttp.RequestCtx, f *flight) ([]byte, bool) {
 	if n >= 0 {
 		size = min(size, n)
 	}
-	if !p.bodies.take(size, bodyBudgetWait) {
+	if !p.bodies.Take(size, membudget.Wait) {
 		p.streamUnread(f, nil, stream, n) // no room even for the fields: unread
 		return nil, true
 	}
@@ -198,7 +200,7 @@ func (p *Proxy) refuseBody(ctx *fasthttp.RequestCtx, f *flight, err error) {
 // it: the body is not read again, and a large one is let go (the edit
 // refers to it).
 func (p *Proxy) sent(f *flight) {
-	p.bodies.give(f.bodyTaken)
+	p.bodies.Give(f.bodyTaken)
 	f.bodyTaken = 0
 	if f.readRoom != nil {
 		f.readRoom.give()
@@ -211,11 +213,11 @@ func (p *Proxy) sent(f *flight) {
 // through unread; given back once, by whichever comes first: the last of
 // those bytes going to the engine, or the request's end.
 type readRoom struct {
-	budget *bodyBudget
+	budget *membudget.Budget
 	n      atomic.Int64
 }
 
-func (r *readRoom) give() { r.budget.give(int(r.n.Swap(0))) }
+func (r *readRoom) give() { r.budget.Give(int(r.n.Swap(0))) }
 
 // roomReader gives back its room once its bytes have all been read.
 type roomReader struct {
