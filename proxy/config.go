@@ -7,6 +7,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/timing-sidecar/timing-sidecar/proxy/tlsserve"
+
 	"github.com/timing-sidecar/timing-sidecar/proxy/upstream"
 	"github.com/timing-sidecar/timing-sidecar/rewrite"
 	"github.com/timing-sidecar/timing-sidecar/telemetry"
@@ -94,7 +96,7 @@ type Config struct {
 	UpstreamCAFile, UpstreamServerName string
 	// TLSCertFile and TLSKeyFile, when set, make the client port serve
 	// HTTPS with them; TLSClientCAFile and TLSClientCerts check client
-	// certificates (ClientCertNone, ClientCertOptional,
+	// certificates (tlsserve.ClientCertNone, ClientCertOptional,
 	// ClientCertRequired), as vLLM's --ssl-* do. The files are re-read
 	// when they change, for new connections.
 	TLSCertFile, TLSKeyFile, TLSClientCAFile string
@@ -353,10 +355,10 @@ func (c *Config) tlsProblems() []error {
 	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
 		errs = append(errs, errors.New("TLS needs both a certificate file and a key file"))
 	}
-	if c.TLSClientCerts < ClientCertNone || c.TLSClientCerts > ClientCertRequired {
+	if c.TLSClientCerts < tlsserve.ClientCertNone || c.TLSClientCerts > tlsserve.ClientCertRequired {
 		errs = append(errs, fmt.Errorf("client certificate requirement %d: must be 0 (none), 1 (optional) or 2 (required)", c.TLSClientCerts))
 	}
-	if c.TLSClientCerts != ClientCertNone && (c.TLSClientCAFile == "" || c.TLSCertFile == "") {
+	if c.TLSClientCerts != tlsserve.ClientCertNone && (c.TLSClientCAFile == "" || c.TLSCertFile == "") {
 		errs = append(errs, errors.New("client certificates need a client CA file and the server's own certificate"))
 	}
 	return errs

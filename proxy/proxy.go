@@ -13,6 +13,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/timing-sidecar/timing-sidecar/proxy/tlsserve"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
@@ -82,7 +84,7 @@ func New(cfg Config, log *slog.Logger, accessLog io.Writer) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	serveTLS, err := serverTLS(&cfg, log)
+	serveTLS, err := tlsserve.Config(tlsserve.Files{Cert: cfg.TLSCertFile, Key: cfg.TLSKeyFile, ClientCA: cfg.TLSClientCAFile}, cfg.TLSClientCerts, log)
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/timing-sidecar/timing-sidecar/proxy/tlsserve/testpki"
 )
 
 // streamAtShutdown starts a stream of tokens events, ITL apart, on a raw
@@ -25,7 +27,7 @@ func streamAtShutdown(t *testing.T, base string, v shutdownCase, tokens int, itl
 	var c net.Conn
 	var err error
 	if v.pki != nil {
-		c, err = tls.Dial("tcp", addr, &tls.Config{RootCAs: v.pki.pool})
+		c, err = tls.Dial("tcp", addr, &tls.Config{RootCAs: v.pki.Pool})
 	} else {
 		c, err = net.Dial("tcp", addr)
 	}
@@ -52,7 +54,7 @@ func streamAtShutdown(t *testing.T, base string, v shutdownCase, tokens int, itl
 // shutdownCase is a protocol version, over TLS or not.
 type shutdownCase struct {
 	proto string
-	pki   *testPKI // nil: plain TCP
+	pki   *testpki.PKI // nil: plain TCP
 }
 
 func (v shutdownCase) name() string {
@@ -65,7 +67,7 @@ func (v shutdownCase) name() string {
 // shutdownCases are every protocol version the sidecar serves, over TLS
 // and not.
 func shutdownCases(t *testing.T) []shutdownCase {
-	pki := newTestPKI(t)
+	pki := testpki.New(t)
 	return []shutdownCase{{"HTTP/1.1", nil}, {"HTTP/1.0", nil}, {"HTTP/1.1", pki}, {"HTTP/1.0", pki}}
 }
 
@@ -73,7 +75,7 @@ func shutdownCases(t *testing.T) []shutdownCase {
 func startShutdownSidecar(t *testing.T, engine string, v shutdownCase, log *syncBuffer) (*Proxy, string) {
 	return startSidecar(t, engine, func(c *Config) {
 		if v.pki != nil {
-			c.TLSCertFile, c.TLSKeyFile = v.pki.certFile, v.pki.keyFile
+			c.TLSCertFile, c.TLSKeyFile = v.pki.CertFile, v.pki.KeyFile
 		}
 	}, log)
 }

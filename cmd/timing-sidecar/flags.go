@@ -1,6 +1,7 @@
 package main
 
 import (
+	"github.com/timing-sidecar/timing-sidecar/proxy/tlsserve"
 	"github.com/urfave/cli/v2"
 
 	"github.com/timing-sidecar/timing-sidecar/proxy"
@@ -20,7 +21,7 @@ func serveFlags() []cli.Flag {
 			Usage: "PEM private key of --ssl-certfile, as vLLM's --ssl-keyfile. Unset by default."},
 		&cli.StringFlag{Name: "ssl-ca-certs", EnvVars: env("ssl-ca-certs"),
 			Usage: "PEM file of the certificate authorities client certificates must chain to, as vLLM's --ssl-ca-certs; re-read when it changes, for new connections. Unset by default."},
-		&cli.IntFlag{Name: "ssl-cert-reqs", EnvVars: env("ssl-cert-reqs"), Value: proxy.ClientCertNone,
+		&cli.IntFlag{Name: "ssl-cert-reqs", EnvVars: env("ssl-cert-reqs"), Value: tlsserve.ClientCertNone,
 			Usage: "Client certificates, as vLLM's --ssl-cert-reqs: 0 not asked, 1 checked when given, 2 required. Default 0."},
 		&cli.StringFlag{Name: "upstream-ca-file", EnvVars: env("upstream-ca-file"),
 			Usage: "PEM file of the certificate authorities an https engine's certificate must chain to, in place of the system's (a private CA). Unset by default."},

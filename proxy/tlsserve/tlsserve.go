@@ -1,4 +1,4 @@
-package proxy
+package tlsserve
 
 import (
 	"crypto/tls"
@@ -20,16 +20,16 @@ const (
 	ClientCertRequired = 2
 )
 
-// serverTLS is the TLS configuration the sidecar serves with: Go's
-// defaults from TLS 1.2, the certificate from files re-read when they
-// change, and client certificates checked against a CA file, re-read the
-// same way, when asked.
-func serverTLS(cfg *Config, log *slog.Logger) (*tls.Config, error) {
-	if cfg.TLSCertFile == "" && cfg.TLSKeyFile == "" {
+// Config is the TLS configuration the sidecar serves with: Go's defaults
+// from TLS 1.2, the certificate from files re-read when they change, and
+// client certificates (clientCerts: one of the ClientCert constants)
+// checked against a CA file, re-read the same way, when asked. It is nil
+// without a certificate and key: the sidecar serves plain HTTP.
+func Config(files Files, clientCerts int, log *slog.Logger) (*tls.Config, error) {
+	if files.Cert == "" && files.Key == "" {
 		return nil, nil
 	}
-	files := tlsFiles{cert: cfg.TLSCertFile, key: cfg.TLSKeyFile, clientCA: cfg.TLSClientCAFile}
-	r, err := newCertReloader(files, clientAuth(cfg.TLSClientCerts), log)
+	r, err := newCertReloader(files, clientAuth(clientCerts), log)
 	if err != nil {
 		return nil, err
 	}
@@ -47,10 +47,10 @@ func clientAuth(reqs int) tls.ClientAuthType {
 	return tls.NoClientCert
 }
 
-// tlsFiles are the files the sidecar serves TLS from.
-type tlsFiles struct {
-	cert, key string
-	clientCA  string // "" when client certificates are not checked
+// Files are the files the sidecar serves TLS from.
+type Files struct {
+	Cert, Key string
+	ClientCA  string // "" when client certificates are not checked
 }
 
 // certReloader serves TLS from files and re-reads them when they change,
@@ -67,7 +67,7 @@ type tlsFiles struct {
 // what loads. A filesystem that hangs (a volume being updated) holds that
 // goroutine, never a handshake.
 type certReloader struct {
-	files tlsFiles
+	files Files
 	base  *tls.Config // what every configuration served shares
 	log   *slog.Logger
 
@@ -106,8 +106,8 @@ func stampOf(path string) (fileStamp, error) {
 }
 
 // newCertReloader loads the files, failing on any that does not load.
-func newCertReloader(files tlsFiles, auth tls.ClientAuthType, log *slog.Logger) (*certReloader, error) {
-	if files.cert == "" || files.key == "" {
+func newCertReloader(files Files, auth tls.ClientAuthType, log *slog.Logger) (*certReloader, error) {
+	if files.Cert == "" || files.Key == "" {
 		return nil, errors.New("TLS needs both a certificate file and a key file")
 	}
 	r := &certReloader{files: files, log: log, every: certCheckEvery,
@@ -116,16 +116,16 @@ func newCertReloader(files tlsFiles, auth tls.ClientAuthType, log *slog.Logger) 
 	if err != nil {
 		return nil, err
 	}
-	cert, err := tls.LoadX509KeyPair(files.cert, files.key)
+	cert, err := tls.LoadX509KeyPair(files.Cert, files.Key)
 	if err != nil {
 		return nil, fmt.Errorf("TLS certificate: %w", err)
 	}
 	var pool *x509.CertPool
-	if files.clientCA != "" {
-		if r.caStamp, err = stampOf(files.clientCA); err != nil {
+	if files.ClientCA != "" {
+		if r.caStamp, err = stampOf(files.ClientCA); err != nil {
 			return nil, fmt.Errorf("client CA file: %w", err)
 		}
-		if pool, err = loadCertPool(files.clientCA); err != nil {
+		if pool, err = loadCertPool(files.ClientCA); err != nil {
 			return nil, err
 		}
 	}
@@ -194,18 +194,18 @@ func (r *certReloader) reload() {
 	cert, pool := &served.Certificates[0], served.ClientCAs
 	changed := false
 	if stamp, err := r.stampPair(); err == nil && stamp != r.pairStamp {
-		if c, err := tls.LoadX509KeyPair(r.files.cert, r.files.key); err == nil {
+		if c, err := tls.LoadX509KeyPair(r.files.Cert, r.files.Key); err == nil {
 			cert, r.pairStamp, changed = &c, stamp, true
-			r.logInfo("TLS certificate reloaded", "cert_file", r.files.cert)
+			r.logInfo("TLS certificate reloaded", "cert_file", r.files.Cert)
 		} else {
 			r.logWarn("TLS certificate changed but does not load; serving the previous one", "err", err)
 		}
 	}
-	if r.files.clientCA != "" {
-		if stamp, err := stampOf(r.files.clientCA); err == nil && stamp != r.caStamp {
-			if p, err := loadCertPool(r.files.clientCA); err == nil {
+	if r.files.ClientCA != "" {
+		if stamp, err := stampOf(r.files.ClientCA); err == nil && stamp != r.caStamp {
+			if p, err := loadCertPool(r.files.ClientCA); err == nil {
 				pool, r.caStamp, changed = p, stamp, true
-				r.logInfo("client CA reloaded", "ca_file", r.files.clientCA)
+				r.logInfo("client CA reloaded", "ca_file", r.files.ClientCA)
 			} else {
 				r.logWarn("client CA file changed but does not load; checking client certificates against the previous one", "err", err)
 			}
@@ -217,11 +217,11 @@ func (r *certReloader) reload() {
 }
 
 func (r *certReloader) stampPair() ([2]fileStamp, error) {
-	c, err := stampOf(r.files.cert)
+	c, err := stampOf(r.files.Cert)
 	if err != nil {
 		return [2]fileStamp{}, fmt.Errorf("TLS certificate: %w", err)
 	}
-	k, err := stampOf(r.files.key)
+	k, err := stampOf(r.files.Key)
 	if err != nil {
 		return [2]fileStamp{}, fmt.Errorf("TLS key: %w", err)
 	}
