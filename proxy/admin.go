@@ -6,15 +6,12 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"net/url"
 	"strings"
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/timing-sidecar/timing-sidecar/telemetry"
 )
 
 // adminIdleTimeout closes admin connections idle for longer than the
@@ -28,6 +25,22 @@ type readiness struct {
 	reason   atomic.Pointer[string]
 }
 
+// state is what /readyz answers: not ready while shutting down, or until
+// the engine answers its probe.
+func (r *readiness) state() (bool, string) {
+	switch {
+	case r.stopping.Load():
+		return false, "shutting down"
+	case !r.ready.Load():
+		reason := "the engine has not been probed yet"
+		if msg := r.reason.Load(); msg != nil {
+			reason = *msg
+		}
+		return false, "engine not ready: " + reason
+	}
+	return true, ""
+}
+
 func (r *readiness) set(err error) {
 	r.ready.Store(err == nil)
 	if err != nil {
@@ -36,35 +49,10 @@ func (r *readiness) set(err error) {
 	}
 }
 
-// AdminHandler serves /metrics (the sidecar's own series), /healthz (the
-// process is up) and /readyz (the engine answers and the sidecar is not
-// shutting down).
+// AdminHandler serves the admin endpoints (telemetry.AdminHandler):
+// /metrics, /healthz, and /readyz as the engine probe and shutdown say.
 func (p *Proxy) AdminHandler() http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(p.registry, promhttp.HandlerOpts{EnableOpenMetrics: true}))
-	if p.cfg.AdminPprof {
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	}
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		fmt.Fprintln(w, "ok")
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		switch {
-		case p.ready.stopping.Load():
-			http.Error(w, "shutting down", http.StatusServiceUnavailable)
-		case !p.ready.ready.Load():
-			reason := "the engine has not been probed yet"
-			if r := p.ready.reason.Load(); r != nil {
-				reason = *r
-			}
-			http.Error(w, "engine not ready: "+reason, http.StatusServiceUnavailable)
-		default:
-			fmt.Fprintln(w, "ok")
-		}
-	})
-	return mux
+	return telemetry.AdminHandler(p.registry, p.ready.state, p.cfg.AdminPprof)
 }
 
 // ServeAdmin serves the admin endpoints on ln and probes the engine in the
@@ -124,12 +112,4 @@ func (p *Proxy) probe() error {
 		return fmt.Errorf("GET %s answered %d", path, resp.StatusCode)
 	}
 	return nil
-}
-
-// newRegistry is the sidecar's own registry, with the Go runtime and
-// process collectors beside its series.
-func newRegistry() *prometheus.Registry {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	return reg
 }

@@ -88,7 +88,7 @@ func New(cfg Config, log *slog.Logger, accessLog io.Writer) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{cfg: cfg, policy: cfg.policy(), log: log, up: up, pools: newPools(cfg.MaxEventSize), registry: newRegistry(), stop: make(chan struct{}), streams: newStreamSet(),
+	p := &Proxy{cfg: cfg, policy: cfg.policy(), log: log, up: up, pools: newPools(cfg.MaxEventSize), registry: telemetry.NewRegistry(), stop: make(chan struct{}), streams: newStreamSet(),
 		bodies: membudget.New(cfg.MaxBodyMemory), tls: serveTLS}
 	opts := telemetry.Options{MaxModels: cfg.MaxModelLabels, TenantLabel: cfg.TenantLabel, MaxTenants: cfg.MaxTenantLabels,
 		Objectives:       telemetry.Objectives{TTFT: cfg.SLOTTFT, ITL: cfg.SLOITL, E2E: cfg.SLOE2E},

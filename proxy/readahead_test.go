@@ -55,7 +55,7 @@ func (panickingBody) Read([]byte) (int, error) { panic("engine body bug") }
 // logged, and leaves the process, and the budget, as they were.
 func TestReadAheadPanicEndsOnlyItsStream(t *testing.T) {
 	var log syncBuffer
-	p := &Proxy{bodies: membudget.New(DefaultMaxBodyMemory), registry: newRegistry(),
+	p := &Proxy{bodies: membudget.New(DefaultMaxBodyMemory), registry: telemetry.NewRegistry(),
 		log: slog.New(slog.NewJSONHandler(&log, nil))}
 	p.telemetry = telemetry.NewRecorder(p.registry, telemetry.Options{})
 	var s streamSource

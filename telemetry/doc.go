@@ -4,5 +4,7 @@
 // event), one access-log line per request, and, when tracing is on, each
 // measured request's spans, exported over OTLP. A finished request is
 // recorded in O(1) and without allocating; per stream event, only the
-// relay delay's histogram is observed.
+// relay delay's histogram is observed. The admin port's handler serves the
+// series with the process's health and readiness (AdminHandler); whether
+// the engine is ready is the proxy's to say.
 package telemetry
