@@ -6,13 +6,12 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/timing-sidecar/timing-sidecar/e2e/emulator"
 )
 
 // manifestMemoryLimit is the sidecar container's memory limit in
@@ -29,8 +28,8 @@ const (
 // container's limit. Before the body budget, two such requests took the
 // container past it.
 func TestLargeUploadsStayWithinTheMemoryLimit(t *testing.T) {
-	engine := startEngine(t, emulator.Config{MaxModelLen: 1 << 30})
-	sc := startSidecar(t, []string{"--upstream", engine.URL(), "--access-log=false", "--admin-pprof"}, "GOMEMLIMIT="+manifestGoMemLimit)
+	engine := startEngineProcess(t)
+	sc := startSidecar(t, []string{"--upstream", engine, "--access-log=false", "--admin-pprof"}, "GOMEMLIMIT="+manifestGoMemLimit)
 	// 60 MB of prompt, with escapes all through it (a parser that
 	// unescapes to skip a value copies it).
 	content := strings.Repeat(`line \"quoted\" text\n`, 60<<20/22)
@@ -88,8 +87,8 @@ func TestLargeUploadsStayWithinTheMemoryLimit(t *testing.T) {
 // budget has room for with metrics, and the peak resident memory stays
 // well under the container's limit.
 func TestLargeAnswersStayWithinTheMemoryLimit(t *testing.T) {
-	engine := startEngine(t, emulator.Config{MaxModelLen: 1 << 30})
-	sc := startSidecar(t, []string{"--upstream", engine.URL(), "--access-log=false"}, "GOMEMLIMIT="+manifestGoMemLimit)
+	engine := startEngineProcess(t)
+	sc := startSidecar(t, []string{"--upstream", engine, "--access-log=false"}, "GOMEMLIMIT="+manifestGoMemLimit)
 	const answers, tokens = 6, 2_400_000 // about 15 MB of words each
 	var wg sync.WaitGroup
 	errs := make(chan error, answers)
@@ -129,6 +128,19 @@ func TestLargeAnswersStayWithinTheMemoryLimit(t *testing.T) {
 	if withMetrics == 0 {
 		t.Fatal("no answer had room for its metrics")
 	}
+}
+
+// startEngineProcess runs the emulated engine as the release binary's
+// emulate command, with a context long enough for any body, and returns
+// its URL. The tests that move hundreds of megabytes run it out of
+// process: inside the test binary the race detector would instrument
+// every byte the engine parses and writes, and they would take minutes.
+func startEngineProcess(t *testing.T) string {
+	t.Helper()
+	addr := freePorts(t, 1)[0]
+	cmd := exec.Command(binary, "emulate", "--listen", addr, "--ttft", "0s", "--itl", "0s", "--max-model-len", strconv.Itoa(1<<30))
+	startBackend(t, "emulated engine", cmd, func() bool { return listening(addr) })
+	return "http://" + addr
 }
 
 // peakRSS is the process's peak resident set (VmHWM), in bytes.
