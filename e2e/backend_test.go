@@ -9,10 +9,11 @@ import (
 	"time"
 )
 
-// startBackend runs an ecosystem server the tests check against (Jaeger,
-// Prometheus) for one test: it is killed at the end, its output is shown
-// if the test failed, and startBackend returns once ready says so, or
-// fails the test if the process exits or 30 s pass first.
+// startBackend runs an ecosystem server the tests check against (the
+// OpenTelemetry Collector, Prometheus) for one test: it is killed at the
+// end, its output is shown if the test failed, and startBackend returns
+// once ready says so, or fails the test if the process exits or 30 s pass
+// first.
 func startBackend(t *testing.T, name string, cmd *exec.Cmd, ready func() bool) {
 	t.Helper()
 	var log strings.Builder

@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net/http"
 	"slices"
@@ -18,11 +19,10 @@ import (
 	"github.com/timing-sidecar/timing-sidecar/e2e/emulator"
 )
 
-// The GenAI metrics go to a real OpenTelemetry Collector (Jaeger v2's
-// distribution) over each OTLP protocol, and are read back from its
-// prometheus exporter: the conventions' names, units, buckets and
-// attributes, with counts and sums equal to the sidecar's own Prometheus
-// series for the same requests.
+// The GenAI metrics go to a real OpenTelemetry Collector over each OTLP
+// protocol, and are read back from the file it writes: the conventions'
+// names, units, buckets and attributes, with counts and sums equal to the
+// sidecar's own Prometheus series for the same requests.
 
 // scrapeFamilies reads a Prometheus text exposition.
 func scrapeFamilies(t *testing.T, url string) map[string]*dto.MetricFamily {
@@ -40,26 +40,13 @@ func scrapeFamilies(t *testing.T, url string) map[string]*dto.MetricFamily {
 	return mfs
 }
 
-// label is the value of a metric's label, "" when it has none.
-func label(m *dto.Metric, name string) string {
-	for _, l := range m.GetLabel() {
-		if l.GetName() == name {
-			return l.GetValue()
-		}
-	}
-	return ""
-}
-
-// histogramTotals sums a histogram family's counts and sums over the
-// series keep accepts.
-func histogramTotals(mf *dto.MetricFamily, keep func(*dto.Metric) bool) (uint64, float64) {
+// histogramTotals sums a histogram family's counts and sums.
+func histogramTotals(mf *dto.MetricFamily) (uint64, float64) {
 	var count uint64
 	var sum float64
 	for _, m := range mf.GetMetric() {
-		if keep(m) {
-			count += m.GetHistogram().GetSampleCount()
-			sum += m.GetHistogram().GetSampleSum()
-		}
+		count += m.GetHistogram().GetSampleCount()
+		sum += m.GetHistogram().GetSampleSum()
 	}
 	return count, sum
 }
@@ -73,13 +60,13 @@ func counterTotal(mf *dto.MetricFamily) float64 {
 }
 
 func TestGenAIMetricsInACollector(t *testing.T) {
-	j := startJaeger(t)
+	c := startCollector(t)
 	engine := startEngine(t, emulator.Config{Model: "m", PromptTokensDetails: true,
 		Timing: emulator.Timing{TTFT: 30 * time.Millisecond, ITL: 5 * time.Millisecond, TokensPerEvent: 1, OutputTokens: 8}})
 	_, enginePort, _ := strings.Cut(strings.TrimPrefix(engine.URL(), "http://"), ":")
 	for _, tc := range []struct{ protocol, endpoint, instance string }{
-		{"grpc", "http://" + j.grpc, "pod-grpc"},
-		{"http/protobuf", "http://" + j.http + "/v1/metrics", "pod-http"},
+		{"grpc", "http://" + c.grpc, "pod-grpc"},
+		{"http/protobuf", "http://" + c.http + "/v1/metrics", "pod-http"},
 	} {
 		t.Run(tc.protocol, func(t *testing.T) {
 			s := startSidecar(t, []string{"--upstream", engine.URL(), "--otlp-metrics-endpoint", tc.endpoint,
@@ -119,99 +106,95 @@ func TestGenAIMetricsInACollector(t *testing.T) {
 				}
 			}
 			side := scrapeFamilies(t, s.admin+"/metrics")
-			ours := func(m *dto.Metric) bool { return label(m, "instance") == tc.instance }
+			// This sidecar's series: the collector has both subtests'.
+			ours := func(h histogramSeries) bool { return h.resource["service.instance.id"] == tc.instance }
 			pairs := []struct{ collector, sidecar string }{
-				{"gen_ai_server_time_to_first_token_seconds", "timing_sidecar_time_to_first_token_seconds"},
-				{"gen_ai_server_time_per_output_token_seconds", "timing_sidecar_inter_token_latency_seconds"},
-				{"gen_ai_server_request_duration_seconds", "timing_sidecar_e2e_request_latency_seconds"},
+				{"gen_ai.server.time_to_first_token", "timing_sidecar_time_to_first_token_seconds"},
+				{"gen_ai.server.time_per_output_token", "timing_sidecar_inter_token_latency_seconds"},
+				{"gen_ai.server.request.duration", "timing_sidecar_e2e_request_latency_seconds"},
 			}
 			// The collector has the figures after an export or two: its
-			// scrape is polled, as it has no event to await.
-			var col map[string]*dto.MetricFamily
-			deadline := time.Now().Add(20 * time.Second)
-			for {
-				col = scrapeFamilies(t, "http://"+j.metrics+"/metrics")
-				wantCount, _ := histogramTotals(side["timing_sidecar_e2e_request_latency_seconds"], func(*dto.Metric) bool { return true })
-				if mf := col["gen_ai_server_request_duration_seconds"]; mf != nil {
-					if n, _ := histogramTotals(mf, ours); n == wantCount && wantCount > 0 {
-						break
-					}
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("the collector did not get the sidecar's %d requests within 20s; it has %v", wantCount, keys(col))
-				}
-				time.Sleep(100 * time.Millisecond)
+			// file is polled, as it has no event to await.
+			var col map[string][]histogramSeries
+			wantCount, _ := histogramTotals(side["timing_sidecar_e2e_request_latency_seconds"])
+			if !await(func() bool {
+				col = c.histograms(t)
+				n, _ := histogramTotal(col["gen_ai.server.request.duration"], ours)
+				return n == wantCount && wantCount > 0
+			}) {
+				t.Fatalf("the collector did not get the sidecar's %d requests within 20s; it has %v", wantCount, names(col))
 			}
 			for _, p := range pairs {
-				mf := col[p.collector]
-				if mf == nil || mf.GetType() != dto.MetricType_HISTOGRAM {
-					t.Errorf("%s: %v", p.collector, mf)
-					continue
-				}
-				cc, cs := histogramTotals(mf, ours)
-				sc, ss := histogramTotals(side[p.sidecar], func(*dto.Metric) bool { return true })
+				cc, cs := histogramTotal(col[p.collector], ours)
+				sc, ss := histogramTotals(side[p.sidecar])
 				if cc != sc || cc == 0 || math.Abs(cs-ss) > 1e-9*math.Max(1, ss) {
 					t.Errorf("%s: count %d sum %v; the sidecar's %s: %d %v", p.collector, cc, cs, p.sidecar, sc, ss)
 				}
 			}
-			// The conventions' advisory buckets, on every series.
-			for _, m := range col["gen_ai_server_time_to_first_token_seconds"].GetMetric() {
-				var bounds []float64
-				for _, b := range m.GetHistogram().GetBucket() {
-					if !math.IsInf(b.GetUpperBound(), 1) {
-						bounds = append(bounds, b.GetUpperBound())
+			// Units, and cumulative temporality (which makes the newest
+			// point the total), on every series.
+			for name, unit := range map[string]string{"gen_ai.server.time_to_first_token": "s", "gen_ai.server.time_per_output_token": "s",
+				"gen_ai.server.request.duration": "s", "gen_ai.client.token.usage": "{token}"} {
+				for _, h := range col[name] {
+					if h.unit != unit || h.temporality != temporalityCumulative {
+						t.Errorf("%s: unit %q, temporality %d; want %q, cumulative", name, h.unit, h.temporality, unit)
 					}
 				}
-				if want := []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}; !slices.Equal(bounds, want) {
-					t.Errorf("TTFT buckets %v, want %v", bounds, want)
+			}
+			// The conventions' advisory buckets, on every series.
+			for _, h := range col["gen_ai.server.time_to_first_token"] {
+				if want := []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}; !slices.Equal(h.point.Bounds, want) {
+					t.Errorf("TTFT buckets %v, want %v", h.point.Bounds, want)
 				}
 			}
 			// Token usage by type: the sidecar's token counters.
-			usage := col["gen_ai_client_token_usage"]
+			usage := col["gen_ai.client.token.usage"]
 			if usage == nil {
-				t.Fatalf("no gen_ai_client_token_usage among %v", keys(col))
+				t.Fatalf("no gen_ai.client.token.usage among %v", names(col))
 			}
 			for typ, counter := range map[string]string{"input": "timing_sidecar_prompt_tokens_total", "output": "timing_sidecar_generation_tokens_total",
 				"cached_input": "timing_sidecar_cached_prompt_tokens_total"} {
-				_, sum := histogramTotals(usage, func(m *dto.Metric) bool { return ours(m) && label(m, "gen_ai_token_type") == typ })
+				_, sum := histogramTotal(usage, func(h histogramSeries) bool { return ours(h) && h.point.Attributes["gen_ai.token.type"] == typ })
 				if want := counterTotal(side[counter]); sum != want || want == 0 {
 					t.Errorf("token usage %s sums to %v; %s is %v", typ, sum, counter, want)
 				}
 			}
 			// The attributes, and the resource that names this sidecar.
-			byProvider := map[string]*dto.Metric{}
-			for _, m := range col["gen_ai_server_request_duration_seconds"].GetMetric() {
-				if ours(m) {
-					byProvider[label(m, "gen_ai_provider_name")] = m
+			byProvider := map[string]histogramSeries{}
+			for _, h := range col["gen_ai.server.request.duration"] {
+				if ours(h) {
+					provider, _ := h.point.Attributes["gen_ai.provider.name"].(string)
+					byProvider[provider] = h
 				}
 			}
+			port, err := strconv.ParseInt(enginePort, 10, 64)
+			if err != nil || port == 0 {
+				t.Fatalf("engine port %q", enginePort)
+			}
 			for provider, op := range map[string]string{"openai": "chat", "anthropic": "chat"} {
-				m := byProvider[provider]
-				if m == nil {
+				h, ok := byProvider[provider]
+				if !ok {
 					t.Errorf("no request.duration series for %s", provider)
 					continue
 				}
-				for name, want := range map[string]string{"gen_ai_operation_name": op, "gen_ai_request_model": "m", "gen_ai_response_model": "m",
-					"server_address": "127.0.0.1", "server_port": enginePort, "job": "timing-sidecar", "error_type": ""} {
-					if got := label(m, name); got != want {
-						t.Errorf("%s: %s = %q, want %q", provider, name, got, want)
+				for name, want := range map[string]any{"gen_ai.operation.name": op, "gen_ai.request.model": "m", "gen_ai.response.model": "m",
+					"server.address": "127.0.0.1", "server.port": port} {
+					if got := h.point.Attributes[name]; got != want {
+						t.Errorf("%s: %s = %v (%T), want %v (%T)", provider, name, got, got, want, want)
 					}
 				}
-			}
-			if n, _ := strconv.Atoi(enginePort); n == 0 {
-				t.Errorf("engine port %q", enginePort)
+				if et, ok := h.point.Attributes["error.type"]; ok {
+					t.Errorf("%s: error.type %#v on a series of successes", provider, et)
+				}
+				if r := h.resource; r["service.name"] != "timing-sidecar" || r["service.instance.id"] != tc.instance {
+					t.Errorf("%s: resource %v", provider, r)
+				}
 			}
 		})
 	}
 }
 
-func keys(m map[string]*dto.MetricFamily) []string {
-	var k []string
-	for name := range m {
-		if strings.HasPrefix(name, "gen_ai") {
-			k = append(k, name)
-		}
-	}
-	slices.Sort(k)
-	return k
+// names lists the histograms the collector has, for a failure's message.
+func names(col map[string][]histogramSeries) []string {
+	return slices.Sorted(maps.Keys(col))
 }

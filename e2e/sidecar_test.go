@@ -35,10 +35,10 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binary = filepath.Join(dir, "timing-sidecar")
-	// Jaeger, for the tracing tests, and Helm, for the post-renderer
-	// test, build while the others run.
-	go buildJaeger()   //nolint:errcheck // the tracing tests report it
-	go helmBuild.get() //nolint:errcheck // the post-renderer test reports it
+	// The collector, for the tracing and GenAI metrics tests, and Helm,
+	// for the post-renderer test, build while the others run.
+	go buildCollector() //nolint:errcheck // the collector's tests report it
+	go helmBuild.get()  //nolint:errcheck // the post-renderer test reports it
 	// The release build, as the Dockerfile runs it.
 	build := exec.Command("../.ci/build", binary)
 	build.Env = append(os.Environ(), "VERSION=e2e", "COMMIT=e2e-commit")
