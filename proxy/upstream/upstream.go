@@ -250,27 +250,55 @@ var ErrBadStatus = errors.New("the engine's status is not a final HTTP status")
 // could read in more than one way.
 var ErrBadHeaders = errors.New("the engine's response headers are malformed")
 
-// peekHeaderBlock returns the response's header fields, after the status
-// line and before the blank line, without consuming them; nil if they do
-// not arrive whole (a timeout, a close, more than the buffer holds), which
-// reading the response then reports.
-func peekHeaderBlock(br *bufio.Reader) []byte {
+// peekHead returns the response head at the reader's start without
+// consuming it: its header fields, after the status line and before the
+// blank line, and the head's whole length through that blank line; nil if
+// the head does not arrive whole (a timeout, a close, more than the buffer
+// holds), which reading the response then reports.
+func peekHead(br *bufio.Reader) (fields []byte, size int) {
 	for {
 		// Everything buffered, and then one byte more than that: a
 		// response that arrived whole must be found in what is here, not
 		// waited past.
 		b, _ := br.Peek(br.Buffered())
 		if end := blankLine(b); end >= 0 {
-			if line := bytes.IndexByte(b, '\n'); line < end {
-				return b[line+1 : end+1]
+			size = end + 2 // the line end before the blank line, and a bare LF
+			if b[end+1] == '\r' {
+				size++
 			}
-			return b[:0] // a status line and no fields
+			if line := bytes.IndexByte(b, '\n'); line < end {
+				return b[line+1 : end+1], size
+			}
+			return b[:0], size // a status line and no fields
 		}
 		if _, err := br.Peek(len(b) + 1); err != nil {
-			return nil
+			return nil, 0
 		}
 	}
 }
+
+// peekStatus reads the status code of the status line at the reader's
+// start without consuming it: 0 when a status line's bytes do not arrive
+// (reading the response then reports why), ErrBadStatus when the line is
+// no "HTTP/1.x DDD" with a code of 100 to 599. fasthttp reads a status of
+// 000 as 200, and is lenient with the line's spaces.
+func peekStatus(br *bufio.Reader) (int, error) {
+	line, err := br.Peek(len("HTTP/1.1 200\n"))
+	if err != nil {
+		return 0, nil
+	}
+	if !bytes.HasPrefix(line, []byte("HTTP/1.")) || line[8] != ' ' || !isDigit(line[9]) || !isDigit(line[10]) || !isDigit(line[11]) ||
+		(line[12] != ' ' && line[12] != '\r' && line[12] != '\n') {
+		return 0, ErrBadStatus
+	}
+	code := int(line[9]-'0')*100 + int(line[10]-'0')*10 + int(line[11]-'0')
+	if code < 100 || code > 599 {
+		return 0, ErrBadStatus
+	}
+	return code, nil
+}
+
+func isDigit(c byte) bool { return '0' <= c && c <= '9' }
 
 // blankLine is where the line end before the first empty line is, CRLF or
 // a bare LF (which fasthttp accepts too), or -1.
@@ -518,27 +546,34 @@ func (x *Exchange) send(c *upstreamConn, req *fasthttp.Request, resp *fasthttp.R
 	return x.readHead(c, resp)
 }
 
-// readHead reads the response's status and headers, checked as a
-// request's are.
+// readHead reads the response's status and headers, every head checked
+// as a request's is: the interim ones (1xx but 101) too, which it reads
+// past itself, since fasthttp would read past them unchecked.
 func (x *Exchange) readHead(c *upstreamConn, resp *fasthttp.Response) error {
 	resp.StreamBody = true
-	// fasthttp reads a status of 000 as 200, and a header block some
-	// parsers read differently from others: both are checked first.
-	if line, _ := c.br.Peek(len("HTTP/1.1 000")); len(line) == len("HTTP/1.1 000") && line[9] == '0' {
-		return ErrBadStatus
-	}
-	if block := peekHeaderBlock(c.br); block != nil && framing.Check(block) != nil {
-		return ErrBadHeaders
+	for {
+		code, err := peekStatus(c.br)
+		if err != nil {
+			return err
+		}
+		fields, size := peekHead(c.br)
+		if fields != nil && framing.Check(fields) != nil {
+			return ErrBadHeaders
+		}
+		if fields == nil || code == 0 || code >= 200 || code == 101 {
+			break
+		}
+		c.br.Discard(size) //nolint:errcheck // peeked: it is buffered
 	}
 	if err := resp.Read(c.br); err != nil {
-		if ne, ok := err.(net.Error); errors.Is(err, fasthttp.ErrTimeout) || (ok && ne.Timeout()) {
+		var ne net.Error
+		if errors.Is(err, fasthttp.ErrTimeout) || (errors.As(err, &ne) && ne.Timeout()) {
 			return ErrHeaderTimeout
 		}
 		return err
 	}
 	if code := resp.StatusCode(); code < 200 || code > 599 {
-		// fasthttp reads past 100 and 103; the sidecar asks for no
-		// upgrade (Upgrade is hop-by-hop), so 101 or any other 1xx
+		// The sidecar asks for no upgrade (Upgrade is hop-by-hop), so 101
 		// cannot be the answer, and nothing outside 100-599 is HTTP.
 		return ErrBadStatus
 	}

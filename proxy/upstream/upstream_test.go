@@ -15,14 +15,17 @@ func TestPeekHeaderBlock(t *testing.T) {
 		"HTTP/1.1 200 OK\nA: 1\n\nbody":               "A: 1\n",
 		"HTTP/1.1 204 No Content\r\n\r\n":             "",
 	} {
-		got := peekHeaderBlock(bufio.NewReader(strings.NewReader(in)))
+		got, size := peekHead(bufio.NewReader(strings.NewReader(in)))
 		if got == nil || string(got) != want {
 			t.Errorf("%q: fields %q, want %q", in, got, want)
+		}
+		if head, _, _ := strings.Cut(in, "body"); size != len(head) {
+			t.Errorf("%q: head of %d bytes, want %d", in, size, len(head))
 		}
 	}
 	// Not whole before the stream ends: nil, for the response's reader to
 	// report.
-	if got := peekHeaderBlock(bufio.NewReader(strings.NewReader("HTTP/1.1 200 OK\r\nA: 1\r\n"))); got != nil {
+	if got, _ := peekHead(bufio.NewReader(strings.NewReader("HTTP/1.1 200 OK\r\nA: 1\r\n"))); got != nil {
 		t.Errorf("an unfinished block: %q, want nil", got)
 	}
 }
@@ -34,7 +37,7 @@ func TestPeekHeaderBlockDoesNotWaitPastAWholeResponse(t *testing.T) {
 	defer a.Close()
 	go io.WriteString(a, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}") //nolint:errcheck
 	b.SetReadDeadline(time.Now().Add(5 * time.Second))                     //nolint:errcheck // a wait fails, not hangs
-	if got := peekHeaderBlock(bufio.NewReader(b)); string(got) != "Content-Length: 2\r\n" {
+	if got, _ := peekHead(bufio.NewReader(b)); string(got) != "Content-Length: 2\r\n" {
 		t.Fatalf("fields %q", got)
 	}
 }
