@@ -11,24 +11,16 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/timing-sidecar/timing-sidecar/e2e/needs"
 )
 
 // The tracing and GenAI metrics tests send OTLP to a real OpenTelemetry
 // Collector: e2e/otelcol (a module of its own, so its dependencies stay out
 // of the product's), with only the otlp receiver and the file exporter,
-// built on first use into the user's cache directory and started on free
+// built on first use into the user's cache directory (needs.Collector) and started on free
 // loopback ports. It writes what arrives to a file per signal, one OTLP/JSON
 // export request a line, and the tests read those files.
-
-const collectorVersion = "v0.161.0"
-
-var collectorBuild = &cachedBuild{name: "otelcol", version: collectorVersion, module: "otelcol", pkg: "."}
-
-// buildCollector builds the collector unless the cache has it. The first
-// build on a clean machine downloads and compiles some 140 modules,
-// so TestMain starts it in the background, beside the tests that do not
-// need it.
-func buildCollector() (string, error) { return collectorBuild.get() }
 
 // collector is a running collector: its OTLP receivers and the files its
 // file exporters write.
@@ -77,7 +69,7 @@ service:
 // receivers listen.
 func startCollector(t *testing.T) *collector {
 	t.Helper()
-	path, err := buildCollector()
+	path, err := needs.Collector.Path()
 	if err != nil {
 		t.Fatal(err)
 	}

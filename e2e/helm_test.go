@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/timing-sidecar/timing-sidecar/e2e/needs"
+
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	sigsyaml "sigs.k8s.io/yaml"
@@ -19,15 +21,11 @@ import (
 // module proxy by e2e/helm, with the plugin in deploy/helm/timing-sidecar
 // running the release binary's inject.
 
-const helmVersion = "v4.3.2"
-
-var helmBuild = &cachedBuild{name: "helm", version: helmVersion, module: "helm", pkg: "helm.sh/helm/v4/cmd/helm"}
-
 // helm runs the Helm CLI with its plugins, cache and config in a test
 // directory, and the sidecar's binary on PATH, as a user who installed it.
 func helm(t *testing.T, home string, args ...string) (string, error) {
 	t.Helper()
-	path, err := helmBuild.get()
+	path, err := needs.Helm.Path()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/timing-sidecar/timing-sidecar/e2e/needs"
+
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/timing-sidecar/timing-sidecar/e2e/emulator"
@@ -37,8 +39,8 @@ func TestMain(m *testing.M) {
 	binary = filepath.Join(dir, "timing-sidecar")
 	// The collector, for the tracing and GenAI metrics tests, and Helm,
 	// for the post-renderer test, build while the others run.
-	go buildCollector() //nolint:errcheck // the collector's tests report it
-	go helmBuild.get()  //nolint:errcheck // the post-renderer test reports it
+	go needs.Collector.Path() //nolint:errcheck // the collector's tests report it
+	go needs.Helm.Path()      //nolint:errcheck // the post-renderer test reports it
 	// The release build, as the Dockerfile runs it.
 	build := exec.Command("../.ci/build", binary)
 	build.Env = append(os.Environ(), "VERSION=e2e", "COMMIT=e2e-commit")

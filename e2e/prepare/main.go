@@ -1,0 +1,40 @@
+// Command prepare gets what the tests drive onto this machine before they
+// run, saying what it does at each slow stage: the Debian programs
+// (Prometheus, Python, Node, curl) that are missing, and the tools built
+// from the Go module proxy into the user's cache (the OpenTelemetry
+// Collector, then Helm). On a machine that has them all it takes a moment.
+// The tests get anything still missing themselves; this only moves the
+// wait to where it is announced.
+//
+//	go run ./e2e/prepare
+package main
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/timing-sidecar/timing-sidecar/e2e/needs"
+)
+
+func main() {
+	start := time.Now()
+	say := func(format string, args ...any) {
+		fmt.Fprintf(os.Stderr, "prepare [%s] "+format+"\n", append([]any{time.Since(start).Round(time.Second)}, args...)...)
+	}
+	say("Debian programs the tests drive")
+	if err := needs.InstallDebian(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	// One after the other: each build uses every core, and the second
+	// reuses the first's standard library and shared packages.
+	for _, tool := range []*needs.Tool{needs.Collector, needs.Helm} {
+		say("%s %s", tool.Name, tool.Version)
+		if _, err := tool.Path(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	}
+	say("ready; next: gofmt, go vet and staticcheck compile every package (on a cold build cache, minutes without output), then the tests print each package as it passes")
+}
