@@ -47,8 +47,34 @@ func TestHelmPostRenderer(t *testing.T) {
 	if err != nil {
 		t.Fatalf("helm template: %v\n%s", err, out)
 	}
-	var engine, router *appsv1.Deployment
-	var services []corev1.Service
+	engine, router, services := parseRenderedStack(t, out)
+	if engine == nil || router == nil || len(services) != 2 {
+		t.Fatalf("rendered %v, %v, %d services:\n%s", engine, router, len(services), out)
+	}
+	checkSidecarTookEnginePort(t, engine, out)
+	// The router, on the same port, is not an engine: untouched.
+	if rp := router.Spec.Template.Spec; len(rp.InitContainers) != 0 || len(rp.Containers) != 1 || rp.Containers[0].Ports[0].ContainerPort != 8000 {
+		t.Errorf("the router changed: %+v", rp)
+	}
+	for _, s := range services {
+		if tp := s.Spec.Ports[0].TargetPort.StrVal; tp != "container-port" && tp != "router-cport" {
+			t.Errorf("service %s targets %v", s.Name, s.Spec.Ports[0].TargetPort)
+		}
+	}
+
+	// A chart that renders no engine: Helm fails, rendering nothing.
+	// (Helm 4.3 drops a post-renderer's standard error, so the reason is
+	// not in its message; inject itself gives it.)
+	out, err = helm(t, home, "template", "llama", "testdata/engine-stack", "--set", "engine=false", "--post-renderer", "timing-sidecar")
+	if err == nil || !strings.Contains(out, `post-renderer plugin "timing-sidecar"`) || strings.Contains(out, "kind: Deployment") {
+		t.Errorf("no engine: %v\n%s", err, out)
+	}
+}
+
+// parseRenderedStack reads Helm's output: the engine's Deployment (named
+// -vllm), the router's, and the Services. Each must be valid.
+func parseRenderedStack(t *testing.T, out string) (engine, router *appsv1.Deployment, services []corev1.Service) {
+	t.Helper()
 	for _, doc := range strings.Split(out, "\n---\n") {
 		var meta struct {
 			Kind     string
@@ -76,9 +102,14 @@ func TestHelmPostRenderer(t *testing.T) {
 			services = append(services, s)
 		}
 	}
-	if engine == nil || router == nil || len(services) != 2 {
-		t.Fatalf("rendered %v, %v, %d services:\n%s", engine, router, len(services), out)
-	}
+	return engine, router, services
+}
+
+// checkSidecarTookEnginePort: the sidecar holds the engine's port and its
+// name, which the Service targets; the engine and its probes moved
+// together.
+func checkSidecarTookEnginePort(t *testing.T, engine *appsv1.Deployment, out string) {
+	t.Helper()
 	pod := engine.Spec.Template.Spec
 	if len(pod.InitContainers) != 1 || pod.InitContainers[0].Name != "timing-sidecar" {
 		t.Fatalf("no sidecar in the engine's pod:\n%s", out)
@@ -88,8 +119,6 @@ func TestHelmPostRenderer(t *testing.T) {
 	for _, e := range sc.Env {
 		env[e.Name] = e.Value
 	}
-	// The sidecar holds the engine's port and its name, which the
-	// Service targets; the engine and its probes moved together.
 	if sc.Ports[0].Name != "container-port" || sc.Ports[0].ContainerPort != 8000 || env["TIMING_SIDECAR_LISTEN"] != ":8000" ||
 		env["TIMING_SIDECAR_UPSTREAM"] != "http://127.0.0.1:18000" || env["TIMING_SIDECAR_PER_REQUEST_METRICS"] != "always" {
 		t.Errorf("sidecar ports %v, env %v", sc.Ports, env)
@@ -101,22 +130,5 @@ func TestHelmPostRenderer(t *testing.T) {
 	}
 	if engine.Spec.Template.Labels["model.aibrix.ai/port"] != "8000" {
 		t.Errorf("labels %v", engine.Spec.Template.Labels)
-	}
-	// The router, on the same port, is not an engine: untouched.
-	if rp := router.Spec.Template.Spec; len(rp.InitContainers) != 0 || len(rp.Containers) != 1 || rp.Containers[0].Ports[0].ContainerPort != 8000 {
-		t.Errorf("the router changed: %+v", rp)
-	}
-	for _, s := range services {
-		if tp := s.Spec.Ports[0].TargetPort.StrVal; tp != "container-port" && tp != "router-cport" {
-			t.Errorf("service %s targets %v", s.Name, s.Spec.Ports[0].TargetPort)
-		}
-	}
-
-	// A chart that renders no engine: Helm fails, rendering nothing.
-	// (Helm 4.3 drops a post-renderer's standard error, so the reason is
-	// not in its message; inject itself gives it.)
-	out, err = helm(t, home, "template", "llama", "testdata/engine-stack", "--set", "engine=false", "--post-renderer", "timing-sidecar")
-	if err == nil || !strings.Contains(out, `post-renderer plugin "timing-sidecar"`) || strings.Contains(out, "kind: Deployment") {
-		t.Errorf("no engine: %v\n%s", err, out)
 	}
 }

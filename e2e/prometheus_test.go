@@ -143,10 +143,47 @@ func TestDashboardAndRulesInPrometheus(t *testing.T) {
 	// Known timings: every stream's first token 150 ms after the engine
 	// takes it, well inside the 400 ms objective.
 	const streams = 24
+	bodyTTFT := sendKnownStreams(t, s, streams)
+	sendUnaryAndEmbeddings(t, s)
+	prom.await(t, `sum(timing_sidecar_time_to_first_token_seconds_count)`, func(v float64) bool { return v >= streams }, "the streams scraped")
+
+	// Every dashboard expression, variables filled in, returns data (a
+	// counter's rate needs two scrapes after its first value: each is
+	// awaited), and every recording rule has been recorded.
+	mustReturn := dashboardAndRuleExpressions(t, prom)
+	awaitAllReturnData(t, prom, mustReturn)
+	t.Logf("%d dashboard and rule expressions return data before any failure", len(mustReturn))
+
+	// Failures now: a stream the engine cuts (an upstream error), a
+	// client that leaves.
+	sendCutAndLeftStreams(t, s)
+	prom.await(t, `sum(timing_sidecar_upstream_errors_total)`, func(v float64) bool { return v >= 1 }, "the cut stream scraped")
+	prom.await(t, `sum(timing_sidecar_time_to_first_token_seconds_count)`, func(v float64) bool { return v >= streams }, "the streams scraped")
+
+	prom.await(t, `sum(timing_sidecar_upstream_errors_total)`, func(v float64) bool { return v >= 1 }, "the cut stream scraped")
+
+	checkMedianWithinItsBucket(t, prom, bodyTTFT)
+	if met := prom.query(t, `sum(timing_sidecar_slo_requests_total{result="met", tenant="acme"})`); len(met) == 0 || met[0].value() < streams {
+		t.Errorf("goodput counter: %v met for tenant acme, want %d", met, streams)
+	}
+
+	// The engine slows past the objective: the counter and the alert
+	// follow.
+	sendSlowStreams(t, s, 12)
+	prom.await(t, `sum(timing_sidecar_slo_requests_total{result="missed"})`, func(v float64) bool { return v >= 12 }, "missed requests counted")
+	prom.await(t, `count(ALERTS{alertname="TimingSidecarGoodputLow", alertstate=~"pending|firing"})`, func(v float64) bool { return v >= 1 }, "the goodput alert")
+	checkMissedTTFTLogged(t, s)
+}
+
+// sendKnownStreams sends n streams for tenant acme, four at a time, and
+// returns each body's queue + ttft (the histogram's definition) in ms; a
+// stream that fails ends the test.
+func sendKnownStreams(t *testing.T, s *sidecar, n int) []float64 {
+	t.Helper()
 	var mu sync.Mutex
-	var bodyTTFT []float64 // queue + ttft of each body: the histogram's definition
+	var bodyTTFT []float64
 	var wg sync.WaitGroup
-	for i := range streams {
+	for i := range n {
 		wg.Go(func() {
 			h := map[string]string{"X-Request-Id": fmt.Sprintf("known-%d", i), "X-Tenant": "acme"}
 			if i%4 == 3 {
@@ -172,13 +209,18 @@ func TestDashboardAndRulesInPrometheus(t *testing.T) {
 	if t.Failed() {
 		t.FailNow()
 	}
-	// A non-streaming request, the other panels' source. No failure yet:
-	// a healthy system's panels and rules must show data (0 failures),
-	// not "no data".
+	return bodyTTFT
+}
+
+// sendUnaryAndEmbeddings sends a non-streaming request (the other panels'
+// source) and an embeddings request (the pooling panel's). No failure yet:
+// a healthy system's panels and rules must show data (0 failures), not
+// "no data".
+func sendUnaryAndEmbeddings(t *testing.T, s *sidecar) {
+	t.Helper()
 	if r := send(t, s.base, false, 8, map[string]string{"X-Tenant": "beta"}); r.status != 200 {
 		t.Fatalf("unary: %d", r.status)
 	}
-	// An embeddings request, the pooling panel's source.
 	emb, err := http.Post(s.base+"/v1/embeddings", "application/json", strings.NewReader(`{"model":"m","input":"a b c"}`))
 	if err != nil {
 		t.Fatal(err)
@@ -188,11 +230,14 @@ func TestDashboardAndRulesInPrometheus(t *testing.T) {
 	if emb.StatusCode != 200 {
 		t.Fatalf("embeddings: %d", emb.StatusCode)
 	}
-	prom.await(t, `sum(timing_sidecar_time_to_first_token_seconds_count)`, func(v float64) bool { return v >= streams }, "the streams scraped")
+}
 
-	// Every dashboard expression, variables filled in, returns data (a
-	// counter's rate needs two scrapes after its first value: each is
-	// awaited), and every recording rule has been recorded.
+// dashboardAndRuleExpressions returns what must return data: every
+// dashboard expression with its variables filled in, and every recording
+// rule's expression and its recorded series. Each alert's expression is
+// run here, since it returns data only when it fires.
+func dashboardAndRuleExpressions(t *testing.T, prom *promServer) []string {
+	t.Helper()
 	raw, err := os.ReadFile(dashboardFile)
 	if err != nil {
 		t.Fatal(err)
@@ -226,6 +271,12 @@ func TestDashboardAndRulesInPrometheus(t *testing.T) {
 			}
 		}
 	}
+	return mustReturn
+}
+
+// awaitAllReturnData polls until every expression returns data, for 30 s.
+func awaitAllReturnData(t *testing.T, prom *promServer, mustReturn []string) {
+	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var empty []string
@@ -235,17 +286,19 @@ func TestDashboardAndRulesInPrometheus(t *testing.T) {
 			}
 		}
 		if len(empty) == 0 {
-			break
+			return
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("%d of %d dashboard and rule expressions return nothing after 30s:\n%s", len(empty), len(mustReturn), strings.Join(empty, "\n"))
 		}
 		time.Sleep(250 * time.Millisecond) // polling Prometheus, which has no event to await
 	}
-	t.Logf("%d dashboard and rule expressions return data before any failure", len(mustReturn))
+}
 
-	// Failures now: a stream the engine cuts (an upstream error), a
-	// client that leaves.
+// sendCutAndLeftStreams sends a stream the engine cuts (an upstream error)
+// and one whose client leaves.
+func sendCutAndLeftStreams(t *testing.T, s *sidecar) {
+	t.Helper()
 	cut, err := http.NewRequest("POST", s.base+"/v1/chat/completions", strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`))
 	if err != nil {
 		t.Fatal(err)
@@ -258,12 +311,12 @@ func TestDashboardAndRulesInPrometheus(t *testing.T) {
 	if n := rawStream(t, s.base, "leaves", 2000, 2, false); n != 2 {
 		t.Fatalf("the leaving client read %d events", n)
 	}
-	prom.await(t, `sum(timing_sidecar_upstream_errors_total)`, func(v float64) bool { return v >= 1 }, "the cut stream scraped")
-	prom.await(t, `sum(timing_sidecar_time_to_first_token_seconds_count)`, func(v float64) bool { return v >= streams }, "the streams scraped")
+}
 
-	prom.await(t, `sum(timing_sidecar_upstream_errors_total)`, func(v float64) bool { return v >= 1 }, "the cut stream scraped")
-
-	// The histogram's median agrees with the bodies' within its bucket.
+// checkMedianWithinItsBucket: the histogram's median agrees with the
+// bodies' (in ms) within its bucket.
+func checkMedianWithinItsBucket(t *testing.T, prom *promServer, bodyTTFT []float64) {
+	t.Helper()
 	slices.Sort(bodyTTFT)
 	median := (bodyTTFT[len(bodyTTFT)/2-1] + bodyTTFT[len(bodyTTFT)/2]) / 2 / 1000
 	r := prom.query(t, `histogram_quantile(0.5, sum by (le) (timing_sidecar_time_to_first_token_seconds_bucket))`)
@@ -287,13 +340,14 @@ func TestDashboardAndRulesInPrometheus(t *testing.T) {
 	} else {
 		t.Logf("median time to first token: histogram %.4f s, bodies %.4f s (bucket %g–%g s)", q, median, bounds[i-1], bounds[i])
 	}
-	if met := prom.query(t, `sum(timing_sidecar_slo_requests_total{result="met", tenant="acme"})`); len(met) == 0 || met[0].value() < streams {
-		t.Errorf("goodput counter: %v met for tenant acme, want %d", met, streams)
-	}
+}
 
-	// The engine slows past the objective: the counter and the alert
-	// follow.
-	for i := range 12 {
+// sendSlowStreams sends n streams whose first token comes after 600 ms,
+// past the objective.
+func sendSlowStreams(t *testing.T, s *sidecar, n int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for i := range n {
 		wg.Go(func() {
 			r := send(t, s.base, true, 4, map[string]string{"X-Request-Id": fmt.Sprintf("slow-%d", i), emulator.HeaderTTFT: "600ms"})
 			if r.status != 200 {
@@ -302,8 +356,12 @@ func TestDashboardAndRulesInPrometheus(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	prom.await(t, `sum(timing_sidecar_slo_requests_total{result="missed"})`, func(v float64) bool { return v >= 12 }, "missed requests counted")
-	prom.await(t, `count(ALERTS{alertname="TimingSidecarGoodputLow", alertstate=~"pending|firing"})`, func(v float64) bool { return v >= 1 }, "the goodput alert")
+}
+
+// checkMissedTTFTLogged: some access-log line says a slow request missed
+// its ttft objective.
+func checkMissedTTFTLogged(t *testing.T, s *sidecar) {
+	t.Helper()
 	missedLine := false
 	for len(s.accessLog) > 0 {
 		line := <-s.accessLog

@@ -264,16 +264,50 @@ func TestSoakMixedTraffic(t *testing.T) {
 			unexplained = append(unexplained, outcome{kind, got})
 		}
 	}
+	kinds := soakKinds()
+	d := soakDuration()
+	stop := time.Now().Add(d)
+	var wg sync.WaitGroup
+	for w := 0; w < 16; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; time.Now().Before(stop); i++ {
+				k := kinds[i%len(kinds)]
+				status, body, err := soakRequest(client, sc.base, k)
+				note(k.name, k.check(status, body, err), fmt.Sprintf("%d %v %.200s", status, err, body))
+			}
+		}()
+	}
+	wg.Wait()
+	total := 0
+	for _, n := range counts {
+		total += n
+	}
+	t.Logf("soak %v: %d requests %v", d, total, counts)
+	if len(unexplained) > 0 {
+		t.Fatalf("unexplained outcomes: %+v", unexplained)
+	}
+	if g := readGauges(t, sc.admin); g.panics != 0 {
+		t.Fatalf("%v panics", g.panics)
+	}
+}
+
+// soakKind is a kind of request the soak sends, and the only outcome it
+// may have.
+type soakKind struct {
+	name    string
+	body    string // empty for a GET
+	headers map[string]string
+	path    string
+	check   func(status int, body string, err error) bool
+	cancel  bool // the client leaves after the first bytes
+}
+
+// soakKinds lists each kind of request the soak sends.
+func soakKinds() []soakKind {
 	const msgs = `[{"role":"user","content":"hi"}]`
-	// Each kind of request and the only outcome it may have.
-	kinds := []struct {
-		name    string
-		body    string
-		headers map[string]string
-		path    string
-		check   func(status int, body string, err error) bool
-		cancel  bool
-	}{
+	return []soakKind{
 		{name: "stream", path: "/v1/chat/completions", body: `{"model":"m","stream":true,"include_metrics":true,"messages":` + msgs + `}`,
 			check: func(s int, b string, err error) bool {
 				return err == nil && s == 200 && strings.Contains(b, `"metrics":{`) && strings.HasSuffix(b, "data: [DONE]\n\n")
@@ -306,56 +340,34 @@ func TestSoakMixedTraffic(t *testing.T) {
 				return err == nil && s == 400 && strings.Contains(b, "invalid_include_metrics")
 			}},
 	}
-	d := soakDuration()
-	stop := time.Now().Add(d)
-	var wg sync.WaitGroup
-	for w := 0; w < 16; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; time.Now().Before(stop); i++ {
-				k := kinds[i%len(kinds)]
-				ctx, cancel := context.WithCancel(context.Background())
-				method := http.MethodPost
-				if k.body == "" {
-					method = http.MethodGet
-				}
-				req, _ := http.NewRequestWithContext(ctx, method, sc.base+k.path, strings.NewReader(k.body))
-				req.Header.Set("Content-Type", "application/json")
-				for h, v := range k.headers {
-					req.Header.Set(h, v)
-				}
-				resp, err := client.Do(req)
-				status, body := 0, ""
-				if err == nil {
-					status = resp.StatusCode
-					var b []byte
-					if k.cancel {
-						// Leave after the first bytes of the stream.
-						io.ReadAtLeast(resp.Body, make([]byte, 64), 1) //nolint:errcheck
-						cancel()
-						_, err = io.ReadAll(resp.Body)
-					} else {
-						b, err = io.ReadAll(resp.Body)
-					}
-					resp.Body.Close()
-					body = string(b)
-				}
-				cancel()
-				note(k.name, k.check(status, body, err), fmt.Sprintf("%d %v %.200s", status, err, body))
-			}
-		}()
+}
+
+// soakRequest sends one request of kind k and returns what its client saw:
+// the status, the body, and the error of the request or of its body.
+func soakRequest(client *http.Client, base string, k soakKind) (int, string, error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	method := http.MethodPost
+	if k.body == "" {
+		method = http.MethodGet
 	}
-	wg.Wait()
-	total := 0
-	for _, n := range counts {
-		total += n
+	req, _ := http.NewRequestWithContext(ctx, method, base+k.path, strings.NewReader(k.body))
+	req.Header.Set("Content-Type", "application/json")
+	for h, v := range k.headers {
+		req.Header.Set(h, v)
 	}
-	t.Logf("soak %v: %d requests %v", d, total, counts)
-	if len(unexplained) > 0 {
-		t.Fatalf("unexplained outcomes: %+v", unexplained)
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, "", err
 	}
-	if g := readGauges(t, sc.admin); g.panics != 0 {
-		t.Fatalf("%v panics", g.panics)
+	defer resp.Body.Close()
+	if k.cancel {
+		// Leave after the first bytes of the stream.
+		io.ReadAtLeast(resp.Body, make([]byte, 64), 1) //nolint:errcheck
+		cancel()
+		_, err = io.ReadAll(resp.Body)
+		return resp.StatusCode, "", err
 	}
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
 }

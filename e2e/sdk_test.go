@@ -95,103 +95,10 @@ func TestConfiguredByFlagsOrEnvironment(t *testing.T) {
 				checkStream(t, parseMetrics(t, raw), record(t, engine, id), client)
 			})
 
-			t.Run("continuous usage: metrics only on the final usage chunk", func(t *testing.T) {
-				p := chatParams
-				p.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
-				var client seen
-				s := c.Chat.Completions.NewStreaming(ctx, p, withMetrics, option.WithJSONSet("stream_options.continuous_usage_stats", true), client.stamp())
-				var raw, id string
-				chunks, withUsage := 0, 0
-				for s.Next() {
-					ch := s.Current()
-					f, ok := ch.JSON.ExtraFields["metrics"]
-					client.read(chatToken(ch), ok)
-					id, chunks = ch.ID, chunks+1
-					if ch.Usage.CompletionTokens > 0 {
-						withUsage++
-					}
-					if ok {
-						if len(ch.Choices) != 0 || raw != "" {
-							t.Errorf("metrics on a chunk other than the final usage chunk: %s", ch.RawJSON())
-						}
-						raw = f.Raw()
-					}
-				}
-				if err := s.Err(); err != nil {
-					t.Fatal(err)
-				}
-				if withUsage < chunks-1 {
-					t.Errorf("only %d of %d chunks carried running usage", withUsage, chunks)
-				}
-				checkStream(t, parseMetrics(t, raw), record(t, engine, id), client)
-			})
-
-			t.Run("streaming completions", func(t *testing.T) {
-				var client seen
-				s := c.Completions.NewStreaming(ctx, openai.CompletionNewParams{
-					Model:  "emulated",
-					Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("Once upon a time")},
-				}, withMetrics, client.stamp())
-				var raw, id string
-				var text strings.Builder
-				for s.Next() {
-					id = s.Current().ID
-					token := false
-					for _, ch := range s.Current().Choices {
-						text.WriteString(ch.Text)
-						token = token || ch.Text != ""
-					}
-					f, ok := s.Current().JSON.ExtraFields["metrics"]
-					client.read(token, ok)
-					if ok {
-						raw = f.Raw()
-					}
-				}
-				if err := s.Err(); err != nil {
-					t.Fatal(err)
-				}
-				if text.String() != " the quick brown fox jumps over the lazy" {
-					t.Errorf("text %q", text.String())
-				}
-				checkStream(t, parseMetrics(t, raw), record(t, engine, id), client)
-			})
-
-			t.Run("non-streaming", func(t *testing.T) {
-				var client seen
-				resp, err := c.Chat.Completions.New(ctx, chatParams, withMetrics, client.stamp())
-				end := time.Now()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if resp.Choices[0].Message.Content != "the quick brown fox jumps over the lazy" || resp.Usage.CompletionTokens != 8 {
-					t.Errorf("response not parsed intact: %+v", resp)
-				}
-				rec := record(t, engine, resp.ID)
-				m := parseMetrics(t, resp.JSON.ExtraFields["metrics"].Raw())
-				m.null(t, "time_to_first_token_ms", "generation_time_ms", "queue_time_ms", "mean_itl_ms", "max_itl_ms")
-				// From arrival to the whole body: the engine began writing
-				// it at HeadersSent, the client had it when the call returned.
-				arrival, done := span{client.sent, rec.Received}, span{rec.HeadersSent, end}
-				m.during(t, "e2e_latency_ms", arrival, done, 1)
-				m.rate(t, "tokens_per_second", arrival, done, 8)
-			})
-
-			t.Run("n=2 gets metrics null", func(t *testing.T) {
-				p := chatParams
-				p.N = openai.Int(2)
-				resp, err := c.Chat.Completions.New(ctx, p, withMetrics)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if got := resp.JSON.ExtraFields["metrics"].Raw(); got != "null" || len(resp.Choices) != 2 {
-					t.Errorf("metrics %s with %d choices", got, len(resp.Choices))
-				}
-				p.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
-				raw, _, _, err := streamChat(ctx, c, p, withMetrics)
-				if err != nil || raw != "null" {
-					t.Errorf("stream: metrics %q, %v", raw, err)
-				}
-			})
+			t.Run("continuous usage: metrics only on the final usage chunk", func(t *testing.T) { testContinuousUsage(t, ctx, c, engine) })
+			t.Run("streaming completions", func(t *testing.T) { testStreamingCompletions(t, ctx, c, engine) })
+			t.Run("non-streaming", func(t *testing.T) { testNonStreamingChat(t, ctx, c, engine) })
+			t.Run("n=2 gets metrics null", func(t *testing.T) { testTwoChoicesGetMetricsNull(t, ctx, c) })
 
 			t.Run("upstream 400 passes through", func(t *testing.T) {
 				_, err := c.Chat.Completions.New(ctx, chatParams, withMetrics, option.WithHeader(emulator.HeaderStatus, "400"))
@@ -201,6 +108,112 @@ func TestConfiguredByFlagsOrEnvironment(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// testContinuousUsage: with continuous usage stats, (nearly) every chunk
+// carries running usage and only the final usage chunk the metrics.
+func testContinuousUsage(t *testing.T, ctx context.Context, c openai.Client, engine *emulator.Server) {
+	p := chatParams
+	p.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
+	var client seen
+	s := c.Chat.Completions.NewStreaming(ctx, p, withMetrics, option.WithJSONSet("stream_options.continuous_usage_stats", true), client.stamp())
+	var raw, id string
+	chunks, withUsage := 0, 0
+	for s.Next() {
+		ch := s.Current()
+		f, ok := ch.JSON.ExtraFields["metrics"]
+		client.read(chatToken(ch), ok)
+		id, chunks = ch.ID, chunks+1
+		if ch.Usage.CompletionTokens > 0 {
+			withUsage++
+		}
+		if ok {
+			if len(ch.Choices) != 0 || raw != "" {
+				t.Errorf("metrics on a chunk other than the final usage chunk: %s", ch.RawJSON())
+			}
+			raw = f.Raw()
+		}
+	}
+	if err := s.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if withUsage < chunks-1 {
+		t.Errorf("only %d of %d chunks carried running usage", withUsage, chunks)
+	}
+	checkStream(t, parseMetrics(t, raw), record(t, engine, id), client)
+}
+
+// testStreamingCompletions: a streamed legacy completion arrives intact,
+// with its metrics.
+func testStreamingCompletions(t *testing.T, ctx context.Context, c openai.Client, engine *emulator.Server) {
+	var client seen
+	s := c.Completions.NewStreaming(ctx, openai.CompletionNewParams{
+		Model:  "emulated",
+		Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("Once upon a time")},
+	}, withMetrics, client.stamp())
+	var raw, id string
+	var text strings.Builder
+	for s.Next() {
+		id = s.Current().ID
+		token := false
+		for _, ch := range s.Current().Choices {
+			text.WriteString(ch.Text)
+			token = token || ch.Text != ""
+		}
+		f, ok := s.Current().JSON.ExtraFields["metrics"]
+		client.read(token, ok)
+		if ok {
+			raw = f.Raw()
+		}
+	}
+	if err := s.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if text.String() != " the quick brown fox jumps over the lazy" {
+		t.Errorf("text %q", text.String())
+	}
+	checkStream(t, parseMetrics(t, raw), record(t, engine, id), client)
+}
+
+// testNonStreamingChat: a non-streaming chat is parsed intact; its metrics
+// have no per-token figures, and its latency and rate fall within what
+// the engine and the client saw.
+func testNonStreamingChat(t *testing.T, ctx context.Context, c openai.Client, engine *emulator.Server) {
+	var client seen
+	resp, err := c.Chat.Completions.New(ctx, chatParams, withMetrics, client.stamp())
+	end := time.Now()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Choices[0].Message.Content != "the quick brown fox jumps over the lazy" || resp.Usage.CompletionTokens != 8 {
+		t.Errorf("response not parsed intact: %+v", resp)
+	}
+	rec := record(t, engine, resp.ID)
+	m := parseMetrics(t, resp.JSON.ExtraFields["metrics"].Raw())
+	m.null(t, "time_to_first_token_ms", "generation_time_ms", "queue_time_ms", "mean_itl_ms", "max_itl_ms")
+	// From arrival to the whole body: the engine began writing
+	// it at HeadersSent, the client had it when the call returned.
+	arrival, done := span{client.sent, rec.Received}, span{rec.HeadersSent, end}
+	m.during(t, "e2e_latency_ms", arrival, done, 1)
+	m.rate(t, "tokens_per_second", arrival, done, 8)
+}
+
+// testTwoChoicesGetMetricsNull: with n=2, streamed or not, metrics is null.
+func testTwoChoicesGetMetricsNull(t *testing.T, ctx context.Context, c openai.Client) {
+	p := chatParams
+	p.N = openai.Int(2)
+	resp, err := c.Chat.Completions.New(ctx, p, withMetrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := resp.JSON.ExtraFields["metrics"].Raw(); got != "null" || len(resp.Choices) != 2 {
+		t.Errorf("metrics %s with %d choices", got, len(resp.Choices))
+	}
+	p.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
+	raw, _, _, err := streamChat(ctx, c, p, withMetrics)
+	if err != nil || raw != "null" {
+		t.Errorf("stream: metrics %q, %v", raw, err)
 	}
 }
 

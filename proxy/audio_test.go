@@ -85,29 +85,45 @@ func TestAudioUploadsAreMeasured(t *testing.T) {
 		}
 		p.telemetry.Flush()
 		lines := log.lines()
-		var e struct {
-			Model      string   `json:"model"`
-			Stream     bool     `json:"stream"`
-			E2E        *float64 `json:"e2e_latency_ms"`
-			TTFT       *float64 `json:"time_to_first_token_ms"`
-			ITL        *float64 `json:"mean_itl_ms"`
-			Completion *int     `json:"completion_tokens"`
-			BytesIn    int      `json:"bytes_in"`
-		}
-		last := lines[len(lines)-1]
-		if err := json.Unmarshal([]byte(last), &e); err != nil {
-			t.Fatal(err)
-		}
-		if e.Model != tc.model || e.Stream != tc.stream || e.E2E == nil || e.BytesIn != len(body) {
-			t.Errorf("%s: logged %s", tc.name, last)
-		}
-		if tc.stream && (e.TTFT == nil || e.ITL == nil || e.Completion == nil || *e.Completion != 6) {
-			t.Errorf("%s: stream figures missing: %s", tc.name, last)
-		}
+		checkAudioLogLine(t, tc.name, lines[len(lines)-1], tc.model, tc.stream, len(body))
 		if used := p.bodies.Used(); used != 0 {
 			t.Errorf("%s: %d bytes of the budget still held", tc.name, used)
 		}
 	}
+	checkAudioSeries(t, p)
+}
+
+// checkAudioLogLine checks the access-log line of the upload named name:
+// its model, whether it streamed, a latency, the bytes it sent, bytesIn,
+// and for a stream its first-token and inter-token figures and the
+// emulator's 6 completion tokens.
+func checkAudioLogLine(t *testing.T, name, last, model string, stream bool, bytesIn int) {
+	t.Helper()
+	var e struct {
+		Model      string   `json:"model"`
+		Stream     bool     `json:"stream"`
+		E2E        *float64 `json:"e2e_latency_ms"`
+		TTFT       *float64 `json:"time_to_first_token_ms"`
+		ITL        *float64 `json:"mean_itl_ms"`
+		Completion *int     `json:"completion_tokens"`
+		BytesIn    int      `json:"bytes_in"`
+	}
+	if err := json.Unmarshal([]byte(last), &e); err != nil {
+		t.Fatal(err)
+	}
+	if e.Model != model || e.Stream != stream || e.E2E == nil || e.BytesIn != bytesIn {
+		t.Errorf("%s: logged %s", name, last)
+	}
+	if stream && (e.TTFT == nil || e.ITL == nil || e.Completion == nil || *e.Completion != 6) {
+		t.Errorf("%s: stream figures missing: %s", name, last)
+	}
+}
+
+// checkAudioSeries checks the series TestAudioUploadsAreMeasured's
+// uploads left: none unread, each timed by endpoint and model, and the
+// streamed translation's first token.
+func checkAudioSeries(t *testing.T, p *Proxy) {
+	t.Helper()
 	if got := counterValue(t, p, "timing_sidecar_unread_requests_total", map[string]string{"reason": "no_memory"}); got != 0 {
 		t.Errorf("uploads counted as unread: %v", got)
 	}

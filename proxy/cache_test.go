@@ -55,23 +55,7 @@ func TestPromptCacheIsAttributed(t *testing.T) {
 		}
 		endpoint := routeOf([]byte(c.path)).label
 		want[endpoint] += float64(rec.CachedTokens)
-		// The metrics object: the whole prompt, no cache field.
-		i := strings.LastIndex(string(body), `"metrics":{`)
-		if i < 0 {
-			t.Fatalf("%s: no metrics in %s", c.name, body)
-		}
-		var m map[string]any
-		if err := json.NewDecoder(strings.NewReader(string(body[i+len(`"metrics":`):]))).Decode(&m); err != nil {
-			t.Fatal(err)
-		}
-		if m["prompt_tokens"] != float64(rec.PromptTokens) {
-			t.Errorf("%s: metrics prompt_tokens %v, want the whole prompt, %d", c.name, m["prompt_tokens"], rec.PromptTokens)
-		}
-		for k := range m {
-			if strings.Contains(k, "cache") || strings.Contains(k, "prefill") {
-				t.Errorf("%s: the metrics object carries %s", c.name, k)
-			}
-		}
+		checkMetricsCountWholePrompt(t, c.name, body, rec.PromptTokens)
 	}
 	p.telemetry.Flush()
 	lines := log.lines()
@@ -80,32 +64,71 @@ func TestPromptCacheIsAttributed(t *testing.T) {
 	}
 	classes := map[[2]string]uint64{}
 	for i, l := range lines {
-		var e struct {
-			Path    string   `json:"path"`
-			Stream  bool     `json:"stream"`
-			Cached  *int     `json:"cached_tokens"`
-			Cache   string   `json:"cache"`
-			Prefill *float64 `json:"prefill_tokens_per_second"`
-			Prompt  int      `json:"prompt_tokens"`
-		}
-		if err := json.Unmarshal([]byte(l), &e); err != nil {
-			t.Fatal(err)
-		}
 		c := calls[i]
-		if e.Cached == nil || *e.Cached != c.wantCached {
-			t.Errorf("%s: cached_tokens %v, want %d", c.name, e.Cached, c.wantCached)
-		}
-		if e.Cache != c.class {
-			t.Errorf("%s: cache %q, want %q", c.name, e.Cache, c.class)
-		}
-		// Prefill speed needs a first token: streams only.
-		if (e.Prefill != nil) != e.Stream || e.Prefill != nil && *e.Prefill <= 0 {
-			t.Errorf("%s: prefill_tokens_per_second %v", c.name, e.Prefill)
-		}
-		if e.Stream {
+		if stream := checkCacheLogLine(t, c.name, l, c.wantCached, c.class); stream {
 			classes[[2]string{routeOf([]byte(c.path)).label, c.class}]++
 		}
 	}
+	checkCacheSeries(t, p, want, classes)
+}
+
+// checkMetricsCountWholePrompt checks the metrics object in the response
+// body of the call named name: it counts the whole prompt, promptTokens,
+// and carries no cache field of its own.
+func checkMetricsCountWholePrompt(t *testing.T, name string, body []byte, promptTokens int) {
+	t.Helper()
+	i := strings.LastIndex(string(body), `"metrics":{`)
+	if i < 0 {
+		t.Fatalf("%s: no metrics in %s", name, body)
+	}
+	var m map[string]any
+	if err := json.NewDecoder(strings.NewReader(string(body[i+len(`"metrics":`):]))).Decode(&m); err != nil {
+		t.Fatal(err)
+	}
+	if m["prompt_tokens"] != float64(promptTokens) {
+		t.Errorf("%s: metrics prompt_tokens %v, want the whole prompt, %d", name, m["prompt_tokens"], promptTokens)
+	}
+	for k := range m {
+		if strings.Contains(k, "cache") || strings.Contains(k, "prefill") {
+			t.Errorf("%s: the metrics object carries %s", name, k)
+		}
+	}
+}
+
+// checkCacheLogLine checks the access-log line l of the call named name
+// for its cached tokens, cache class and prefill speed, and returns
+// whether it logged a stream.
+func checkCacheLogLine(t *testing.T, name, l string, wantCached int, class string) (stream bool) {
+	t.Helper()
+	var e struct {
+		Path    string   `json:"path"`
+		Stream  bool     `json:"stream"`
+		Cached  *int     `json:"cached_tokens"`
+		Cache   string   `json:"cache"`
+		Prefill *float64 `json:"prefill_tokens_per_second"`
+		Prompt  int      `json:"prompt_tokens"`
+	}
+	if err := json.Unmarshal([]byte(l), &e); err != nil {
+		t.Fatal(err)
+	}
+	if e.Cached == nil || *e.Cached != wantCached {
+		t.Errorf("%s: cached_tokens %v, want %d", name, e.Cached, wantCached)
+	}
+	if e.Cache != class {
+		t.Errorf("%s: cache %q, want %q", name, e.Cache, class)
+	}
+	// Prefill speed needs a first token: streams only.
+	if (e.Prefill != nil) != e.Stream || e.Prefill != nil && *e.Prefill <= 0 {
+		t.Errorf("%s: prefill_tokens_per_second %v", name, e.Prefill)
+	}
+	return e.Stream
+}
+
+// checkCacheSeries checks the cached prompt tokens counted per endpoint,
+// want, and the TTFT histogram's count per endpoint and cache class,
+// classes, with a prefill speed observed for each.
+func checkCacheSeries(t *testing.T, p *Proxy, want map[string]float64, classes map[[2]string]uint64) {
+	t.Helper()
 	for endpoint, n := range want {
 		if got := counterValue(t, p, "timing_sidecar_cached_prompt_tokens_total", map[string]string{"endpoint": endpoint, "model": "m"}); got != n {
 			t.Errorf("cached_prompt_tokens_total{%s} = %v, want %v", endpoint, got, n)

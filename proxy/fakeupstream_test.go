@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -128,121 +129,197 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 	fr := &fakeRequest{Method: r.Method, URI: r.RequestURI, Header: r.Header.Clone(), Body: body,
 		Received: time.Now(), Finished: make(chan struct{}), Gone: make(chan struct{})}
 	defer close(fr.Finished)
-	go func() {
-		select {
-		case <-r.Context().Done():
-			select {
-			case <-fr.Finished: // the context ends after every response too
-			default:
-				fr.GoneAt = time.Now()
-				close(fr.Gone)
-			}
-		case <-fr.Finished:
-		}
-	}()
+	go fr.watchClient(r.Context())
 	f.mu.Lock()
 	f.requests = append(f.requests, fr)
 	f.mu.Unlock()
 	f.arrived <- fr
 
-	wait := func(d time.Duration) bool {
+	x := &fakeExchange{w: w, r: r, fr: fr}
+	if !x.wait(headerMillis(r.Header, "X-Fake-Header-Delay", 0)) {
+		return
+	}
+	x.setHeaders()
+	if status := headerInt(r.Header, "X-Fake-Status", 200); status != 200 {
+		x.fail(status)
+		return
+	}
+	var req fakeBody
+	json.Unmarshal(body, &req)
+	plan := fakePlan{
+		events:   headerInt(r.Header, "X-Fake-Tokens", 4),
+		perEvent: headerInt(r.Header, "X-Fake-Per-Event", 1),
+		ttft:     headerMillis(r.Header, "X-Fake-TTFT", 0),
+		itl:      headerMillis(r.Header, "X-Fake-ITL", 0),
+		cut:      headerInt(r.Header, "X-Fake-Cut-After", -1),
+	}
+	if !req.Stream {
+		x.answer(plan)
+		return
+	}
+	x.stream(plan, r.URL.Path == "/v1/chat/completions", req.wantsUsage())
+}
+
+// watchClient records the client's leaving before the handler returned:
+// it closes Gone, stamped GoneAt, if ctx ends first.
+func (fr *fakeRequest) watchClient(ctx context.Context) {
+	select {
+	case <-ctx.Done():
 		select {
-		case <-time.After(d):
-			return true
-		case <-r.Context().Done():
-			<-fr.Gone // recorded before the handler returns
+		case <-fr.Finished: // the context ends after every response too
+		default:
+			fr.GoneAt = time.Now()
+			close(fr.Gone)
+		}
+	case <-fr.Finished:
+	}
+}
+
+// fakeBody is what the engine reads of a request body.
+type fakeBody struct {
+	Stream        bool `json:"stream"`
+	StreamOptions *struct {
+		IncludeUsage *bool `json:"include_usage"` // vLLM: true unless false or null
+	} `json:"stream_options"`
+	N      int `json:"n"`
+	Prompt any `json:"prompt"`
+}
+
+// wantsUsage is whether a stream ends with a usage event, as vLLM decides.
+func (b fakeBody) wantsUsage() bool {
+	so := b.StreamOptions
+	return so != nil && (so.IncludeUsage == nil || *so.IncludeUsage)
+}
+
+// fakePlan is the answer the request's X-Fake-* headers ask for.
+type fakePlan struct {
+	events   int           // X-Fake-Tokens
+	perEvent int           // X-Fake-Per-Event
+	ttft     time.Duration // X-Fake-TTFT
+	itl      time.Duration // X-Fake-ITL
+	cut      int           // X-Fake-Cut-After; -1 for never
+}
+
+// usage is the usage object the engine reports for the plan.
+func (p fakePlan) usage() string {
+	return fmt.Sprintf(`"usage":{"prompt_tokens":7,"total_tokens":%d,"completion_tokens":%d}`, 7+p.events*p.perEvent, p.events*p.perEvent)
+}
+
+// fakeExchange is one response the engine is writing.
+type fakeExchange struct {
+	w  http.ResponseWriter
+	r  *http.Request
+	fr *fakeRequest
+}
+
+// wait sleeps d, and reports false if the client left first.
+func (x *fakeExchange) wait(d time.Duration) bool {
+	select {
+	case <-time.After(d):
+		return true
+	case <-x.r.Context().Done():
+		<-x.fr.Gone // recorded before the handler returns
+		return false
+	}
+}
+
+// setHeaders sets the headers every answer has, and those the request's
+// X-Fake-Server-Timing and X-Fake-Hop ask for.
+func (x *fakeExchange) setHeaders() {
+	h := x.w.Header()
+	h.Set("X-Engine", "fake")
+	for _, v := range x.r.Header.Values("X-Fake-Server-Timing") {
+		h.Add("Server-Timing", v)
+	}
+	if x.r.Header.Get("X-Fake-Hop") != "" {
+		h.Set("Connection", "X-Resp-Drop")
+		h.Set("X-Resp-Drop", "1")
+		h.Set("Keep-Alive", "timeout=5")
+		h.Set("X-Resp-Keep", "1")
+	}
+}
+
+// fail answers with status and an OpenAI error body.
+func (x *fakeExchange) fail(status int) {
+	x.w.Header().Set("Content-Type", "application/json")
+	x.fr.HeadersSent = time.Now()
+	x.w.WriteHeader(status)
+	writeAll(x.w, x.fr, fmt.Sprintf(`{"error":{"message":"fake failure","type":"BadRequestError","param":null,"code":%d}}`, status))
+}
+
+// answer sends a non-streaming body once the whole generation would have
+// taken: X-Fake-Body verbatim, else a chat completion.
+func (x *fakeExchange) answer(p fakePlan) {
+	if !x.wait(p.ttft + time.Duration(max(p.events-1, 0))*p.itl) {
+		return
+	}
+	x.w.Header().Set("Content-Type", "application/json")
+	x.fr.HeadersSent = time.Now()
+	if b := x.r.Header.Get("X-Fake-Body"); b != "" {
+		writeAll(x.w, x.fr, b)
+		return
+	}
+	writeAll(x.w, x.fr, `{"id":"cmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop","stop_reason":null}],`+p.usage()+`}`)
+}
+
+// send writes one SSE event and flushes it.
+func (x *fakeExchange) send(data string) {
+	writeAll(x.w, x.fr, "data: "+data+"\n\n")
+	x.w.(http.Flusher).Flush()
+}
+
+// stream sends an SSE stream: for chat a role event first and a finish
+// event after the tokens, then the usage if asked for, then [DONE].
+func (x *fakeExchange) stream(p fakePlan, chat, usage bool) {
+	x.w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+	x.fr.HeadersSent = time.Now()
+	x.w.WriteHeader(200)
+	x.w.(http.Flusher).Flush()
+	if chat {
+		x.send(`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`)
+	}
+	if !x.wait(p.ttft) {
+		return
+	}
+	if !x.sendTokens(p, chat) {
+		return
+	}
+	if chat {
+		x.send(`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":"stop","stop_reason":null}]}`)
+	}
+	if usage {
+		x.fr.UsageSent = time.Now()
+		x.send(`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[],` + p.usage() + `}`)
+	}
+	x.send("[DONE]")
+}
+
+// sendTokens sends the plan's token events, p.itl apart, stamping each;
+// it reports false if the client left or the plan cut the connection.
+func (x *fakeExchange) sendTokens(p fakePlan, chat bool) bool {
+	for i := 0; i < p.events; i++ {
+		if i > 0 && !x.wait(p.itl) {
 			return false
 		}
-	}
-	if !wait(headerMillis(r.Header, "X-Fake-Header-Delay", 0)) {
-		return
-	}
-	w.Header().Set("X-Engine", "fake")
-	for _, v := range r.Header.Values("X-Fake-Server-Timing") {
-		w.Header().Add("Server-Timing", v)
-	}
-	if r.Header.Get("X-Fake-Hop") != "" {
-		w.Header().Set("Connection", "X-Resp-Drop")
-		w.Header().Set("X-Resp-Drop", "1")
-		w.Header().Set("Keep-Alive", "timeout=5")
-		w.Header().Set("X-Resp-Keep", "1")
-	}
-	if status := headerInt(r.Header, "X-Fake-Status", 200); status != 200 {
-		w.Header().Set("Content-Type", "application/json")
-		fr.HeadersSent = time.Now()
-		w.WriteHeader(status)
-		writeAll(w, fr, fmt.Sprintf(`{"error":{"message":"fake failure","type":"BadRequestError","param":null,"code":%d}}`, status))
-		return
-	}
-	var req struct {
-		Stream        bool `json:"stream"`
-		StreamOptions *struct {
-			IncludeUsage *bool `json:"include_usage"` // vLLM: true unless false or null
-		} `json:"stream_options"`
-		N      int `json:"n"`
-		Prompt any `json:"prompt"`
-	}
-	json.Unmarshal(body, &req)
-	chat := r.URL.Path == "/v1/chat/completions"
-	events := headerInt(r.Header, "X-Fake-Tokens", 4)
-	perEvent := headerInt(r.Header, "X-Fake-Per-Event", 1)
-	itl := headerMillis(r.Header, "X-Fake-ITL", 0)
-	cut := headerInt(r.Header, "X-Fake-Cut-After", -1)
-
-	if !req.Stream {
-		if !wait(headerMillis(r.Header, "X-Fake-TTFT", 0) + time.Duration(max(events-1, 0))*itl) {
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		fr.HeadersSent = time.Now()
-		if b := r.Header.Get("X-Fake-Body"); b != "" {
-			writeAll(w, fr, b)
-			return
-		}
-		writeAll(w, fr, fmt.Sprintf(`{"id":"cmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop","stop_reason":null}],"usage":{"prompt_tokens":7,"total_tokens":%d,"completion_tokens":%d}}`, 7+events*perEvent, events*perEvent))
-		return
-	}
-	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
-	fr.HeadersSent = time.Now()
-	w.WriteHeader(200)
-	w.(http.Flusher).Flush()
-	send := func(data string) { writeAll(w, fr, "data: "+data+"\n\n"); w.(http.Flusher).Flush() }
-	if chat {
-		send(`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`)
-	}
-	if !wait(headerMillis(r.Header, "X-Fake-TTFT", 0)) {
-		return
-	}
-	for i := 0; i < events; i++ {
-		if i > 0 && !wait(itl) {
-			return
-		}
-		if i == cut {
-			hj, _, _ := w.(http.Hijacker).Hijack()
+		if i == p.cut {
+			hj, _, _ := x.w.(http.Hijacker).Hijack()
 			hj.Close()
-			return
+			return false
 		}
 		text := fmt.Sprintf(" t%d", i)
 		now := time.Now()
 		if i == 0 {
-			fr.FirstToken = now
+			x.fr.FirstToken = now
 		}
-		fr.LastToken = now
-		fr.TokenSent = append(fr.TokenSent, now)
+		x.fr.LastToken = now
+		x.fr.TokenSent = append(x.fr.TokenSent, now)
 		if chat {
-			send(`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"` + text + `"},"logprobs":null,"finish_reason":null}]}`)
+			x.send(`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"` + text + `"},"logprobs":null,"finish_reason":null}]}`)
 		} else {
-			send(`{"id":"c","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"` + text + `","logprobs":null,"finish_reason":null,"stop_reason":null}]}`)
+			x.send(`{"id":"c","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"` + text + `","logprobs":null,"finish_reason":null,"stop_reason":null}]}`)
 		}
 	}
-	if chat {
-		send(`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":"stop","stop_reason":null}]}`)
-	}
-	if so := req.StreamOptions; so != nil && (so.IncludeUsage == nil || *so.IncludeUsage) {
-		fr.UsageSent = time.Now()
-		send(fmt.Sprintf(`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":7,"total_tokens":%d,"completion_tokens":%d}}`, 7+events*perEvent, events*perEvent))
-	}
-	send("[DONE]")
+	return true
 }
 
 func writeAll(w http.ResponseWriter, fr *fakeRequest, s string) {

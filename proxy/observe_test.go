@@ -148,6 +148,16 @@ func TestMixedLoadIsCountedAndLogged(t *testing.T) {
 	resp.Body.Close()
 	engine.next(t)
 
+	checkMixedLoadSeries(t, p, ttftLo, ttftHi)
+	p.telemetry.Flush() // the access log is written in batches
+	checkMixedLoadAccessLog(t, log.lines(), len(calls)+1)
+}
+
+// checkMixedLoadSeries checks the series TestMixedLoadIsCountedAndLogged's
+// requests left: counts by label, the model a streams' summed TTFT within
+// [ttftLo, ttftHi], the token counters and the in-flight gauge.
+func checkMixedLoadSeries(t *testing.T, p *Proxy, ttftLo, ttftHi time.Duration) {
+	t.Helper()
 	requests := map[[4]string]float64{
 		{"chat_completions", "true", "200", "a"}:  3,
 		{"chat_completions", "true", "200", "b"}:  2,
@@ -198,11 +208,16 @@ func TestMixedLoadIsCountedAndLogged(t *testing.T) {
 	if m := series(t, p, "timing_sidecar_in_flight_requests", map[string]string{}); m.GetGauge().GetValue() != 0 {
 		t.Errorf("in flight = %v after all requests ended", m.GetGauge().GetValue())
 	}
+}
 
-	p.telemetry.Flush() // the access log is written in batches
-	lines := log.lines()
-	if len(lines) != len(calls)+1 {
-		t.Fatalf("%d access-log lines for %d requests:\n%s", len(lines), len(calls)+1, strings.Join(lines, "\n"))
+// checkMixedLoadAccessLog checks the access log's lines for
+// TestMixedLoadIsCountedAndLogged's requests: one JSON line each with
+// every field and its own request id, no prompt, output or credential,
+// and the first request's figures.
+func checkMixedLoadAccessLog(t *testing.T, lines []string, requests int) {
+	t.Helper()
+	if len(lines) != requests {
+		t.Fatalf("%d access-log lines for %d requests:\n%s", len(lines), requests, strings.Join(lines, "\n"))
 	}
 	ids := map[string]bool{}
 	for i, l := range lines {

@@ -57,23 +57,40 @@ func TestPoolingEndpointsAreMeasured(t *testing.T) {
 		}
 		p.telemetry.Flush()
 		lines := log.lines()
-		var e struct {
-			Model  string   `json:"model"`
-			E2E    *float64 `json:"e2e_latency_ms"`
-			TTFB   *float64 `json:"time_to_first_byte_ms"`
-			Prompt *int     `json:"prompt_tokens"`
-			SLO    string   `json:"slo"`
-		}
-		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &e); err != nil {
-			t.Fatal(err)
-		}
-		if e.Model != "bge" || e.E2E == nil || *e.E2E <= 0 || e.TTFB == nil || *e.TTFB > *e.E2E ||
-			*e.TTFB < 15 || // the engine's 5 + 10 ms, between its reading the request and its answer
-			e.Prompt == nil || *e.Prompt != rec.PromptTokens || e.SLO != "met" {
-			t.Errorf("%s: logged %s", tc.path, lines[len(lines)-1])
-		}
+		checkPoolingLogLine(t, tc.path, lines[len(lines)-1], rec.PromptTokens)
 	}
-	for label, n := range map[string]uint64{"embeddings": 1, "pooling": 1, "classify": 1, "score": 2, "rerank": 3} {
+	checkPoolingSeries(t, p, map[string]uint64{"embeddings": 1, "pooling": 1, "classify": 1, "score": 2, "rerank": 3})
+}
+
+// checkPoolingLogLine checks the access-log line of a pooling request to
+// path: the model, a latency, a time to first byte within it and no
+// shorter than the engine's delays, the engine's prompt tokens, and the
+// --slo-e2e objective met.
+func checkPoolingLogLine(t *testing.T, path, line string, promptTokens int) {
+	t.Helper()
+	var e struct {
+		Model  string   `json:"model"`
+		E2E    *float64 `json:"e2e_latency_ms"`
+		TTFB   *float64 `json:"time_to_first_byte_ms"`
+		Prompt *int     `json:"prompt_tokens"`
+		SLO    string   `json:"slo"`
+	}
+	if err := json.Unmarshal([]byte(line), &e); err != nil {
+		t.Fatal(err)
+	}
+	if e.Model != "bge" || e.E2E == nil || *e.E2E <= 0 || e.TTFB == nil || *e.TTFB > *e.E2E ||
+		*e.TTFB < 15 || // the engine's 5 + 10 ms, between its reading the request and its answer
+		e.Prompt == nil || *e.Prompt != promptTokens || e.SLO != "met" {
+		t.Errorf("%s: logged %s", path, line)
+	}
+}
+
+// checkPoolingSeries checks, for each endpoint label of model bge, that
+// its requests were timed and counted requests times, and its prompt
+// tokens counted.
+func checkPoolingSeries(t *testing.T, p *Proxy, requests map[string]uint64) {
+	t.Helper()
+	for label, n := range requests {
 		l := map[string]string{"endpoint": label, "model": "bge"}
 		if got, _ := histogramCount(t, p, "timing_sidecar_e2e_request_latency_seconds", l); got != n {
 			t.Errorf("e2e latency count%v = %d, want %d", l, got, n)

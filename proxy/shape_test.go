@@ -105,47 +105,65 @@ func TestMetricsRideOnTheFinishingEvent(t *testing.T) {
 				resp := post(t, base+"/v1/chat/completions", mode.body, nil)
 				got, _ := readEvents(t, resp.Body)
 				resp.Body.Close()
-				if len(got) != len(want) {
-					t.Fatalf("%d events, the engine sends %d direct", len(got), len(want))
-				}
-				carried := 0
-				for i, e := range got {
-					if e.data == "[DONE]" {
-						continue
-					}
-					var doc struct {
-						Choices []json.RawMessage `json:"choices"`
-						Metrics json.RawMessage   `json:"metrics"`
-					}
-					if err := json.Unmarshal([]byte(e.data), &doc); err != nil || len(doc.Choices) == 0 {
-						t.Fatalf("event %d has no choices: %s", i, e.data)
-					}
-					if doc.Metrics == nil {
-						if e.data != want[i].data {
-							t.Errorf("event %d changed:\n got %s\nwant %s", i, e.data, want[i].data)
-						}
-						continue
-					}
-					carried++
-					if i != len(got)-2 || !strings.Contains(e.data, `"finish_reason":"`) {
-						t.Errorf("metrics on event %d, not the last to finish: %s", i, e.data)
-					}
-					switch {
-					case tt.null:
-						if strings.Replace(e.data, `,"metrics":null`, "", 1) != want[i].data {
-							t.Errorf("metrics %s, want null for several choices, the event otherwise as sent", doc.Metrics)
-						}
-					case tt.counts:
-						equalWithoutMetrics(t, []byte(e.data), []byte(want[i].data), "")
-						if m := metricsOf(t, e.data); m["completion_tokens"] == nil || *m["completion_tokens"] != 2 || m["time_to_first_token_ms"] == nil {
-							t.Errorf("metrics without the engine's counts: %s", e.data)
-						}
-					}
-				}
-				if carried != 1 {
-					t.Fatalf("%d events carry metrics, want one", carried)
-				}
+				checkMetricsRideOnFinish(t, got, want, tt.null, tt.counts)
 			})
+		}
+	}
+}
+
+// checkMetricsRideOnFinish checks the events a client got, got, against
+// those the engine sends direct, want: the same events, each with its
+// choices, one of them, the last to finish, carrying the metrics (null
+// for several choices; with the engine's counts if counts), and the others
+// as sent.
+func checkMetricsRideOnFinish(t *testing.T, got, want []sseEvent, null, counts bool) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%d events, the engine sends %d direct", len(got), len(want))
+	}
+	carried := 0
+	for i, e := range got {
+		if e.data == "[DONE]" {
+			continue
+		}
+		var doc struct {
+			Choices []json.RawMessage `json:"choices"`
+			Metrics json.RawMessage   `json:"metrics"`
+		}
+		if err := json.Unmarshal([]byte(e.data), &doc); err != nil || len(doc.Choices) == 0 {
+			t.Fatalf("event %d has no choices: %s", i, e.data)
+		}
+		if doc.Metrics == nil {
+			if e.data != want[i].data {
+				t.Errorf("event %d changed:\n got %s\nwant %s", i, e.data, want[i].data)
+			}
+			continue
+		}
+		carried++
+		if i != len(got)-2 || !strings.Contains(e.data, `"finish_reason":"`) {
+			t.Errorf("metrics on event %d, not the last to finish: %s", i, e.data)
+		}
+		checkCarriedMetrics(t, e.data, want[i].data, doc.Metrics, null, counts)
+	}
+	if carried != 1 {
+		t.Fatalf("%d events carry metrics, want one", carried)
+	}
+}
+
+// checkCarriedMetrics checks the event that carries the metrics, data,
+// against the engine's, want: null metrics and otherwise as sent if null;
+// the engine's counts and a TTFT, the rest as sent, if counts.
+func checkCarriedMetrics(t *testing.T, data, want string, metrics json.RawMessage, null, counts bool) {
+	t.Helper()
+	switch {
+	case null:
+		if strings.Replace(data, `,"metrics":null`, "", 1) != want {
+			t.Errorf("metrics %s, want null for several choices, the event otherwise as sent", metrics)
+		}
+	case counts:
+		equalWithoutMetrics(t, []byte(data), []byte(want), "")
+		if m := metricsOf(t, data); m["completion_tokens"] == nil || *m["completion_tokens"] != 2 || m["time_to_first_token_ms"] == nil {
+			t.Errorf("metrics without the engine's counts: %s", data)
 		}
 	}
 }

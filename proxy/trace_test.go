@@ -108,7 +108,21 @@ func TestTracedStreamJoinsClientSidecarAndEngine(t *testing.T) {
 	fr := engine.next(t)
 	server, client := spansOf(t, p, exp, "traced-1")
 
-	// Parentage: the client's span → SERVER → CLIENT → the engine.
+	checkTraceParentage(t, server, client, fr, traceID, parentID)
+	checkSpanMarks(t, server, client, fr, m)
+	checkTracedStreamAttributes(t, server, client, m)
+	// Nothing the client or the model wrote, and no credential.
+	for _, s := range exp.GetSpans() {
+		if got := spanText(s); strings.Contains(got, "prompt must never") || strings.Contains(got, "sk-do-not") || strings.Contains(got, " t1") {
+			t.Errorf("span %s exports request or response text: %s", s.Name, got)
+		}
+	}
+}
+
+// checkTraceParentage checks the chain the client's span → SERVER →
+// CLIENT → the engine, and the spans' names.
+func checkTraceParentage(t *testing.T, server, client tracetest.SpanStub, fr *fakeRequest, traceID, parentID string) {
+	t.Helper()
 	if server.SpanContext.TraceID().String() != traceID || server.Parent.SpanID().String() != parentID || !server.Parent.IsRemote() {
 		t.Errorf("SERVER span in trace %s under %s, want %s under %s", server.SpanContext.TraceID(), server.Parent.SpanID(), traceID, parentID)
 	}
@@ -124,9 +138,12 @@ func TestTracedStreamJoinsClientSidecarAndEngine(t *testing.T) {
 	if server.Name != "chat m" || client.Name != "POST /v1/chat/completions" {
 		t.Errorf("span names %q, %q", server.Name, client.Name)
 	}
+}
 
-	// The span times and events are the marks the metrics object was
-	// computed from.
+// checkSpanMarks checks that the span times and events are the marks the
+// metrics object m was computed from, and that they nest causally.
+func checkSpanMarks(t *testing.T, server, client tracetest.SpanStub, fr *fakeRequest, m map[string]*float64) {
+	t.Helper()
 	accepted, first, last := eventAt(t, server, "timing_sidecar.engine_accepted"), eventAt(t, server, "timing_sidecar.first_token"), eventAt(t, server, "timing_sidecar.last_token")
 	equalMs(t, "queue", accepted.Sub(server.StartTime), m["queue_time_ms"])
 	equalMs(t, "ttft", first.Sub(accepted), m["time_to_first_token_ms"])
@@ -140,7 +157,13 @@ func TestTracedStreamJoinsClientSidecarAndEngine(t *testing.T) {
 	if !fr.Received.After(client.StartTime) {
 		t.Error("the engine received the request before the CLIENT span began")
 	}
+}
 
+// checkTracedStreamAttributes checks the SERVER and CLIENT spans'
+// attributes for the streamed chat request of
+// TestTracedStreamJoinsClientSidecarAndEngine, against its metrics object m.
+func checkTracedStreamAttributes(t *testing.T, server, client tracetest.SpanStub, m map[string]*float64) {
+	t.Helper()
 	for k, want := range map[string]any{
 		"gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai", "gen_ai.request.model": "m", "gen_ai.response.model": "m",
 		"gen_ai.response.id": "c", "gen_ai.usage.input_tokens": int64(7), "gen_ai.usage.output_tokens": int64(4),
@@ -160,27 +183,26 @@ func TestTracedStreamJoinsClientSidecarAndEngine(t *testing.T) {
 	if got := attrOf(client, "server.port").AsInt64(); got == 0 || attrOf(client, "http.response.status_code").AsInt64() != 200 {
 		t.Errorf("CLIENT span's engine port %d", got)
 	}
+}
 
-	// Nothing the client or the model wrote, and no credential.
-	for _, s := range exp.GetSpans() {
-		var all strings.Builder
-		all.WriteString(s.Name)
-		for _, kv := range s.Attributes {
+// spanText is every string a span exports: its name, its attributes',
+// its events' names and attributes', and its resource's attributes.
+func spanText(s tracetest.SpanStub) string {
+	var all strings.Builder
+	all.WriteString(s.Name)
+	for _, kv := range s.Attributes {
+		all.WriteString(" " + kv.Value.String())
+	}
+	for _, e := range s.Events {
+		all.WriteString(" " + e.Name)
+		for _, kv := range e.Attributes {
 			all.WriteString(" " + kv.Value.String())
-		}
-		for _, e := range s.Events {
-			all.WriteString(" " + e.Name)
-			for _, kv := range e.Attributes {
-				all.WriteString(" " + kv.Value.String())
-			}
-		}
-		for _, kv := range s.Resource.Attributes() {
-			all.WriteString(" " + kv.Value.String())
-		}
-		if got := all.String(); strings.Contains(got, "prompt must never") || strings.Contains(got, "sk-do-not") || strings.Contains(got, " t1") {
-			t.Errorf("span %s exports request or response text: %s", s.Name, got)
 		}
 	}
+	for _, kv := range s.Resource.Attributes() {
+		all.WriteString(" " + kv.Value.String())
+	}
+	return all.String()
 }
 
 func TestTracingLeavesOtherRequestsAlone(t *testing.T) {

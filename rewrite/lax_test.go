@@ -97,6 +97,7 @@ func FuzzRequestAsTheEngineReadsIt(f *testing.F) {
 		`{"include_metrics":"yeſ","stream":-0.0}`, `{"stream":"\u0054rue","n":"2"}`, `{"stream_options":[],"stream":true}`,
 		`{"stream":null,"stream_options":null,"include_metrics":null}`, `[]`, `{"stream":tru`, `{"n":2,"prompt":["a","b"]}`,
 		`{"include_metrics":2,"stream":"x"}`, `{"stream":"x","include_metrics":2}`, `{"stream":1.0000000000000001}`,
+		`{"stream":true,"stream_options":{"continuous_usage_stats":true}}`, // include_usage defaults to true
 		nestedObject(maxDepth + 1),
 	} {
 		f.Add([]byte(s))
@@ -136,26 +137,15 @@ type engineRead struct {
 	hasMetrics, metrics, metricsOK bool
 }
 
+// engineReading is the reference model's reading of body: the last copy
+// of each top-level key, each field read as the engine reads it.
 func engineReading(body []byte) engineRead {
 	r := engineRead{streamOK: true, optionsOK: true, metricsOK: true}
 	if !json.Valid(body) || bytes.TrimSpace(body)[0] != '{' {
 		return r
 	}
 	r.object, r.deep = true, depth(body) > maxDepth
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.Token() //nolint:errcheck // '{'
-	last := map[string]json.RawMessage{}
-	seen := map[string]int{}
-	for dec.More() {
-		k, _ := dec.Token()
-		var v json.RawMessage
-		if err := dec.Decode(&v); err != nil {
-			panic(err) // valid JSON
-		}
-		key := k.(string)
-		seen[key]++
-		last[key] = v
-	}
+	last, seen := topLevelMembers(body)
 	for _, k := range []string{"stream", "stream_options", "include_metrics", "model", "n", "prompt"} {
 		r.repeated = r.repeated || seen[k] > 1
 	}
@@ -170,21 +160,48 @@ func engineReading(body []byte) engineRead {
 		r.hasMetrics = r.metricsOK
 	}
 	if v, ok := last["stream_options"]; ok && string(v) != "null" {
-		// vLLM's StreamOptions: include_usage defaults to true.
-		var o map[string]json.RawMessage
-		if r.optionsOK = json.Unmarshal(v, &o) == nil && o != nil; r.optionsOK {
-			r.usage = true
-			ok1, ok2 := true, true
-			if u, ok := o["include_usage"]; ok {
-				r.usage, ok1 = engineBool(u)
-			}
-			if c, ok := o["continuous_usage_stats"]; ok {
-				r.continuous, ok2 = engineBool(c)
-			}
-			r.optionsOK = ok1 && ok2
-		}
+		r.usage, r.continuous, r.optionsOK = engineStreamOptions(v)
 	}
 	return r
+}
+
+// topLevelMembers decodes a valid JSON object's members, as Python's json
+// does: last is each key's last value, escapes decoded; seen counts each
+// key's copies.
+func topLevelMembers(body []byte) (last map[string]json.RawMessage, seen map[string]int) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.Token() //nolint:errcheck // '{'
+	last, seen = map[string]json.RawMessage{}, map[string]int{}
+	for dec.More() {
+		k, _ := dec.Token()
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			panic(err) // valid JSON
+		}
+		key := k.(string)
+		seen[key]++
+		last[key] = v
+	}
+	return last, seen
+}
+
+// engineStreamOptions is the engine's reading of a stream_options that is
+// not null: vLLM's StreamOptions, whose include_usage defaults to true.
+// ok is false for a value it refuses; usage and continuous are then false.
+func engineStreamOptions(v json.RawMessage) (usage, continuous, ok bool) {
+	var o map[string]json.RawMessage
+	if json.Unmarshal(v, &o) != nil || o == nil {
+		return false, false, false
+	}
+	usage = true
+	ok1, ok2 := true, true
+	if u, has := o["include_usage"]; has {
+		usage, ok1 = engineBool(u)
+	}
+	if c, has := o["continuous_usage_stats"]; has {
+		continuous, ok2 = engineBool(c)
+	}
+	return usage, continuous, ok1 && ok2
 }
 
 // engineBool is the emulated engine's reading of an Optional[bool] field

@@ -130,6 +130,16 @@ func TestGenAIMetricsAgreeWithPrometheus(t *testing.T) {
 	if res["service.name"] != DefaultServiceName || res["service.version"] != "v9" || res["service.instance.id"] != "pod-7" {
 		t.Errorf("resource %v", res)
 	}
+	checkGenAIDurationsMirrorPrometheus(t, rm, reg)
+	checkGenAITokenUsageMirrorsPrometheus(t, rm, reg)
+	checkGenAIDurationAttributes(t, rm)
+}
+
+// checkGenAIDurationsMirrorPrometheus checks the conventions' duration
+// histograms: their units and buckets, and for each endpoint and model of
+// genaiRequests the count and sum of the Prometheus histogram they mirror.
+func checkGenAIDurationsMirrorPrometheus(t *testing.T, rm metricdata.ResourceMetrics, reg *prometheus.Registry) {
+	t.Helper()
 	for _, tc := range []struct {
 		name, unit, prom string
 		buckets          []float64
@@ -148,29 +158,42 @@ func TestGenAIMetricsAgreeWithPrometheus(t *testing.T) {
 		}
 		h := m.Data.(metricdata.Histogram[float64])
 		for endpoint, model := range map[string]string{EndpointChat: "llama", EndpointCompletions: "qwen", EndpointMessages: "claude-ish"} {
-			var count uint64
-			var sum float64
-			for _, p := range h.DataPoints {
-				if !slices.Equal(p.Bounds, tc.buckets) {
-					t.Errorf("%s: bounds %v, want the conventions' %v", tc.name, p.Bounds, tc.buckets)
-				}
-				a := p.Attributes
-				if v, _ := a.Value("gen_ai.request.model"); v.AsString() != model {
-					continue
-				}
-				if v, _ := a.Value("gen_ai.operation.name"); v.AsString() != operation(endpoint).Value.AsString() {
-					continue
-				}
-				count += p.Count
-				sum += p.Sum
-			}
+			count, sum := genaiHistogramFor(t, tc.name, h, tc.buckets, endpoint, model)
 			pc, ps := promHistogram(t, reg, tc.prom, map[string]string{"endpoint": endpoint, "model": model})
 			if count != pc || math.Abs(sum-ps) > 1e-9 {
 				t.Errorf("%s{%s, %s}: count %d sum %v; Prometheus %d %v", tc.name, endpoint, model, count, sum, pc, ps)
 			}
 		}
 	}
-	// Token usage: its sums are the token counters, by type.
+}
+
+// genaiHistogramFor sums the count and sum of h's points for one endpoint
+// and model, and checks that every point has the conventions' buckets.
+func genaiHistogramFor(t *testing.T, name string, h metricdata.Histogram[float64], buckets []float64, endpoint, model string) (uint64, float64) {
+	t.Helper()
+	var count uint64
+	var sum float64
+	for _, p := range h.DataPoints {
+		if !slices.Equal(p.Bounds, buckets) {
+			t.Errorf("%s: bounds %v, want the conventions' %v", name, p.Bounds, buckets)
+		}
+		a := p.Attributes
+		if v, _ := a.Value("gen_ai.request.model"); v.AsString() != model {
+			continue
+		}
+		if v, _ := a.Value("gen_ai.operation.name"); v.AsString() != operation(endpoint).Value.AsString() {
+			continue
+		}
+		count += p.Count
+		sum += p.Sum
+	}
+	return count, sum
+}
+
+// checkGenAITokenUsageMirrorsPrometheus checks token usage: its unit and
+// buckets, and that its sums are the token counters, by type.
+func checkGenAITokenUsageMirrorsPrometheus(t *testing.T, rm metricdata.ResourceMetrics, reg *prometheus.Registry) {
+	t.Helper()
 	m, ok := findMetric(rm, "gen_ai.client.token.usage")
 	if !ok || m.Unit != "{token}" {
 		t.Fatalf("token usage %v %q", ok, m.Unit)
@@ -189,8 +212,13 @@ func TestGenAIMetricsAgreeWithPrometheus(t *testing.T) {
 			t.Errorf("token usage %s sums to %d; %s is %v", typ, sums[typ], series, want)
 		}
 	}
-	// The attributes of the Messages request and of the failed one.
-	m, _ = findMetric(rm, "gen_ai.server.request.duration")
+}
+
+// checkGenAIDurationAttributes checks the request duration's attributes
+// for the Messages request and for the failed one of genaiRequests.
+func checkGenAIDurationAttributes(t *testing.T, rm metricdata.ResourceMetrics) {
+	t.Helper()
+	m, _ := findMetric(rm, "gen_ai.server.request.duration")
 	want := map[string]map[string]string{
 		"claude-ish": {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "anthropic", "gen_ai.request.model": "claude-ish",
 			"gen_ai.response.model": "claude-ish", "server.address": "10.0.0.5", "server.port": "8000"},

@@ -269,6 +269,29 @@ func TestSpansCarryTheRequestAndEveryMetric(t *testing.T) {
 	parent := "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 	server, client := tracedRecord(t, &rec, parent)
 
+	checkSpanNamesParentsAndTimes(t, server, client)
+	a := attrs(server.Attributes)
+	checkServerAttributes(t, a)
+	checkMetricsAreAttributes(t, rec.Metrics, a)
+
+	var names []string
+	for _, e := range server.Events {
+		names = append(names, e.Name+"@"+e.Time.Sub(t0).String())
+	}
+	if got, want := strings.Join(names, " "), "timing_sidecar.engine_accepted@20ms timing_sidecar.first_token@100ms timing_sidecar.first_content_token@260ms timing_sidecar.last_token@400ms"; got != want {
+		t.Errorf("events %s, want %s", got, want)
+	}
+	c := attrs(client.Attributes)
+	if c["server.address"].AsString() != "127.0.0.1" || c["server.port"].AsInt64() != 8000 || c["http.response.status_code"].AsInt64() != 200 {
+		t.Errorf("CLIENT attributes %v", c)
+	}
+}
+
+// checkSpanNamesParentsAndTimes checks reasoningRecord's two spans: their
+// names, the SERVER span under the client's traceparent and the CLIENT
+// span under it, and when each starts and ends.
+func checkSpanNamesParentsAndTimes(t *testing.T, server, client tracetest.SpanStub) {
+	t.Helper()
 	if server.Name != "chat qwen3" || client.Name != "POST /v1/chat/completions" {
 		t.Errorf("names %q, %q", server.Name, client.Name)
 	}
@@ -281,8 +304,13 @@ func TestSpansCarryTheRequestAndEveryMetric(t *testing.T) {
 	if !server.StartTime.Equal(t0) || !server.EndTime.Equal(after(411)) || !client.StartTime.Equal(after(1)) || !client.EndTime.Equal(after(410)) {
 		t.Errorf("SERVER %v–%v, CLIENT %v–%v", server.StartTime, server.EndTime, client.StartTime, client.EndTime)
 	}
+}
 
-	a := attrs(server.Attributes)
+// checkServerAttributes checks the SERVER span's attributes for
+// reasoningRecord: the request, the answer, the usage and the cache, and
+// none for what was not sent or did not fail.
+func checkServerAttributes(t *testing.T, a map[string]attribute.Value) {
+	t.Helper()
 	want := map[string]any{
 		"gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai", "gen_ai.request.model": "qwen3",
 		"gen_ai.response.model": "qwen3", "gen_ai.response.id": "chatcmpl-9", "gen_ai.request.max_tokens": int64(64),
@@ -309,11 +337,15 @@ func TestSpansCarryTheRequestAndEveryMetric(t *testing.T) {
 	if _, ok := a["error.type"]; ok {
 		t.Error("a served request has error.type")
 	}
+}
 
-	// Every non-null field of the metrics object is an attribute of the
-	// same name and value under timing_sidecar.
+// checkMetricsAreAttributes checks that every non-null field of the
+// metrics object is an attribute of the same name and value under
+// timing_sidecar.
+func checkMetricsAreAttributes(t *testing.T, m timing.Metrics, a map[string]attribute.Value) {
+	t.Helper()
 	var obj map[string]any
-	if err := json.Unmarshal(rec.Metrics.AppendJSON(nil), &obj); err != nil {
+	if err := json.Unmarshal(m.AppendJSON(nil), &obj); err != nil {
 		t.Fatal(err)
 	}
 	fields := flatten("timing_sidecar.", obj)
@@ -336,18 +368,6 @@ func TestSpansCarryTheRequestAndEveryMetric(t *testing.T) {
 				t.Errorf("%s = %q, metrics object says %q", k, got.AsString(), want)
 			}
 		}
-	}
-
-	var names []string
-	for _, e := range server.Events {
-		names = append(names, e.Name+"@"+e.Time.Sub(t0).String())
-	}
-	if got, want := strings.Join(names, " "), "timing_sidecar.engine_accepted@20ms timing_sidecar.first_token@100ms timing_sidecar.first_content_token@260ms timing_sidecar.last_token@400ms"; got != want {
-		t.Errorf("events %s, want %s", got, want)
-	}
-	c := attrs(client.Attributes)
-	if c["server.address"].AsString() != "127.0.0.1" || c["server.port"].AsInt64() != 8000 || c["http.response.status_code"].AsInt64() != 200 {
-		t.Errorf("CLIENT attributes %v", c)
 	}
 }
 

@@ -463,84 +463,161 @@ func fuzzClock(gaps, kinds []byte, unit time.Duration, accepted int16) *Clock {
 //   - counts that come late give what they would have given in time.
 func checkPerToken(t *testing.T, c *Clock, u Usage, streamed bool) {
 	t.Helper()
-	m := Compute(c, u, streamed)
-	fail := func(format string, args ...any) {
-		t.Helper()
-		t.Errorf("events %d, usage %+v, streamed %v: "+format+"\nmetrics %+v", append([]any{c.tokenEvents, u, streamed}, append(args, m)...)...)
-	}
+	k := perTokenCheck{t: t, c: c, u: u, streamed: streamed, m: Compute(c, u, streamed)}
+	k.figuresFinite()
+	k.meanNotAboveMax()
+	k.topLevel()
+	k.split()
+	k.encoded()
+	k.countedLate()
+}
+
+// perTokenCheck is one input of checkPerToken and the metrics computed
+// from it; its methods each check one part of the rule.
+type perTokenCheck struct {
+	t        *testing.T
+	c        *Clock
+	u        Usage
+	streamed bool
+	m        Metrics
+}
+
+// fail reports a broken rule with the input and the metrics.
+func (k *perTokenCheck) fail(format string, args ...any) {
+	k.t.Helper()
+	k.t.Errorf("events %d, usage %+v, streamed %v: "+format+"\nmetrics %+v", append([]any{k.c.tokenEvents, k.u, k.streamed}, append(args, k.m)...)...)
+}
+
+// figuresFinite: no figure is negative or not finite.
+func (k *perTokenCheck) figuresFinite() {
+	k.t.Helper()
+	m := k.m
 	for _, x := range []Number{m.TimeToFirstToken, m.GenerationTime, m.QueueTime, m.MeanITL, m.TokensPerSecond, m.E2ELatency, m.MaxITL,
 		m.Split.Reasoning.GenerationTime, m.Split.Reasoning.MeanITL, m.Split.Reasoning.TokensPerSecond,
 		m.Split.Content.GenerationTime, m.Split.Content.MeanITL, m.Split.Content.TokensPerSecond} {
 		if x.Set && (x.Value < 0 || math.IsNaN(x.Value) || math.IsInf(x.Value, 0)) {
-			fail("figure %v", x.Value)
+			k.fail("figure %v", x.Value)
 		}
 	}
-	if m.MeanITL.Set && m.MaxITL.Set && m.MeanITL.Value > m.MaxITL.Value {
-		fail("mean_itl_ms %v > max_itl_ms %v", m.MeanITL.Value, m.MaxITL.Value)
+}
+
+// meanNotAboveMax: mean_itl_ms ≤ max_itl_ms whenever both are set.
+func (k *perTokenCheck) meanNotAboveMax() {
+	k.t.Helper()
+	if k.m.MeanITL.Set && k.m.MaxITL.Set && k.m.MeanITL.Value > k.m.MaxITL.Value {
+		k.fail("mean_itl_ms %v > max_itl_ms %v", k.m.MeanITL.Value, k.m.MaxITL.Value)
 	}
-	rel := func(a, b float64) bool { return math.Abs(a-b) <= 1e-9*math.Max(1, math.Abs(b)) }
-	one := func(what string, engine, used Count, events int, gen, rate, ttft, mean, tps Number) {
-		t.Helper()
-		if used.Set != (engine.Set && streamed && events > 0 && engine.Value < int64(events)) || used.Set && used.Value != int64(events) {
-			fail("%s: token_events %+v with the engine's count %+v and %d events", what, used, engine, events)
-		}
-		n := engine
-		if used.Set {
-			n = used
-		}
-		if !n.Set && (mean.Set || tps.Set) {
-			fail("%s: a per-token figure without a count", what)
-		}
-		if mean.Set && (n.Value <= 1 || !gen.Set || !rel(mean.Value*float64(n.Value-1), gen.Value)) {
-			fail("%s: mean_itl_ms %v is not generation %+v / (%d − 1)", what, mean.Value, gen, n.Value)
-		}
-		if tps.Set && (!rate.Set || !rel(1000*float64(n.Value)/tps.Value, rate.Value)) && n.Value != 0 {
-			fail("%s: tokens_per_second %v is not %d over %+v ms", what, tps.Value, n.Value, rate)
-		}
-		if mean.Set && tps.Set && ttft.Set && n.Value > 1 && !rel(mean.Value*float64(n.Value-1)+ttft.Value, 1000*float64(n.Value)/tps.Value) {
-			fail("%s: mean %v × (%d − 1) + TTFT %v ≠ %d / %v tokens/s", what, mean.Value, n.Value, ttft.Value, n.Value, tps.Value)
-		}
-	}
-	if streamed {
+}
+
+// topLevel checks the top level's per-token figures when streamed, and
+// that there are none of the streamed kind when not.
+func (k *perTokenCheck) topLevel() {
+	k.t.Helper()
+	m, c := k.m, k.c
+	if k.streamed {
 		decode := number(span(c.Accepted, c.LastToken))
 		if c.tokenEvents == 0 {
 			decode = Number{}
 		}
-		one("top level", m.CompletionTokens, m.TokenEvents, c.tokenEvents, m.GenerationTime, decode, m.TimeToFirstToken, m.MeanITL, m.TokensPerSecond)
+		k.object(perTokenObject{"top level", m.CompletionTokens, m.TokenEvents, c.tokenEvents, m.GenerationTime, decode, m.TimeToFirstToken, m.MeanITL, m.TokensPerSecond})
 	} else if m.TokenEvents.Set || m.MeanITL.Set {
-		fail("not streamed: token_events or a mean")
+		k.fail("not streamed: token_events or a mean")
 	}
-	if m.Split.Present {
-		for _, p := range []struct {
-			what string
-			p    SplitPart
-			s    Span
-		}{{"reasoning", m.Split.Reasoning, c.Reasoning}, {"content", m.Split.Content, c.Content}} {
-			// A part's rate is over its own generation time, with no TTFT in it.
-			one(p.what, p.p.TokenCount, p.p.TokenEvents, p.s.events, p.p.GenerationTime, p.p.GenerationTime, Number{0, true}, p.p.MeanITL, p.p.TokensPerSecond)
-		}
+}
+
+// split checks each part's per-token figures when the output is split.
+func (k *perTokenCheck) split() {
+	k.t.Helper()
+	if !k.m.Split.Present {
+		return
 	}
-	b := m.AppendJSON(nil)
+	for _, p := range []struct {
+		what string
+		p    SplitPart
+		s    Span
+	}{{"reasoning", k.m.Split.Reasoning, k.c.Reasoning}, {"content", k.m.Split.Content, k.c.Content}} {
+		// A part's rate is over its own generation time, with no TTFT in it.
+		k.object(perTokenObject{p.what, p.p.TokenCount, p.p.TokenEvents, p.s.events, p.p.GenerationTime, p.p.GenerationTime, Number{0, true}, p.p.MeanITL, p.p.TokensPerSecond})
+	}
+}
+
+// perTokenObject is one object's per-token figures and what they come
+// from: the engine's count, the token_events used instead, the events
+// seen, and the interval the rate is over.
+type perTokenObject struct {
+	what                       string
+	engine, used               Count
+	events                     int
+	gen, rate, ttft, mean, tps Number
+}
+
+// object checks one object's per-token figures against one count.
+func (k *perTokenCheck) object(o perTokenObject) {
+	k.t.Helper()
+	what, engine, used, events := o.what, o.engine, o.used, o.events
+	if used.Set != (engine.Set && k.streamed && events > 0 && engine.Value < int64(events)) || used.Set && used.Value != int64(events) {
+		k.fail("%s: token_events %+v with the engine's count %+v and %d events", what, used, engine, events)
+	}
+	n := engine
+	if used.Set {
+		n = used
+	}
+	if !n.Set && (o.mean.Set || o.tps.Set) {
+		k.fail("%s: a per-token figure without a count", what)
+	}
+	k.meanAndRate(what, n, o)
+}
+
+// meanAndRate checks an object's mean and rate against its count n: mean
+// = generation / (n − 1), rate = n / its interval, and so mean × (n − 1) +
+// TTFT = n / rate.
+func (k *perTokenCheck) meanAndRate(what string, n Count, o perTokenObject) {
+	k.t.Helper()
+	gen, rate, ttft, mean, tps := o.gen, o.rate, o.ttft, o.mean, o.tps
+	if mean.Set && (n.Value <= 1 || !gen.Set || !relEqual(mean.Value*float64(n.Value-1), gen.Value)) {
+		k.fail("%s: mean_itl_ms %v is not generation %+v / (%d − 1)", what, mean.Value, gen, n.Value)
+	}
+	if tps.Set && (!rate.Set || !relEqual(1000*float64(n.Value)/tps.Value, rate.Value)) && n.Value != 0 {
+		k.fail("%s: tokens_per_second %v is not %d over %+v ms", what, tps.Value, n.Value, rate)
+	}
+	if mean.Set && tps.Set && ttft.Set && n.Value > 1 && !relEqual(mean.Value*float64(n.Value-1)+ttft.Value, 1000*float64(n.Value)/tps.Value) {
+		k.fail("%s: mean %v × (%d − 1) + TTFT %v ≠ %d / %v tokens/s", what, mean.Value, n.Value, ttft.Value, n.Value, tps.Value)
+	}
+}
+
+// relEqual reports whether a equals b within a relative 1e-9.
+func relEqual(a, b float64) bool { return math.Abs(a-b) <= 1e-9*math.Max(1, math.Abs(b)) }
+
+// encoded checks the JSON the metrics encode to: mean_itl_ms ≤ max_itl_ms,
+// and token_events present exactly when set.
+func (k *perTokenCheck) encoded() {
+	k.t.Helper()
+	b := k.m.AppendJSON(nil)
 	var js struct {
 		Mean        *float64 `json:"mean_itl_ms"`
 		Max         *float64 `json:"max_itl_ms"`
 		TokenEvents *int64   `json:"token_events"`
 	}
 	if err := json.Unmarshal(b, &js); err != nil {
-		fail("JSON %s: %v", b, err)
+		k.fail("JSON %s: %v", b, err)
 		return
 	}
 	if js.Mean != nil && js.Max != nil && *js.Mean > *js.Max {
-		fail("JSON %s: mean_itl_ms above max_itl_ms", b)
+		k.fail("JSON %s: mean_itl_ms above max_itl_ms", b)
 	}
-	if (js.TokenEvents != nil) != m.TokenEvents.Set {
-		fail("JSON %s: token_events", b)
+	if (js.TokenEvents != nil) != k.m.TokenEvents.Set {
+		k.fail("JSON %s: token_events", b)
 	}
-	for _, early := range []Usage{{}, {CompletionTokens: count(u.CompletionTokens.Value/2 + 3), ReasoningTokens: count(1)}} {
-		late := Compute(c, early, streamed)
-		late.CountLate(c, u, streamed)
-		if late != m {
-			fail("counted late after %+v:\n%+v", early, late)
+}
+
+// countedLate: counts that come late give what they would have given in time.
+func (k *perTokenCheck) countedLate() {
+	k.t.Helper()
+	for _, early := range []Usage{{}, {CompletionTokens: count(k.u.CompletionTokens.Value/2 + 3), ReasoningTokens: count(1)}} {
+		late := Compute(k.c, early, k.streamed)
+		late.CountLate(k.c, k.u, k.streamed)
+		if late != k.m {
+			k.fail("counted late after %+v:\n%+v", early, late)
 		}
 	}
 }

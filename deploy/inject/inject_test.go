@@ -136,8 +136,25 @@ func strict(t *testing.T, doc string, v any) {
 // probes test the engine. It returns the sidecar's named ports.
 func checkPod(t *testing.T, pod corev1.PodSpec) map[string]int32 {
 	t.Helper()
-	var sidecar *corev1.Container
-	native := false // an init container, not one of KServe's containers
+	sidecar, native := findSidecar(pod)
+	if sidecar == nil {
+		return nil
+	}
+	enginePort := checkSidecarAddresses(t, sidecar)
+	checkEngines(t, pod, enginePort)
+	if native && (pod.TerminationGracePeriodSeconds == nil || *pod.TerminationGracePeriodSeconds < MinGracePeriod) {
+		t.Errorf("terminationGracePeriodSeconds %v", pod.TerminationGracePeriodSeconds)
+	}
+	named := map[string]int32{}
+	for _, p := range sidecar.Ports {
+		named[p.Name] = p.ContainerPort
+	}
+	return named
+}
+
+// findSidecar returns the pod's sidecar, or nil, and whether it is native:
+// an init container, not one of KServe's containers.
+func findSidecar(pod corev1.PodSpec) (sidecar *corev1.Container, native bool) {
 	for i := range pod.InitContainers {
 		if pod.InitContainers[i].Name == Name {
 			sidecar, native = &pod.InitContainers[i], true
@@ -148,9 +165,13 @@ func checkPod(t *testing.T, pod corev1.PodSpec) map[string]int32 {
 			sidecar = &pod.Containers[i]
 		}
 	}
-	if sidecar == nil {
-		return nil
-	}
+	return sidecar, native
+}
+
+// checkSidecarAddresses checks that the sidecar listens on its first port
+// and relays to the engine on loopback, and returns the engine's port.
+func checkSidecarAddresses(t *testing.T, sidecar *corev1.Container) int {
+	t.Helper()
 	env := map[string]string{}
 	for _, e := range sidecar.Env {
 		env[e.Name] = e.Value
@@ -163,6 +184,14 @@ func checkPod(t *testing.T, pod corev1.PodSpec) map[string]int32 {
 	if err != nil {
 		t.Fatalf("upstream %q", upstream)
 	}
+	return enginePort
+}
+
+// checkEngines checks that there is an engine beside the sidecar, and
+// that every engine (a container with a --port) listens on enginePort and
+// has its probes test it there.
+func checkEngines(t *testing.T, pod corev1.PodSpec, enginePort int) {
+	t.Helper()
 	found := false
 	for _, c := range pod.Containers {
 		if c.Name == Name || !strings.Contains(strings.Join(append(c.Command, c.Args...), " "), "--port") {
@@ -173,33 +202,32 @@ func checkPod(t *testing.T, pod corev1.PodSpec) map[string]int32 {
 		if !strings.Contains(line, "--port "+strconv.Itoa(enginePort)) && !strings.Contains(line, "--port="+strconv.Itoa(enginePort)) {
 			t.Errorf("the engine %s does not listen on %d: %s", c.Name, enginePort, line)
 		}
-		for _, p := range []*corev1.Probe{c.LivenessProbe, c.ReadinessProbe, c.StartupProbe} {
-			if p == nil {
-				continue
-			}
-			var port intstr.IntOrString
-			switch {
-			case p.HTTPGet != nil:
-				port = p.HTTPGet.Port
-			case p.TCPSocket != nil:
-				port = p.TCPSocket.Port
-			}
-			if port.IntValue() != enginePort {
-				t.Errorf("the engine's probe tests port %v, not the engine's %d", port.String(), enginePort)
-			}
-		}
+		checkEngineProbes(t, c, enginePort)
 	}
 	if !found {
 		t.Errorf("no engine with a --port beside the sidecar")
 	}
-	if native && (pod.TerminationGracePeriodSeconds == nil || *pod.TerminationGracePeriodSeconds < MinGracePeriod) {
-		t.Errorf("terminationGracePeriodSeconds %v", pod.TerminationGracePeriodSeconds)
+}
+
+// checkEngineProbes checks that each of the engine's probes tests
+// enginePort.
+func checkEngineProbes(t *testing.T, c corev1.Container, enginePort int) {
+	t.Helper()
+	for _, p := range []*corev1.Probe{c.LivenessProbe, c.ReadinessProbe, c.StartupProbe} {
+		if p == nil {
+			continue
+		}
+		var port intstr.IntOrString
+		switch {
+		case p.HTTPGet != nil:
+			port = p.HTTPGet.Port
+		case p.TCPSocket != nil:
+			port = p.TCPSocket.Port
+		}
+		if port.IntValue() != enginePort {
+			t.Errorf("the engine's probe tests port %v, not the engine's %d", port.String(), enginePort)
+		}
 	}
-	named := map[string]int32{}
-	for _, p := range sidecar.Ports {
-		named[p.Name] = p.ContainerPort
-	}
-	return named
 }
 
 // TestBadInputIsAnErrorAndWritesNothing: input inject cannot handle

@@ -165,6 +165,19 @@ func knownEnv(t *testing.T) map[string]bool {
 // binary, and returns it.
 func checkSidecar(t *testing.T, spec *corev1.PodSpec) *corev1.Container {
 	t.Helper()
+	sc := findSidecar(t, spec)
+	checkSidecarIsolation(t, sc)
+	env := checkSidecarEnvNames(t, sc)
+	checkSidecarEnvSettings(t, sc, env)
+	checkSidecarPorts(t, sc, env)
+	checkSidecarProbes(t, sc)
+	checkShutdownGrace(t, spec, env)
+	return sc
+}
+
+// findSidecar returns the timing-sidecar init container, or stops the test.
+func findSidecar(t *testing.T, spec *corev1.PodSpec) *corev1.Container {
+	t.Helper()
 	var sc *corev1.Container
 	for i := range spec.InitContainers {
 		if spec.InitContainers[i].Name == "timing-sidecar" {
@@ -174,6 +187,13 @@ func checkSidecar(t *testing.T, spec *corev1.PodSpec) *corev1.Container {
 	if sc == nil {
 		t.Fatal("no timing-sidecar init container")
 	}
+	return sc
+}
+
+// checkSidecarIsolation checks that the sidecar is a native sidecar and
+// runs with the least privilege.
+func checkSidecarIsolation(t *testing.T, sc *corev1.Container) {
+	t.Helper()
 	if sc.RestartPolicy == nil || *sc.RestartPolicy != corev1.ContainerRestartPolicyAlways {
 		t.Error("timing-sidecar is not a native sidecar (restartPolicy: Always)")
 	}
@@ -182,6 +202,13 @@ func checkSidecar(t *testing.T, spec *corev1.PodSpec) *corev1.Container {
 		c.AllowPrivilegeEscalation == nil || *c.AllowPrivilegeEscalation {
 		t.Error("timing-sidecar must run as non-root, on a read-only root filesystem, without privilege escalation")
 	}
+}
+
+// checkSidecarEnvNames checks that every env var the sidecar is given is
+// one the binary, the OpenTelemetry SDK or the Go runtime reads, and
+// returns the ones that are not the SDK's, by name.
+func checkSidecarEnvNames(t *testing.T, sc *corev1.Container) map[string]string {
+	t.Helper()
 	known := knownEnv(t)
 	env := map[string]string{}
 	for _, e := range sc.Env {
@@ -191,22 +218,31 @@ func checkSidecar(t *testing.T, spec *corev1.PodSpec) *corev1.Container {
 			continue
 		}
 		if e.Name == "GOMEMLIMIT" {
-			// The Go runtime's: below the container's limit, with room for
-			// what is not heap and for the heap's overshoot while large
-			// bodies arrive during a collection (deploy/README.md,
-			// "Memory").
-			limit := sc.Resources.Limits.Memory().Value()
-			if v, err := resource.ParseQuantity(strings.TrimSuffix(e.Value, "B")); err != nil || v.Value() > limit*5/8 {
-				t.Errorf("GOMEMLIMIT %s is not well under the memory limit %d", e.Value, limit)
-			}
-			env[e.Name] = e.Value
-			continue
-		}
-		if !known[e.Name] {
+			checkGoMemLimit(t, sc, e.Value)
+		} else if !known[e.Name] {
 			t.Errorf("env %s is not a setting the binary accepts", e.Name)
 		}
 		env[e.Name] = e.Value
 	}
+	return env
+}
+
+// checkGoMemLimit checks the Go runtime's GOMEMLIMIT: below the
+// container's limit, with room for what is not heap and for the heap's
+// overshoot while large bodies arrive during a collection
+// (deploy/README.md, "Memory").
+func checkGoMemLimit(t *testing.T, sc *corev1.Container, value string) {
+	t.Helper()
+	limit := sc.Resources.Limits.Memory().Value()
+	if v, err := resource.ParseQuantity(strings.TrimSuffix(value, "B")); err != nil || v.Value() > limit*5/8 {
+		t.Errorf("GOMEMLIMIT %s is not well under the memory limit %d", value, limit)
+	}
+}
+
+// checkSidecarEnvSettings checks the settings every deployment of the
+// sidecar needs.
+func checkSidecarEnvSettings(t *testing.T, sc *corev1.Container, env map[string]string) {
+	t.Helper()
 	if env["GOMEMLIMIT"] == "" {
 		t.Error("no GOMEMLIMIT: the Go runtime would let the heap reach twice what is live")
 	}
@@ -229,23 +265,38 @@ func checkSidecar(t *testing.T, spec *corev1.PodSpec) *corev1.Container {
 	if _, ok := sc.Resources.Limits[corev1.ResourceCPU]; !sized && !ok {
 		t.Error("neither a CPU limit nor the CPU request reaches the sidecar: on a GPU node it would run on every core")
 	}
+}
+
+// listenPort is the port of the listen address env sets under key, or of
+// def when env does not set it.
+func listenPort(env map[string]string, key, def string) int32 {
+	addr := def
+	if v, ok := env[key]; ok {
+		addr = v
+	}
+	n, _ := strconv.Atoi(addr[strings.LastIndex(addr, ":")+1:])
+	return int32(n)
+}
+
+// checkSidecarPorts checks that the container's ports are the ones the
+// sidecar listens on.
+func checkSidecarPorts(t *testing.T, sc *corev1.Container, env map[string]string) {
+	t.Helper()
 	ports := map[string]int32{}
 	for _, p := range sc.Ports {
 		ports[p.Name] = p.ContainerPort
 	}
-	listen := func(key, def string) int32 {
-		addr := def
-		if v, ok := env[key]; ok {
-			addr = v
-		}
-		n, _ := strconv.Atoi(addr[strings.LastIndex(addr, ":")+1:])
-		return int32(n)
-	}
 	// The first port is the one it serves on: the engine's old port.
-	if len(sc.Ports) < 2 || sc.Ports[0].ContainerPort != listen("TIMING_SIDECAR_LISTEN", proxy.DefaultListen) ||
-		ports["timing-admin"] != listen("TIMING_SIDECAR_ADMIN_LISTEN", proxy.DefaultAdminListen) {
+	if len(sc.Ports) < 2 || sc.Ports[0].ContainerPort != listenPort(env, "TIMING_SIDECAR_LISTEN", proxy.DefaultListen) ||
+		ports["timing-admin"] != listenPort(env, "TIMING_SIDECAR_ADMIN_LISTEN", proxy.DefaultAdminListen) {
 		t.Errorf("container ports %v do not match the listen addresses", sc.Ports)
 	}
+}
+
+// checkSidecarProbes checks that the readiness and liveness probes ask the
+// admin port for a path it serves.
+func checkSidecarProbes(t *testing.T, sc *corev1.Container) {
+	t.Helper()
 	p, err := proxy.New(proxy.DefaultConfig(), nil, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -263,8 +314,15 @@ func checkSidecar(t *testing.T, spec *corev1.PodSpec) *corev1.Container {
 			t.Errorf("%s probe path %s is not served by the admin port", name, probe.HTTPGet.Path)
 		}
 	}
+}
+
+// checkShutdownGrace checks that Kubernetes waits longer than the sidecar's
+// shutdown grace before it kills the pod.
+func checkShutdownGrace(t *testing.T, spec *corev1.PodSpec, env map[string]string) {
+	t.Helper()
 	grace := proxy.DefaultShutdownGrace
 	if v, ok := env["TIMING_SIDECAR_SHUTDOWN_GRACE"]; ok {
+		var err error
 		if grace, err = time.ParseDuration(v); err != nil {
 			t.Fatalf("TIMING_SIDECAR_SHUTDOWN_GRACE %q: %v", v, err)
 		}
@@ -272,7 +330,6 @@ func checkSidecar(t *testing.T, spec *corev1.PodSpec) *corev1.Container {
 	if spec.TerminationGracePeriodSeconds == nil || time.Duration(*spec.TerminationGracePeriodSeconds)*time.Second <= grace {
 		t.Errorf("terminationGracePeriodSeconds %v must be set and longer than the shutdown grace %v", spec.TerminationGracePeriodSeconds, grace)
 	}
-	return sc
 }
 
 func TestExample(t *testing.T) {

@@ -56,6 +56,62 @@ func await[T any](t *testing.T, c <-chan T, what string) T {
 	}
 }
 
+// tlsClientThatDoesNotRead is a server Conn, with a 4 KiB send buffer,
+// to a TLS client that has sent a request and reads nothing more, with a
+// small receive buffer so the server's writes soon wait; raw is the
+// client's socket. waits receives when any write to the server's socket
+// first waits, from whichever goroutine wrote.
+func tlsClientThatDoesNotRead(t *testing.T) (c *Conn, raw net.Conn, waits chan struct{}) {
+	t.Helper()
+	serverTLS, clientTLS := testTLS(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waits = make(chan struct{}, 16)
+	l := Listener{Listener: ln, TLS: serverTLS, SendBuffer: 4 << 10, Blocked: func() {
+		select {
+		case waits <- struct{}{}:
+		default:
+		}
+	}}
+	t.Cleanup(func() { l.Close() })
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4<<10) }) //nolint:errcheck
+	}}
+	raw, err = d.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { raw.Close() })
+	sent := make(chan error, 1)
+	go func() { _, err := tls.Client(raw, clientTLS).Write([]byte("GET / HTTP/1.1\r\n\r\n")); sent <- err }()
+	nc, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c = nc.(*Conn)
+	t.Cleanup(func() { c.Close() })
+	c.SetReadDeadline(time.Now().Add(bound)) //nolint:errcheck
+	if _, err := c.Read(make([]byte, 64)); err != nil {
+		t.Fatalf("the handshake and the request: %v", err)
+	}
+	if err := await(t, sent, "the client's request"); err != nil {
+		t.Fatal(err)
+	}
+	return c, raw, waits
+}
+
+// fillBelowTLS writes to c's socket, below TLS, until it takes nothing
+// for a while: the client's window is shut.
+func fillBelowTLS(c *Conn) {
+	for stuck := false; !stuck; {
+		c.recv.Conn.SetWriteDeadline(time.Now().Add(100 * time.Millisecond)) //nolint:errcheck
+		n, err := c.recv.Conn.Write(make([]byte, 4<<10))
+		stuck = n == 0 && errors.Is(err, os.ErrDeadlineExceeded)
+	}
+}
+
 // TestStallHookRunsOnlyInsideWrite: under TLS the client's socket is
 // written from the watch's goroutine too (crypto/tls sends an alert, or
 // answers a client's key update, from within the read that watches for
@@ -65,46 +121,7 @@ func await[T any](t *testing.T, c <-chan T, what string) T {
 // the writer next enters Write, which waits behind that record. The
 // count of waits the writer reads meanwhile is not raced (run with -race).
 func TestStallHookRunsOnlyInsideWrite(t *testing.T) {
-	serverTLS, clientTLS := testTLS(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// waits receives when any write to the socket first waits, from
-	// whichever goroutine wrote.
-	waits := make(chan struct{}, 16)
-	l := Listener{Listener: ln, TLS: serverTLS, SendBuffer: 4 << 10, Blocked: func() {
-		select {
-		case waits <- struct{}{}:
-		default:
-		}
-	}}
-	defer l.Close()
-	// A client that reads nothing, with a small receive buffer, so the
-	// server's writes soon wait.
-	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
-		return rc.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4<<10) }) //nolint:errcheck
-	}}
-	raw, err := d.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
-	sent := make(chan error, 1)
-	go func() { _, err := tls.Client(raw, clientTLS).Write([]byte("GET / HTTP/1.1\r\n\r\n")); sent <- err }()
-	nc, err := l.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := nc.(*Conn)
-	defer c.Close()
-	c.SetReadDeadline(time.Now().Add(bound)) //nolint:errcheck
-	if _, err := c.Read(make([]byte, 64)); err != nil {
-		t.Fatalf("the handshake and the request: %v", err)
-	}
-	if err := await(t, sent, "the client's request"); err != nil {
-		t.Fatal(err)
-	}
+	c, raw, waits := tlsClientThatDoesNotRead(t)
 
 	// This goroutine is the writer; hooks receives, for each run of the
 	// hook, whether it was inside a Write.
@@ -126,6 +143,7 @@ func TestStallHookRunsOnlyInsideWrite(t *testing.T) {
 		<-waits
 		c.SetWriteDeadline(time.Now()) //nolint:errcheck
 	}()
+	var err error
 	for err == nil {
 		err = write(make([]byte, 16<<10))
 	}
@@ -138,11 +156,7 @@ func TestStallHookRunsOnlyInsideWrite(t *testing.T) {
 	// The socket may still take a little as the client's delayed
 	// acknowledgements come: fill it, below TLS, until it takes nothing
 	// for a while (the client's window is shut).
-	for stuck := false; !stuck; {
-		c.recv.Conn.SetWriteDeadline(time.Now().Add(100 * time.Millisecond)) //nolint:errcheck
-		n, err := c.recv.Conn.Write(make([]byte, 4<<10))
-		stuck = n == 0 && errors.Is(err, os.ErrDeadlineExceeded)
-	}
+	fillBelowTLS(c)
 	c.SetWriteDeadline(time.Time{}) //nolint:errcheck
 
 	// A record too long for TLS: the watch's read answers it with an
