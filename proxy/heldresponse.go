@@ -3,8 +3,9 @@ package proxy
 import (
 	"bytes"
 
-	"github.com/timing-sidecar/timing-sidecar/proxy/membudget"
 	"github.com/valyala/fasthttp"
+
+	"github.com/timing-sidecar/timing-sidecar/proxy/membudget"
 )
 
 // bodyPrefetch is what fasthttp reads of a body with its headers

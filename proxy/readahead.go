@@ -71,8 +71,9 @@ func (s *streamSource) clientBlocked() {
 	if s.ahead != nil || s.ended || !s.p.bodies.TakeAhead(readahead.Memory) {
 		return
 	}
+	p := s.p // not s, which the relay's pool reuses once the stream is done
 	s.ahead = readahead.Start(s.body, s.x.Received, func(r any) error {
-		s.p.panicked(r)
+		p.panicked(r)
 		return errPanic
 	})
 }

@@ -8,8 +8,9 @@ import (
 
 	"github.com/timing-sidecar/timing-sidecar/proxy/membudget"
 
-	"github.com/timing-sidecar/timing-sidecar/proxy/clientconn"
 	"github.com/valyala/fasthttp"
+
+	"github.com/timing-sidecar/timing-sidecar/proxy/clientconn"
 )
 
 // clientBody is a client's body streamed to the engine unread. A read

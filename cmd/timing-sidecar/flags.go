@@ -1,8 +1,9 @@
 package main
 
 import (
-	"github.com/timing-sidecar/timing-sidecar/proxy/tlsserve"
 	"github.com/urfave/cli/v2"
+
+	"github.com/timing-sidecar/timing-sidecar/proxy/tlsserve"
 
 	"github.com/timing-sidecar/timing-sidecar/proxy"
 )

@@ -29,7 +29,7 @@ trap cleanup EXIT
 
 bin=$work/timing-sidecar
 .ci/build "$bin"
-otelcol=${XDG_CACHE_HOME:-$HOME/.cache}/timing-sidecar/otelcol-v0.161.0-$(go env GOOS)-$(go env GOARCH)
+otelcol=${XDG_CACHE_HOME:-$HOME/.cache}/timing-sidecar/otelcol-v0.161.0-$(sha256sum e2e/otelcol/go.sum | cut -c1-12)-$(go env GOOS)-$(go env GOARCH)
 if [ ! -x "$otelcol" ]; then
   echo "building the collector (minutes on a clean machine)..." >&2
   mkdir -p "$(dirname "$otelcol")"

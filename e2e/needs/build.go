@@ -1,6 +1,7 @@
 package needs
 
 import (
+	"crypto/sha256"
 	"fmt"
 	"os"
 	"os/exec"
@@ -49,8 +50,15 @@ func (b *Tool) Path() (string, error) {
 		if err != nil {
 			cache = os.TempDir()
 		}
+		// Named for the module's go.sum too: a dependency bumped under the
+		// same version builds anew.
+		sum, err := os.ReadFile(filepath.Join(e2eDir(), b.module, "go.sum"))
+		if err != nil {
+			b.err = err
+			return
+		}
 		dir := filepath.Join(cache, "timing-sidecar")
-		path := filepath.Join(dir, fmt.Sprintf("%s-%s-%s-%s", b.Name, b.Version, runtime.GOOS, runtime.GOARCH))
+		path := filepath.Join(dir, fmt.Sprintf("%s-%s-%.6x-%s-%s", b.Name, b.Version, sha256.Sum256(sum), runtime.GOOS, runtime.GOARCH))
 		if _, err := os.Stat(path); err == nil {
 			b.path = path
 			return
@@ -60,7 +68,7 @@ func (b *Tool) Path() (string, error) {
 			return
 		}
 		start := time.Now()
-		fmt.Fprintf(os.Stderr, "needs: building %s %s into %s (first run on this machine)\n", b.Name, b.Version, dir)
+		fmt.Fprintf(os.Stderr, "needs: building %s %s into %s (not in the cache yet)\n", b.Name, b.Version, dir)
 		tmp := fmt.Sprintf("%s.%d.tmp", path, os.Getpid())
 		build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", tmp, b.pkg)
 		build.Dir = filepath.Join(e2eDir(), b.module)

@@ -18,9 +18,9 @@ import (
 )
 
 // Debian is every program the tests drive from Debian's packages, and
-// the package that has it.
+// the package that has it; gcc is the race detector's (-race needs cgo).
 var Debian = []struct{ Program, Package string }{
-	{"prometheus", "prometheus"}, {"promtool", "prometheus"},
+	{"gcc", "gcc"}, {"prometheus", "prometheus"}, {"promtool", "prometheus"},
 	{"python3", "python3"}, {"node", "nodejs"}, {"npm", "npm"}, {"curl", "curl"},
 }
 

@@ -24,8 +24,9 @@ func main() {
 	}
 	say("Debian programs the tests drive")
 	if err := needs.InstallDebian(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+		// The checks and the tests that need none of them still run; those
+		// that do fail and say what is missing.
+		say("could not install them, going on: %v", err)
 	}
 	// One after the other: each build uses every core, and the second
 	// reuses the first's standard library and shared packages.

@@ -18,7 +18,7 @@ type Budget struct {
 	waiting atomic.Int32
 	mu      sync.Mutex
 	freed   chan struct{}
-	// growing: a body that holds room waits for more (awaitGrowth).
+	// growing: a body that holds room waits for more (AwaitGrowth).
 	growing atomic.Bool
 	// returning: memory is to go back to the system soon.
 	returning atomic.Bool

@@ -59,6 +59,12 @@ func TestRoundTrip(t *testing.T) {
 				"HTTP/1.1 200 OK\r\nX-Engine: e\r\nContent-Length: 2\r\n\r\nok",
 			wantStatus: 200, wantAnswer: "ok",
 		},
+		{
+			name: "empty lines before the status line are read past", body: Body{Edit: edited("hi")},
+			wantLength: 2, wantBody: "hi",
+			answer:     "\r\n\nHTTP/1.1 200 OK\r\nX-Engine: e\r\nContent-Length: 2\r\n\r\nok",
+			wantStatus: 200, wantAnswer: "ok",
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -108,6 +114,7 @@ func TestRefusedResponses(t *testing.T) {
 		{"a folded field", "HTTP/1.1 200 OK\r\nX-A: 1\r\n 2\r\nContent-Length: 2\r\n\r\nok", ErrBadHeaders},
 		{"Transfer-Encoding not ending in chunked", "HTTP/1.1 200 OK\r\nTransfer-Encoding: identity\r\n\r\nok", ErrBadHeaders},
 		{"a coding other than chunked", "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n", ErrBadHeaders},
+		{"two spaces before the status (RFC 9112 has one)", "HTTP/1.1  200 OK\r\nContent-Length: 2\r\n\r\nok", ErrBadStatus},
 		{"status 000 with two spaces before it", "HTTP/1.1  000 OK\r\nContent-Length: 2\r\n\r\nok", ErrBadStatus},
 		{"a status of four digits", "HTTP/1.1 2000 OK\r\nContent-Length: 2\r\n\r\nok", ErrBadStatus},
 		// Interim answers are read past; the final one is checked as the first is.

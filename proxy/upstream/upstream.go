@@ -16,9 +16,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/valyala/fasthttp"
+
 	"github.com/timing-sidecar/timing-sidecar/proxy/framing"
 	"github.com/timing-sidecar/timing-sidecar/proxy/netclock"
-	"github.com/valyala/fasthttp"
 )
 
 // maxIdleConns bounds the pooled idle connections to the engine:
@@ -298,6 +299,19 @@ func peekStatus(br *bufio.Reader) (int, error) {
 	return code, nil
 }
 
+// skipBlankLines discards the empty lines an engine may send before a
+// status line, as fasthttp's own reader does. It waits for the first byte,
+// as reading the status line would.
+func skipBlankLines(br *bufio.Reader) {
+	for {
+		b, err := br.Peek(1)
+		if err != nil || (b[0] != '\r' && b[0] != '\n') {
+			return
+		}
+		br.Discard(1) //nolint:errcheck // peeked
+	}
+}
+
 func isDigit(c byte) bool { return '0' <= c && c <= '9' }
 
 // blankLine is where the line end before the first empty line is, CRLF or
@@ -513,7 +527,7 @@ func (x *Exchange) send(c *upstreamConn, req *fasthttp.Request, resp *fasthttp.R
 	switch {
 	case x.out.Stream != nil:
 		req.SetBodyStream(x.out.Stream, x.out.Size)
-	case x.out.Edit.Len() > 0:
+	case x.out.Edit != nil && x.out.Edit.Len() > 0:
 		req.SetBodyStream(x.out.Edit.Reader(), x.out.Edit.Len())
 	}
 	bw := x.up.writers.Get().(*bufio.Writer)
@@ -552,6 +566,7 @@ func (x *Exchange) send(c *upstreamConn, req *fasthttp.Request, resp *fasthttp.R
 func (x *Exchange) readHead(c *upstreamConn, resp *fasthttp.Response) error {
 	resp.StreamBody = true
 	for {
+		skipBlankLines(c.br)
 		code, err := peekStatus(c.br)
 		if err != nil {
 			return err

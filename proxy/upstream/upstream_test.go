@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-func TestPeekHeaderBlock(t *testing.T) {
+func TestPeekHead(t *testing.T) {
 	for in, want := range map[string]string{
 		"HTTP/1.1 200 OK\r\nA: 1\r\nB: 2\r\n\r\nbody": "A: 1\r\nB: 2\r\n",
 		"HTTP/1.1 200 OK\nA: 1\n\nbody":               "A: 1\n",
@@ -32,7 +32,7 @@ func TestPeekHeaderBlock(t *testing.T) {
 
 // A response that arrived whole in one read is found in the buffer, not
 // waited past: the engine sends nothing more on a kept-alive connection.
-func TestPeekHeaderBlockDoesNotWaitPastAWholeResponse(t *testing.T) {
+func TestPeekHeadDoesNotWaitPastAWholeResponse(t *testing.T) {
 	a, b := net.Pipe()
 	defer a.Close()
 	go io.WriteString(a, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}") //nolint:errcheck
