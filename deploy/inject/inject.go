@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
+	"slices"
 	"strconv"
+	"time"
 
 	"sigs.k8s.io/kustomize/kyaml/kio"
 	"sigs.k8s.io/kustomize/kyaml/yaml"
@@ -24,8 +27,18 @@ type Options struct {
 }
 
 // MinGracePeriod is the least terminationGracePeriodSeconds of a pod with
-// the sidecar: its shutdown grace (100 s) and some.
+// the sidecar: its template's shutdown grace (100 s) and graceMargin; a
+// longer grace set with Env gets its own and the margin.
 const MinGracePeriod = 120
+
+// graceMargin is what the pod's grace adds to the sidecar's shutdown grace:
+// the drain delay before it, and the engine's own stop after.
+const graceMargin = 20
+
+// derived are the settings inject works out from the pod itself: the
+// port it takes over, the engine's new one, and the admin port the
+// template's probes and port name use. Env may not set them.
+var derived = []string{"TIMING_SIDECAR_LISTEN", "TIMING_SIDECAR_UPSTREAM", "TIMING_SIDECAR_ADMIN_LISTEN"}
 
 // ErrNoEngine is the answer to input with no engine in it: a mistake (the
 // wrong chart, a values file that renders no engine) more likely than a
@@ -38,6 +51,11 @@ var ErrNoEngine = errors.New("no engine found: no container runs vllm serve, vLL
 // KRM function's input, as kustomize gives an exec transformer) comes
 // back as a ResourceList.
 func Inject(in io.Reader, out io.Writer, opts Options) error {
+	for _, v := range opts.Env {
+		if slices.Contains(derived, v.Name) {
+			return fmt.Errorf("%s is set by inject from the pod (the engine's port, moved; the admin port its probes use), not by a setting", v.Name)
+		}
+	}
 	var buf bytes.Buffer
 	rw := &kio.ByteReadWriter{Reader: in, Writer: &buf, PreserveSeqIndent: true}
 	docs, err := rw.Read()
@@ -120,7 +138,7 @@ func injectPod(ps podSpec, opts *Options) (bool, error) {
 		// (or the InferenceService's) applies.
 		return true, nil
 	}
-	return true, longEnoughGrace(pod)
+	return true, longEnoughGrace(pod, sidecar)
 }
 
 // engineContainer finds the pod's engine container; injected says the pod
@@ -200,10 +218,17 @@ func moveProbes(c *yaml.RNode, old int, name string, moved int) error {
 }
 
 // longEnoughGrace gives the pod the time the sidecar needs to drain its
-// streams at shutdown, when it has less.
-func longEnoughGrace(pod *yaml.RNode) error {
-	if n, err := strconv.Atoi(scalar(pod, "terminationGracePeriodSeconds")); err == nil && n >= MinGracePeriod {
+// streams at shutdown (its TIMING_SIDECAR_SHUTDOWN_GRACE and graceMargin,
+// at least MinGracePeriod), when it has less.
+func longEnoughGrace(pod, sidecar *yaml.RNode) error {
+	need := MinGracePeriod
+	if e, err := sidecar.Pipe(yaml.Lookup("env", "[name=TIMING_SIDECAR_SHUTDOWN_GRACE]")); err == nil && e != nil {
+		if d, err := time.ParseDuration(scalar(e, "value")); err == nil {
+			need = max(need, int(math.Ceil(d.Seconds()))+graceMargin)
+		}
+	}
+	if n, err := strconv.Atoi(scalar(pod, "terminationGracePeriodSeconds")); err == nil && n >= need {
 		return nil
 	}
-	return pod.PipeE(yaml.SetField("terminationGracePeriodSeconds", intNode(MinGracePeriod)))
+	return pod.PipeE(yaml.SetField("terminationGracePeriodSeconds", intNode(need)))
 }

@@ -350,6 +350,28 @@ func TestSettings(t *testing.T) {
 	}
 }
 
+// TestSettingsInjectDerives: a longer shutdown grace lengthens the pod's
+// grace to match; the ports inject works out from the pod cannot be set.
+func TestSettingsInjectDerives(t *testing.T) {
+	pod := "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\nspec:\n  containers:\n    - name: e\n      command: [vllm, serve, m]\n"
+	for grace, want := range map[string]int64{"300s": 320, "10s": MinGracePeriod, "5m30.5s": 351} {
+		out, err := injectString(t, pod, Options{Env: []EnvVar{{"TIMING_SIDECAR_SHUTDOWN_GRACE", grace}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var p corev1.Pod
+		strict(t, out, &p)
+		if got := p.Spec.TerminationGracePeriodSeconds; got == nil || *got != want {
+			t.Errorf("shutdown grace %s: pod grace %v, want %d", grace, got, want)
+		}
+	}
+	for _, name := range []string{"TIMING_SIDECAR_LISTEN", "TIMING_SIDECAR_UPSTREAM", "TIMING_SIDECAR_ADMIN_LISTEN"} {
+		if _, err := injectString(t, pod, Options{Env: []EnvVar{{name, ":9200"}}}); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s set: %v, want an error naming it", name, err)
+		}
+	}
+}
+
 // TestResourceList: as a KRM function (kustomize's exec transformer), a
 // ResourceList comes back a ResourceList with its items injected.
 func TestResourceList(t *testing.T) {
