@@ -89,8 +89,8 @@ func (p *Proxy) relayAssembled(ctx *fasthttp.RequestCtx, f *flight, x *upstream.
 		mb.B = rewrite.AppendEngineMembers(mb.B, r.engineMetrics)
 		if withMetrics, ok := rewrite.InspectBody(body).WithMetrics(body, mb.B); ok {
 			body = withMetrics
-			// After the engine's own entries: Server-Timing is a list.
-			ctx.Response.Header.AddBytesV("Server-Timing", m.AppendServerTiming(nil))
+			var b [serverTimingSize]byte
+			addServerTiming(&ctx.Response.Header, m.AppendServerTiming(b[:0]))
 		}
 	}
 	room := 0

@@ -26,8 +26,8 @@ func (p *Proxy) relayBody(ctx *fasthttp.RequestCtx, f *flight, x *upstream.Excha
 	copyResponseHeader(ctx, resp)
 	setResponseID(ctx, f)
 	if f.timingHeader && f.measured {
-		// After the engine's own entries: Server-Timing is a list.
-		ctx.Response.Header.AddBytesV("Server-Timing", f.clock.AppendFirstByteTiming(nil))
+		var b [serverTimingSize]byte
+		addServerTiming(&ctx.Response.Header, f.clock.AppendFirstByteTiming(b[:0]))
 	}
 	f.rec.Status = resp.StatusCode()
 	if resp.BodyStream() == nil {
@@ -316,8 +316,8 @@ func (p *Proxy) relayWithMetrics(ctx *fasthttp.RequestCtx, f *flight, x *upstrea
 		}
 	}
 	if ok {
-		// After the engine's own entries: Server-Timing is a list.
-		ctx.Response.Header.AddBytesV("Server-Timing", m.AppendServerTiming(nil))
+		var b [serverTimingSize]byte
+		addServerTiming(&ctx.Response.Header, m.AppendServerTiming(b[:0]))
 	} else {
 		// As the engine sent it: the read buffer, and its room, go to the
 		// response.
@@ -659,7 +659,8 @@ func (r *eventRelay) fillTrailer() {
 	m := r.f.done(r.f.clock.Done, timing.EngineTiming{})
 	// After the engine's entries, which announcing the trailer moved here:
 	// fasthttp keeps a field name in the header or in the trailer.
-	r.trailer.AddBytesV("Server-Timing", m.AppendServerTiming(nil))
+	var b [serverTimingSize]byte
+	addServerTiming(r.trailer, m.AppendServerTiming(b[:0]))
 }
 
 func (r *eventRelay) exchange() *upstream.Exchange { return r.x }

@@ -31,4 +31,10 @@ func TestFirstByteTiming(t *testing.T) {
 	if got := string(c.AppendFirstByteTiming(nil)); got != "ttfb;dur=101.899" {
 		t.Errorf("got %q", got)
 	}
+	// Out of order, or a mark missing: no entry, never a negative time.
+	for _, c := range []Clock{{Arrival: arrival, Accepted: arrival.Add(-time.Millisecond)}, {Accepted: arrival}} {
+		if got := c.AppendFirstByteTiming(nil); len(got) != 0 {
+			t.Errorf("marks %v: %q, want nothing", c, got)
+		}
+	}
 }
