@@ -63,20 +63,38 @@ var Pooling API = poolingAPI{}
 
 type poolingAPI struct{}
 
-// InspectRequest reads the model; the rest of what InspectRequest reads is
-// for the generation APIs, and include_metrics, meaningless here, goes to
-// the engine as it came whatever its value.
+// InspectRequest reads the model alone, as the engine does (the last copy
+// counts; a repeated one leaves it unread). None of the generation APIs'
+// members means anything here: a "stream", an "n" or an include_metrics
+// goes to the engine as it came, for the engine to judge.
 func (poolingAPI) InspectRequest(body []byte) Request {
-	r := InspectRequest(body)
-	if r.InvalidIncludeMetrics {
-		// Read no further by the generation APIs' rules, which refuse
-		// it; here it is the engine's to judge, and the model stands.
-		r.Understood = true
-		if m := gjson.GetBytes(body, "model"); m.Type == gjson.String {
-			r.Model = m.Str
+	s := view(body)
+	if !valid(s) || body[firstNonSpace(body)] != '{' {
+		return Request{Untouched: true}
+	}
+	var m modelReading
+	eachMember(s, m.member)
+	if m.repeated {
+		return Request{Repeated: true, Untouched: true}
+	}
+	return Request{Understood: true, Model: m.model, Untouched: true}
+}
+
+// modelReading is a body's "model", read member by member.
+type modelReading struct {
+	model          string
+	seen, repeated bool
+}
+
+func (m *modelReading) member(key string, _ int, raw string, _ int) bool {
+	if key == "model" {
+		m.repeated = m.repeated || m.seen
+		m.seen, m.model = true, ""
+		if shallow(raw).Type == gjson.String {
+			m.model = stringPrefix(raw, MaxModelBytes)
 		}
 	}
-	return Request{Understood: r.Understood, Repeated: r.Repeated, Model: r.Model, Untouched: true}
+	return true
 }
 
 func (poolingAPI) ClassifyEvent(raw []byte) Event { return Event{} }

@@ -132,9 +132,18 @@ func TestTakesMetricsAgreesWithTheSplice(t *testing.T) {
 // are read for their model and marked untouched, whatever include_metrics
 // holds.
 func TestPoolingReadsTheModelAndEditsNothing(t *testing.T) {
-	for _, body := range []string{`{"model":"bge","input":"x"}`, `{"model":"bge","input":"x","include_metrics":"yes please"}`, `{"model":"bge","input":"x","stream":true}`} {
+	// The generation APIs' members, whatever their values or copies, are
+	// the engine's to judge: the model is read all the same.
+	for _, body := range []string{`{"model":"bge","input":"x"}`, `{"model":"bge","input":"x","include_metrics":"yes please"}`,
+		`{"model":"bge","input":"x","stream":true}`, `{"model":"bge","stream":"maybe","n":1,"n":2,"prompt":1,"prompt":2}`} {
 		r := Pooling.InspectRequest([]byte(body))
-		if !r.Understood || !r.Untouched || r.Model != "bge" || r.Stream || r.IncludeMetrics || r.HasIncludeMetrics || r.InvalidIncludeMetrics {
+		if !r.Understood || !r.Untouched || r.Repeated || r.Model != "bge" || r.Stream || r.IncludeMetrics || r.HasIncludeMetrics || r.InvalidIncludeMetrics {
+			t.Errorf("%s: %+v", body, r)
+		}
+	}
+	// Not an object, or a model repeated: nothing read, still untouched.
+	for body, repeated := range map[string]bool{`[1]`: false, `{"model":`: false, `{"model":"a","model":"b"}`: true} {
+		if r := Pooling.InspectRequest([]byte(body)); r.Understood || r.Model != "" || !r.Untouched || r.Repeated != repeated {
 			t.Errorf("%s: %+v", body, r)
 		}
 	}
