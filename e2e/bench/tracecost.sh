@@ -29,13 +29,7 @@ trap cleanup EXIT
 
 bin=$work/timing-sidecar
 .ci/build "$bin"
-otelcol=${XDG_CACHE_HOME:-$HOME/.cache}/timing-sidecar/otelcol-v0.161.0-$(sha256sum e2e/otelcol/go.sum | cut -c1-12)-$(go env GOOS)-$(go env GOARCH)
-if [ ! -x "$otelcol" ]; then
-  echo "building the collector (minutes on a clean machine)..." >&2
-  mkdir -p "$(dirname "$otelcol")"
-  (cd e2e/otelcol && CGO_ENABLED=0 GOFLAGS=-mod=readonly GOWORK=off go build -trimpath -ldflags="-s -w" -o "$otelcol.tmp" .)
-  mv "$otelcol.tmp" "$otelcol"
-fi
+otelcol=$(go run ./e2e/prepare -path otelcol)
 
 ENGINE=127.0.0.1:18100 PLAIN=127.0.0.1:18101 TRACED=127.0.0.1:18102
 # The collector receives and encodes the spans and keeps none: what is

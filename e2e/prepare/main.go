@@ -7,9 +7,11 @@
 // wait to where it is announced.
 //
 //	go run ./e2e/prepare
+//	go run ./e2e/prepare -path otelcol   (builds one tool if needed, prints its path)
 package main
 
 import (
+	"flag"
 	"fmt"
 	"os"
 	"time"
@@ -18,6 +20,23 @@ import (
 )
 
 func main() {
+	path := flag.String("path", "", "build only this tool (otelcol or helm) if needed, and print its path")
+	flag.Parse()
+	if *path != "" {
+		for _, tool := range []*needs.Tool{needs.Collector, needs.Helm} {
+			if tool.Name == *path {
+				p, err := tool.Path()
+				if err != nil {
+					fmt.Fprintln(os.Stderr, err)
+					os.Exit(1)
+				}
+				fmt.Println(p)
+				return
+			}
+		}
+		fmt.Fprintf(os.Stderr, "no tool %q: otelcol or helm\n", *path)
+		os.Exit(2)
+	}
 	start := time.Now()
 	say := func(format string, args ...any) {
 		fmt.Fprintf(os.Stderr, "prepare [%s] "+format+"\n", append([]any{time.Since(start).Round(time.Second)}, args...)...)
