@@ -2,7 +2,6 @@ package emulator
 
 import (
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -100,17 +99,11 @@ func (g *generation) streamAudio(t Timing, id, model string, prompt, tokens int,
 	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
 	g.mark(func(rec *Record) { rec.Status, rec.HeadersSent, rec.Stream = http.StatusOK, time.Now(), true })
 	w.WriteHeader(http.StatusOK)
-	flusher, _ := w.(http.Flusher)
+	flusher := w.(http.Flusher)
+	flusher.Flush() // the headers go now, as HeadersSent says
 	send := func(v any) bool {
 		b, _ := json.Marshal(v)
-		if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
-			g.noteGone()
-			return false
-		}
-		if flusher != nil {
-			flusher.Flush()
-		}
-		return true
+		return g.event(b, flusher)
 	}
 	chunk := func(delta map[string]string, reason any) map[string]any {
 		return map[string]any{"id": id, "object": "transcription.chunk", "created": s.created, "model": model,
@@ -123,14 +116,7 @@ func (g *generation) streamAudio(t Timing, id, model string, prompt, tokens int,
 		if i > 0 && !g.wait(t.ITL) {
 			return
 		}
-		now := time.Now()
-		g.mark(func(rec *Record) {
-			if rec.FirstToken.IsZero() {
-				rec.FirstToken = now
-			}
-			rec.LastToken = now
-			rec.TokenEvents++
-		})
+		g.markTokenEvent(time.Now(), i+1, nil)
 		var reason any
 		if i == tokens-1 {
 			reason = "stop"
