@@ -256,7 +256,7 @@ func await(found func() bool) bool {
 		if time.Now().After(deadline) {
 			return false
 		}
-		time.Sleep(50 * time.Millisecond) // polling the file
+		time.Sleep(50 * time.Millisecond) // polling a file or /metrics, which have no event to await
 	}
 	return true
 }

@@ -156,13 +156,13 @@ func serverAttributes(a []attribute.KeyValue, r *Record) []attribute.KeyValue {
 	seconds(vllmE2E, m.E2ELatency.Value, m.E2ELatency.Set)
 	a = appendMetrics(a, m)
 	if n := m.TimeToFirstByte; n.Set {
-		a = append(a, attrFirstByte.Float64(math.Round(n.Value*1000)/1000))
+		a = append(a, attrFirstByte.Float64(round3(n.Value)))
 	}
 	if m.Cache != timing.CacheUnknown {
 		a = append(a, attrCache.String(m.Cache.String()))
 	}
 	if p := m.PrefillTokensPerSecond; p.Set {
-		a = append(a, attrPrefill.Float64(math.Round(p.Value*1000)/1000))
+		a = append(a, attrPrefill.Float64(round3(p.Value)))
 	}
 	if d := &r.RelayDelays; d.Count() > 0 {
 		// The sidecar's own delay, apart from the metrics object's fields:
@@ -182,15 +182,17 @@ func roundMilli(d time.Duration) float64 {
 	return math.Round(float64(d)/float64(time.Microsecond)) / 1000
 }
 
+// round3 is a figure to three decimals, as the metrics object has them:
+// one figure, the same in the body, the log and the trace.
+func round3(v float64) float64 { return math.Round(v*1000) / 1000 }
+
 // appendMetrics adds every figure the metrics object would carry, under
 // timing_sidecar.<field> with the object's names and units; a figure that
 // is null there is absent here.
 func appendMetrics(a []attribute.KeyValue, m *timing.Metrics) []attribute.KeyValue {
 	num := func(name string, n timing.Number) {
 		if n.Set {
-			// Three decimals, as the object has them: one figure, the
-			// same in the body, the log and the trace.
-			a = append(a, attribute.Float64(name, math.Round(n.Value*1000)/1000))
+			a = append(a, attribute.Float64(name, round3(n.Value)))
 		}
 	}
 	count := func(name string, c timing.Count) {

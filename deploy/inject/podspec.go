@@ -1,6 +1,8 @@
 package inject
 
 import (
+	"strings"
+
 	"sigs.k8s.io/kustomize/kyaml/yaml"
 )
 
@@ -55,18 +57,7 @@ func podSpecsOf(doc *yaml.RNode) []podSpec {
 		if c := n.Field("containers"); c == nil || c.Value.YNode().Kind != yaml.SequenceNode {
 			continue
 		}
-		out = append(out, podSpec{node: n, path: joinPath(path), native: !kserve[kind]})
+		out = append(out, podSpec{node: n, path: strings.Join(path, "."), native: !kserve[kind]})
 	}
 	return out
-}
-
-func joinPath(path []string) string {
-	s := ""
-	for i, p := range path {
-		if i > 0 {
-			s += "."
-		}
-		s += p
-	}
-	return s
 }
