@@ -94,13 +94,15 @@ func (p *Proxy) recoverRequest(ctx *fasthttp.RequestCtx, f *flight) {
 // forward, relay. Every one is timed; the metrics object goes into the
 // response when the mode and the request ask for it.
 func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight, body []byte) {
-	var req rewrite.Request // a body left unread is not Understood
-	if f.unread == nil || f.route.upload && body != nil {
-		// An upload's first bytes hold its form fields.
+	// A body left unread is not inspected, but for an upload's first
+	// bytes, which hold its form fields.
+	inspected := f.unread == nil || f.route.upload && body != nil
+	var req rewrite.Request // not Understood
+	if inspected {
 		req = f.route.api.InspectRequest(body)
 	}
 	switch {
-	case f.unread != nil && !(f.route.upload && body != nil):
+	case !inspected:
 		f.rec.Unread = telemetry.UnreadNoMemory
 	case req.Repeated:
 		f.rec.Unread = telemetry.UnreadRepeated

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"slices"
 	"sync/atomic"
 
 	"github.com/timing-sidecar/timing-sidecar/proxy/membudget"
@@ -169,7 +170,10 @@ func (p *Proxy) readUpload(ctx *fasthttp.RequestCtx, f *flight) ([]byte, bool) {
 		return nil, true
 	}
 	f.bodyTaken += size
-	peek := make([]byte, size)
+	// Into the flight's pooled room, as a body read whole is (uploadPeek
+	// is within maxBodyRoom).
+	peek := slices.Grow(f.body[:0], size)[:size]
+	f.body = peek[:0]
 	m, err := io.ReadFull(stream, peek)
 	peek = peek[:m]
 	switch {
