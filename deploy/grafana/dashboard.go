@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/timing-sidecar/timing-sidecar/telemetry"
+
 	"github.com/grafana/grafana-foundation-sdk/go/cog"
 	"github.com/grafana/grafana-foundation-sdk/go/common"
 	"github.com/grafana/grafana-foundation-sdk/go/dashboard"
@@ -68,8 +70,10 @@ func variable(name, label, query string) *dashboard.QueryVariableBuilder {
 		Multi(true).IncludeAll(true).AllValue(".*").Sort(dashboard.VariableSortAlphabeticalAsc)
 }
 
-// poolingEndpoints is the endpoint label values of the pooling endpoints.
-const poolingEndpoints = "embeddings|pooling|classify|score|rerank"
+// poolingEndpoints is the endpoint label values of the pooling endpoints,
+// as a regular expression.
+const poolingEndpoints = telemetry.EndpointEmbeddings + "|" + telemetry.EndpointPooling + "|" + telemetry.EndpointClassify + "|" +
+	telemetry.EndpointScore + "|" + telemetry.EndpointRerank
 
 // Dashboard builds the dashboard.
 func Dashboard() (dashboard.Dashboard, error) {
