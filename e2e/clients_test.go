@@ -53,12 +53,12 @@ function once() {
 func TestRealClientsReadTheSidecarsErrors(t *testing.T) {
 	engine := startEngine(t, emulator.Config{})
 	s := startSidecar(t, []string{"--upstream", engine.URL(), "--max-request-body-size", "1048576"})
-	for _, client := range []struct{ name, program, pkg, flag, script string }{
-		{"python urllib", "python3", "python3", "-c", pythonOverLimit},
-		{"node http", "node", "nodejs", "-e", nodeOverLimit},
+	for _, client := range []struct{ name, program, flag, script string }{
+		{"python urllib", "python3", "-c", pythonOverLimit},
+		{"node http", "node", "-e", nodeOverLimit},
 	} {
 		t.Run(client.name, func(t *testing.T) {
-			needs.Program(t, client.program, client.pkg)
+			needs.Program(t, client.program)
 			out, err := exec.Command(client.program, client.flag, client.script, s.base).CombinedOutput()
 			if err != nil {
 				t.Fatalf("%s: %v\n%s", client.program, err, out)

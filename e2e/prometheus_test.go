@@ -37,8 +37,8 @@ const (
 // and promtool are on the PATH.
 func needPrometheus(t *testing.T) {
 	t.Helper()
-	needs.Program(t, "prometheus", "prometheus")
-	needs.Program(t, "promtool", "prometheus")
+	needs.Program(t, "prometheus")
+	needs.Program(t, "promtool")
 }
 
 // promServer is a running Prometheus.

@@ -46,8 +46,8 @@ var typeScripts = []struct{ version, script string }{
 }
 
 func TestClientRecipes(t *testing.T) {
-	needs.Program(t, "node", "nodejs")
-	needs.Program(t, "npm", "npm")
+	needs.Program(t, "node")
+	needs.Program(t, "npm")
 	requireNode(t, 20) // @langchain/core 1.4's floor; Debian 12's own nodejs is 18
 	checkREADMERecipes(t)
 

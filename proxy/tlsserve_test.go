@@ -51,7 +51,7 @@ func TestServesHTTPS(t *testing.T) {
 		t.Fatalf("over HTTPS: %d %s", resp.StatusCode, body)
 	}
 	// curl.
-	needs.Program(t, "curl", "curl")
+	needs.Program(t, "curl")
 	out, err := exec.Command("curl", "-sS", "--cacert", pki.CAFile, "-H", "Content-Type: application/json",
 		"-d", `{"model":"m","stream":true,"include_metrics":true,"messages":[]}`, base+"/v1/chat/completions").CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "data: [DONE]") || !strings.Contains(string(out), `"metrics":{`) {

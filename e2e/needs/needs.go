@@ -26,11 +26,15 @@ var Debian = []struct{ Program, Package string }{
 
 var mu sync.Mutex // one apt-get at a time
 
-// Program makes sure program is on the PATH, installing debianPackage
-// when it is not, or fails the test.
-func Program(t testing.TB, program, debianPackage string) {
+// Program makes sure program, one of Debian's, is on the PATH, installing
+// its package when it is not, or fails the test.
+func Program(t testing.TB, program string) {
 	t.Helper()
-	if err := Install(program, debianPackage); err != nil {
+	i := slices.IndexFunc(Debian, func(d struct{ Program, Package string }) bool { return d.Program == program })
+	if i < 0 {
+		t.Fatalf("needs: %s is not among the Debian programs the tests drive (needs.Debian)", program)
+	}
+	if err := Install(program, Debian[i].Package); err != nil {
 		t.Fatal(err)
 	}
 }
