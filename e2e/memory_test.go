@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
 	"io"
@@ -131,16 +132,42 @@ func TestLargeAnswersStayWithinTheMemoryLimit(t *testing.T) {
 }
 
 // startEngineProcess runs the emulated engine as the release binary's
-// emulate command, with a context long enough for any body, and returns
-// its URL. The tests that move hundreds of megabytes run it out of
-// process: inside the test binary the race detector would instrument
-// every byte the engine parses and writes, and they would take minutes.
+// emulate command, on a port of its own choosing, with a context long
+// enough for any body, and returns its URL. The tests that move hundreds
+// of megabytes run it out of process: inside the test binary the race
+// detector would instrument every byte the engine parses and writes, and
+// they would take minutes.
 func startEngineProcess(t *testing.T) string {
 	t.Helper()
-	addr := freePorts(t, 1)[0]
-	cmd := exec.Command(binary, "emulate", "--listen", addr, "--ttft", "0s", "--itl", "0s", "--max-model-len", strconv.Itoa(1<<30))
-	startBackend(t, "emulated engine", cmd, func() bool { return listening(addr) })
-	return "http://" + addr
+	cmd := exec.Command(binary, "emulate", "--listen", "127.0.0.1:0", "--ttft", "0s", "--itl", "0s", "--max-model-len", strconv.Itoa(1<<30))
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() }) //nolint:errcheck // killed
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			if a, ok := strings.CutPrefix(sc.Text(), "emulated engine listening on "); ok {
+				addr <- a
+			}
+		}
+		close(addr)
+	}()
+	select {
+	case a, ok := <-addr:
+		if !ok {
+			t.Fatal("the emulated engine exited before it listened")
+		}
+		return "http://" + a
+	case <-time.After(30 * time.Second):
+		t.Fatal("the emulated engine did not listen within 30s")
+		return ""
+	}
 }
 
 // peakRSS is the process's peak resident set (VmHWM), in bytes.

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"time"
@@ -30,10 +31,15 @@ func emulateCommand() *cli.Command {
 		Action: func(c *cli.Context) error {
 			e := emulator.New(emulator.Config{Timing: emulator.Timing{TTFT: c.Duration("ttft"), ITL: c.Duration("itl"),
 				TokensPerEvent: 1, OutputTokens: c.Int("tokens")}, MaxModelLen: c.Int("max-model-len")})
-			srv := &http.Server{Addr: c.String("listen"), Handler: e.Handler(), ReadHeaderTimeout: 10 * time.Second}
-			fmt.Fprintf(c.App.ErrWriter, "emulated engine listening on %s\n", c.String("listen"))
+			ln, err := net.Listen("tcp", c.String("listen"))
+			if err != nil {
+				return err
+			}
+			srv := &http.Server{Handler: e.Handler(), ReadHeaderTimeout: 10 * time.Second}
+			// The address bound, also when the port was 0 (tests).
+			fmt.Fprintf(c.App.ErrWriter, "emulated engine listening on %s\n", ln.Addr())
 			go func() { <-c.Context.Done(); srv.Close() }()
-			if err := srv.ListenAndServe(); err != http.ErrServerClosed {
+			if err := srv.Serve(ln); err != http.ErrServerClosed {
 				return err
 			}
 			return nil
