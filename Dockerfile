@@ -14,7 +14,9 @@ RUN VERSION="$VERSION" COMMIT="$COMMIT" .ci/build /out/timing-sidecar
 
 FROM gcr.io/distroless/static:nonroot
 COPY --from=build /out/timing-sidecar /timing-sidecar
-USER nonroot:nonroot
+# distroless nonroot, as numbers: the kubelet can verify runAsNonRoot
+# only for a numeric user.
+USER 65532:65532
 # Proxy (clients) and admin (/metrics, /healthz, /readyz).
 EXPOSE 8001 9101
 ENTRYPOINT ["/timing-sidecar"]

@@ -24,6 +24,7 @@ require (
 	go.opentelemetry.io/otel/trace v1.47.0
 	k8s.io/api v0.37.2
 	k8s.io/apimachinery v0.37.2
+	mvdan.cc/sh/v3 v3.14.1
 	sigs.k8s.io/kustomize/api v0.21.2
 	sigs.k8s.io/kustomize/kyaml v0.21.2
 	sigs.k8s.io/yaml v1.6.0

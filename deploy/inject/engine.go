@@ -1,30 +1,90 @@
 package inject
 
 import (
-	"fmt"
-	"regexp"
-	"strconv"
+	"path"
 	"strings"
 
 	"sigs.k8s.io/kustomize/kyaml/yaml"
 )
 
 // An engine is known by the program its container runs, or by an image
-// whose entrypoint runs it when the container sets no command; it
-// listens, when its command says no --port, on that program's default
-// port.
+// whose entrypoint runs it when the container sets no command. Where it
+// listens is read as the engine reads it: its flags, then its environment
+// (the container's, then its image's), then its documented default.
 type engine struct {
-	name        string
-	markers     []string // any of these in the command line
-	images      []string // images whose entrypoint is the engine
-	defaultPort int
+	name string
+	// programs name it on a command line: word sequences, the first word
+	// matched by its base name (/usr/local/bin/vllm is vllm).
+	programs [][]string
+	// images run it as their entrypoint; imageEnv is what those images'
+	// ENV sets.
+	images   []string
+	imageEnv map[string]string
+	// portFlags and hostFlags are its options for where it listens, in
+	// their long and short forms; portEnv and hostEnv the variables it
+	// reads when they are not given.
+	portFlags, hostFlags []string
+	portEnv, hostEnv     string
+	defaultPort          int
+	defaultHost          string // "" is every interface
+	// worker tells a node of a multi-node engine that serves no API.
+	worker func(run *invocation, in *podSpec) (bool, error)
 }
 
 var engines = []engine{
-	{"vLLM", []string{"vllm serve", "vllm.entrypoints.openai.api_server"}, []string{"vllm/vllm-openai"}, 8000},
-	{"SGLang", []string{"sglang.launch_server"}, nil, 30000},
-	{"llama.cpp", []string{"llama-server"}, []string{"ggml-org/llama.cpp:server"}, 8080},
-	{"TGI", []string{"text-generation-launcher"}, []string{"huggingface/text-generation-inference"}, 80},
+	{
+		// vLLM: vllm/entrypoints/openai/cli_args.py (host None is every
+		// interface, port 8000).
+		name:        "vLLM",
+		programs:    [][]string{{"vllm", "serve"}, {"vllm.entrypoints.openai.api_server"}},
+		images:      []string{"vllm/vllm-openai"},
+		portFlags:   []string{"--port"},
+		hostFlags:   []string{"--host"},
+		defaultPort: 8000,
+		worker:      vllmHeadless,
+	},
+	{
+		// SGLang: python/sglang/srt/server_args.py (host 127.0.0.1, port
+		// 30000).
+		name:        "SGLang",
+		programs:    [][]string{{"sglang.launch_server"}},
+		portFlags:   []string{"--port"},
+		hostFlags:   []string{"--host"},
+		defaultPort: 30000,
+		defaultHost: "127.0.0.1",
+		worker:      sglangNonZeroRank,
+	},
+	{
+		// llama.cpp: common/arg.cpp (--host, LLAMA_ARG_HOST, 127.0.0.1;
+		// --port, LLAMA_ARG_PORT, 8080); its server images set
+		// LLAMA_ARG_HOST=0.0.0.0.
+		name:        "llama.cpp",
+		programs:    [][]string{{"llama-server"}},
+		images:      []string{"ggml-org/llama.cpp:server", "ggerganov/llama.cpp:server"},
+		imageEnv:    map[string]string{"LLAMA_ARG_HOST": "0.0.0.0"},
+		portFlags:   []string{"--port"},
+		hostFlags:   []string{"--host"},
+		portEnv:     "LLAMA_ARG_PORT",
+		hostEnv:     "LLAMA_ARG_HOST",
+		defaultPort: 8080,
+		defaultHost: "127.0.0.1",
+	},
+	{
+		// TGI: launcher/src/main.rs (--port/-p, PORT, 3000; --hostname,
+		// HOSTNAME, 0.0.0.0); its images set PORT=80. The router binds
+		// 0.0.0.0 for a hostname that is not an IP address, such as the
+		// pod's name the kubelet puts in HOSTNAME.
+		name:        "TGI",
+		programs:    [][]string{{"text-generation-launcher"}},
+		images:      []string{"text-generation-inference"},
+		imageEnv:    map[string]string{"PORT": "80"},
+		portFlags:   []string{"--port", "-p"},
+		hostFlags:   []string{"--hostname"},
+		portEnv:     "PORT",
+		hostEnv:     "HOSTNAME",
+		defaultPort: 3000,
+		defaultHost: "0.0.0.0",
+	},
 }
 
 // routers are programs that serve an engine's API in front of engines
@@ -32,277 +92,81 @@ var engines = []engine{
 // engine, whatever port they listen on.
 var routers = []string{"vllm_router", "vllm-router", "llm-d-routing-sidecar", "routing-proxy", "envoy", "gateway"}
 
-// commandLine is a container's command and args, as one line.
-func commandLine(c *yaml.RNode) string {
-	return strings.Join(append(stringsOf(c, "command"), stringsOf(c, "args")...), " ")
-}
+// unknownEngine is a program inject does not know, named by the user: it
+// is moved only through a --port flag it already has.
+var unknownEngine = engine{name: "the engine", portFlags: []string{"--port"}, hostFlags: []string{"--host"}}
 
-func stringsOf(c *yaml.RNode, field string) []string {
-	f := c.Field(field)
-	if f == nil {
-		return nil
-	}
-	var out []string
-	for _, n := range f.Value.YNode().Content {
-		out = append(out, n.Value)
-	}
-	return out
-}
-
-// engineOf tells which engine a container runs, by its command, or by
-// the name or port the user named; nil for one that runs none.
-func engineOf(c *yaml.RNode, opts *Options) *engine {
-	line := commandLine(c)
-	for i := range engines {
-		for _, m := range engines[i].markers {
-			if strings.Contains(line, m) {
-				return &engines[i]
-			}
+// programAt tells whether words, from i, name one of e's programs, and
+// where its arguments begin.
+func (e *engine) programAt(words []word, i int) (int, bool) {
+	for _, p := range e.programs {
+		if i+len(p) > len(words) {
+			continue
+		}
+		if path.Base(words[i].value) != p[0] {
+			continue
+		}
+		ok := true
+		for j := 1; j < len(p); j++ {
+			ok = ok && words[i+j].value == p[j]
+		}
+		if ok {
+			return i + len(p), true
 		}
 	}
-	if len(stringsOf(c, "command")) == 0 {
-		// The image's entrypoint runs: the engine's, for these images.
-		image := scalar(c, "image")
-		for i := range engines {
-			for _, m := range engines[i].images {
-				if strings.Contains(image, m) {
-					return &engines[i]
-				}
-			}
-		}
-	}
-	named := opts.EngineContainer != "" && scalar(c, "name") == opts.EngineContainer
-	byPort := opts.EnginePort > 0 && hasPort(c, opts.EnginePort)
-	if !named && !byPort {
-		return nil
-	}
-	image := scalar(c, "image")
-	for _, r := range routers {
-		if strings.Contains(line, r) || strings.Contains(image, r) {
-			return nil
-		}
-	}
-	return &engine{name: "the engine", defaultPort: opts.EnginePort}
+	return 0, false
 }
 
-func hasPort(c *yaml.RNode, port int) bool {
-	for _, p := range containerPorts(c) {
-		if p == port {
+// runByImage tells whether c runs e by its image's entrypoint.
+func (e *engine) runByImage(c *yaml.RNode) bool {
+	if len(stringsOf(c, "command")) > 0 {
+		return false
+	}
+	return e.imageIs(scalar(c, "image"))
+}
+
+func (e *engine) imageIs(image string) bool {
+	for _, m := range e.images {
+		if strings.Contains(image, m) {
 			return true
 		}
 	}
 	return false
 }
 
-// containerPorts is a container's containerPort numbers.
-func containerPorts(c *yaml.RNode) []int {
-	ports, _ := c.Pipe(yaml.Lookup("ports"))
-	if ports == nil {
-		return nil
-	}
-	var out []int
-	elements, _ := ports.Elements()
-	for _, p := range elements {
-		if n, err := strconv.Atoi(scalar(p, "containerPort")); err == nil {
-			out = append(out, n)
+// isRouter tells a router or gateway, by its command or image.
+func isRouter(c *yaml.RNode) bool {
+	line := strings.Join(append(stringsOf(c, "command"), stringsOf(c, "args")...), " ")
+	image := scalar(c, "image")
+	for _, r := range routers {
+		if strings.Contains(line, r) || strings.Contains(image, r) {
+			return true
 		}
-	}
-	return out
-}
-
-// scalar is the value of the scalar at path in n, "" if there is none.
-func scalar(n *yaml.RNode, path ...string) string {
-	v, err := n.Pipe(yaml.Lookup(path...))
-	if err != nil || v == nil || v.YNode().Kind != yaml.ScalarNode {
-		return ""
-	}
-	return v.YNode().Value
-}
-
-// intNode is an integer scalar.
-func intNode(n int) *yaml.RNode {
-	return yaml.NewRNode(&yaml.Node{Kind: yaml.ScalarNode, Tag: "!!int", Value: strconv.Itoa(n)})
-}
-
-// portFlag finds a --port flag and its value: "--port 8000" or
-// "--port=8000", with the value's span in s.
-var portFlag = regexp.MustCompile(`(^|[\s"'])--port(?:=|\s+)(\d+)`)
-
-// listenPort is the port the engine listens on: its --port, else its
-// container's first port, else its program's default.
-func listenPort(c *yaml.RNode, e *engine) int {
-	if m := portFlag.FindStringSubmatch(engineSegment(c, e)); m != nil {
-		n, _ := strconv.Atoi(m[2])
-		return n
-	}
-	if ports := containerPorts(c); len(ports) > 0 {
-		return ports[0]
-	}
-	return e.defaultPort
-}
-
-// engineSegment is the part of the container's command line that runs the
-// engine: in a shell line, the command between its separators.
-func engineSegment(c *yaml.RNode, e *engine) string {
-	for _, s := range append(stringsOf(c, "command"), stringsOf(c, "args")...) {
-		if at, ok := markerAt(s, e); ok && isShellLine(s) {
-			from, to := segment(s, at)
-			return s[from:to]
-		}
-	}
-	return commandLine(c)
-}
-
-func markerAt(s string, e *engine) (int, bool) {
-	for _, m := range e.markers {
-		if i := strings.Index(s, m); i >= 0 {
-			return i, true
-		}
-	}
-	return 0, false
-}
-
-// isShellLine tells whether one command or args element is a shell line
-// (sh -c "...") rather than one argument.
-func isShellLine(s string) bool { return strings.ContainsAny(s, " \t\n") }
-
-// segment is the span of the shell command around at: from the separator
-// before it (;, &&, ||, |, &, or a line break not escaped by a backslash)
-// to the one after.
-func segment(s string, at int) (int, int) {
-	from := 0
-	for i := at - 1; i >= 0; i-- {
-		if isSeparator(s, i) {
-			from = i + 1
-			break
-		}
-	}
-	to := len(s)
-	for i := at; i < len(s); i++ {
-		if isSeparator(s, i) {
-			to = i
-			break
-		}
-	}
-	return from, to
-}
-
-func isSeparator(s string, i int) bool {
-	switch s[i] {
-	case ';', '|', '&':
-		return true
-	case '\n':
-		return i == 0 || s[i-1] != '\\'
 	}
 	return false
 }
 
-// setEnginePort makes the engine listen on port: its --port rewritten
-// where the engine's command has one (only the engine's own, in a shell
-// line), else added to it.
-func setEnginePort(c *yaml.RNode, e *engine, port int) error {
-	for _, field := range []string{"command", "args"} {
-		f := c.Field(field)
-		if f == nil {
-			continue
-		}
-		for _, n := range f.Value.YNode().Content {
-			at, ok := markerAt(n.Value, e)
-			if !ok || !isShellLine(n.Value) {
-				continue
-			}
-			from, to := segment(n.Value, at)
-			n.Value = n.Value[:from] + withPort(n.Value[from:to], port) + n.Value[to:]
-			return nil
-		}
-	}
-	// A list of arguments: --port and its value, or --port=value.
-	for _, field := range []string{"command", "args"} {
-		f := c.Field(field)
-		if f == nil {
-			continue
-		}
-		items := f.Value.YNode().Content
-		for i, n := range items {
-			switch {
-			case n.Value == "--port" && i+1 < len(items):
-				items[i+1].Value, items[i+1].Tag, items[i+1].Style = strconv.Itoa(port), "!!str", yaml.DoubleQuotedStyle
-				return nil
-			case strings.HasPrefix(n.Value, "--port="):
-				n.Value = "--port=" + strconv.Itoa(port)
-				return nil
-			}
-		}
-	}
-	// None: added to the arguments.
-	args := c.Field("args")
-	if args == nil {
-		if err := c.PipeE(yaml.SetField("args", yaml.NewListRNode())); err != nil {
-			return err
-		}
-		args = c.Field("args")
-	}
-	return args.Value.PipeE(yaml.Append(quoted("--port"), quoted(strconv.Itoa(port))))
+// vllmHeadless: `vllm serve --headless` runs a data-parallel node's
+// engines with no API server.
+func vllmHeadless(run *invocation, _ *podSpec) (bool, error) {
+	return run.has("--headless"), nil
 }
 
-// withPort is a shell command with its --port set to port, or added at
-// its end.
-func withPort(cmd string, port int) string {
-	if loc := portFlag.FindStringSubmatchIndex(cmd); loc != nil {
-		return cmd[:loc[4]] + strconv.Itoa(port) + cmd[loc[5]:]
+// sglangNonZeroRank: in a multi-node SGLang deployment only node rank 0
+// serves HTTP. A rank written as LeaderWorkerSet's $(LWS_WORKER_INDEX) is
+// 0 in the leader's template and above 0 in the workers' (LWS's
+// documented env); any other rank inject cannot read is refused, as one
+// template then runs both kinds of node.
+func sglangNonZeroRank(run *invocation, in *podSpec) (bool, error) {
+	v, ok := run.flag([]string{"--node-rank"})
+	if !ok {
+		return false, nil
 	}
-	trimmed := strings.TrimRight(cmd, " \t")
-	return trimmed + " --port " + strconv.Itoa(port) + cmd[len(trimmed):]
-}
-
-func quoted(s string) *yaml.Node {
-	return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: s, Style: yaml.DoubleQuotedStyle}
-}
-
-// portNameFree tells whether no container of the pod has a port named
-// name (port names are the pod's, and unique in it).
-func portNameFree(pod *yaml.RNode, name string) bool {
-	for _, c := range podContainers(pod) {
-		if p, _ := c.Pipe(yaml.Lookup("ports", "[name="+name+"]")); p != nil {
-			return false
-		}
+	if v.known {
+		return strings.TrimSpace(v.value) != "0", nil
 	}
-	return true
-}
-
-// podContainers is a pod's containers and init containers.
-func podContainers(pod *yaml.RNode) []*yaml.RNode {
-	var all []*yaml.RNode
-	for _, list := range []string{"containers", "initContainers"} {
-		if cs, _ := pod.Pipe(yaml.Lookup(list)); cs != nil {
-			elements, _ := cs.Elements()
-			all = append(all, elements...)
-		}
+	if strings.Contains(v.raw, "LWS_WORKER_INDEX") && in.lwsRole != "" {
+		return in.lwsRole == "worker", nil
 	}
-	return all
-}
-
-// freePort is a port nothing in the pod uses: from + 10000, or the next
-// one free.
-func freePort(pod *yaml.RNode, from int, taken ...int) (int, error) {
-	used := map[int]bool{}
-	for _, p := range taken {
-		used[p] = true
-	}
-	for _, c := range podContainers(pod) {
-		for _, p := range containerPorts(c) {
-			used[p] = true
-		}
-	}
-	for p := from + 10000; p < 65536; p++ {
-		if !used[p] {
-			return p, nil
-		}
-	}
-	for p := 1024; p < from; p++ {
-		if !used[p] {
-			return p, nil
-		}
-	}
-	return 0, fmt.Errorf("no free port in the pod")
+	return false, errRankUnknown(v.raw)
 }

@@ -36,14 +36,18 @@ const MinGracePeriod = 120
 const graceMargin = 20
 
 // derived are the settings inject works out from the pod itself: the
-// port it takes over, the engine's new one, and the admin port the
-// template's probes and port name use. Env may not set them.
-var derived = []string{"TIMING_SIDECAR_LISTEN", "TIMING_SIDECAR_UPSTREAM", "TIMING_SIDECAR_ADMIN_LISTEN"}
+// address it takes over and the engine's new one. Env may not set them.
+var derived = []string{"TIMING_SIDECAR_LISTEN", "TIMING_SIDECAR_UPSTREAM"}
 
 // ErrNoEngine is the answer to input with no engine in it: a mistake (the
 // wrong chart, a values file that renders no engine) more likely than a
 // wish to change nothing.
 var ErrNoEngine = errors.New("no engine found: no container runs vllm serve, vLLM's OpenAI entrypoint, SGLang's launch_server, llama-server or text-generation-launcher (name one with --engine-container or --engine-port)")
+
+// ErrOnlyWorkers is the answer to input whose engines are all workers of
+// multi-node engines (vllm serve --headless, an SGLang node of rank 1 or
+// more): they serve no API, and the pod that does is not in the input.
+var ErrOnlyWorkers = errors.New("only multi-node workers found (vllm serve --headless, SGLang with a non-zero --node-rank): they serve no API, so they get no sidecar; inject the manifests of the node that serves the API (rank 0, or the one without --headless)")
 
 // Inject reads Kubernetes YAML documents from in and writes them to out
 // with the sidecar in each pod spec that runs an engine. Nothing is
@@ -53,146 +57,189 @@ var ErrNoEngine = errors.New("no engine found: no container runs vllm serve, vLL
 func Inject(in io.Reader, out io.Writer, opts Options) error {
 	for _, v := range opts.Env {
 		if slices.Contains(derived, v.Name) {
-			return fmt.Errorf("%s is set by inject from the pod (the engine's port, moved; the admin port its probes use), not by a setting", v.Name)
+			return fmt.Errorf("%s is set by inject from the pod (the engine's address, and where the engine moves), not by a setting", v.Name)
 		}
 	}
+	src, err := io.ReadAll(in)
+	if err != nil {
+		return fmt.Errorf("read the manifests: %w", err)
+	}
 	var buf bytes.Buffer
-	rw := &kio.ByteReadWriter{Reader: in, Writer: &buf, PreserveSeqIndent: true}
+	rw := &kio.ByteReadWriter{Reader: bytes.NewReader(src), Writer: &buf, PreserveSeqIndent: true}
 	docs, err := rw.Read()
 	if err != nil {
 		return fmt.Errorf("read the manifests: %w", err)
 	}
-	engines := 0
+	count := map[outcome]int{}
 	for i, doc := range docs {
 		for _, ps := range podSpecsOf(doc) {
-			found, err := injectPod(ps, &opts)
+			did, err := injectPod(&ps, &opts)
 			if err != nil {
 				return fmt.Errorf("document %d (%s %q, %s): %w", i+1, doc.GetKind(), doc.GetName(), ps.path, err)
 			}
-			if found {
-				engines++
-			}
+			count[did]++
 		}
 	}
-	if engines == 0 {
+	if count[injected]+count[hadSidecar] == 0 {
+		if count[headless] > 0 {
+			return ErrOnlyWorkers
+		}
 		return ErrNoEngine
 	}
 	if err := rw.Write(docs); err != nil {
 		return err
 	}
+	if isJSON(src) {
+		return writeJSON(out, buf.Bytes())
+	}
 	_, err = out.Write(buf.Bytes())
 	return err
 }
 
-// injectPod adds the sidecar to a pod spec that runs an engine, and says
-// whether it runs one (already injected or not).
-func injectPod(ps podSpec, opts *Options) (bool, error) {
+// outcome is what injectPod did with a pod spec.
+type outcome int
+
+const (
+	noEngine outcome = iota
+	injected
+	hadSidecar
+	headless // a worker of a multi-node engine, with no API to stand in front of
+)
+
+// injectPod adds the sidecar to a pod spec that runs an engine.
+func injectPod(ps *podSpec, opts *Options) (outcome, error) {
 	pod := ps.node
-	engineC, eng, injected, err := engineContainer(pod, opts)
-	if err != nil || injected || engineC == nil {
-		return injected, err
+	if hasSidecar(pod) {
+		return hadSidecar, nil
+	}
+	f, err := findEngine(ps, opts)
+	if err != nil || f == nil {
+		return noEngine, err
+	}
+	if f.engine.worker != nil {
+		for _, run := range f.runs {
+			worker, err := f.engine.worker(run, ps)
+			if err != nil {
+				return noEngine, err
+			}
+			if worker {
+				return headless, nil
+			}
+		}
 	}
 	if scalar(pod, "hostNetwork") == "true" {
-		return false, errors.New("the engine's pod is on hostNetwork: its ports are the node's, and moving the engine's could collide with another pod's; add the sidecar by hand")
+		return noEngine, errors.New("the engine's pod is on hostNetwork: its ports are the node's, and moving the engine's could collide with another pod's; add the sidecar by hand")
 	}
-	old := listenPort(engineC, eng)
-	moved, err := freePort(pod, old, AdminPort)
+	plan, err := planPorts(ps, f, opts)
 	if err != nil {
-		return false, err
+		return noEngine, err
 	}
-	if err := setEnginePort(engineC, eng, moved); err != nil {
-		return false, err
+	apply(f.setPort(plan.engineReading, plan.engine))
+	if err := verifyMoved(ps, opts, plan.engine); err != nil {
+		return noEngine, err
 	}
-	portName, err := moveContainerPort(engineC, old, moved)
+	sidecar, err := sidecarContainer(opts, plan, ps)
 	if err != nil {
-		return false, err
+		return noEngine, err
 	}
-	if err := moveProbes(engineC, old, portName, moved); err != nil {
-		return false, err
+	if err := placePorts(f.c, plan, sidecar, ps); err != nil {
+		return noEngine, err
 	}
-	if !portNameFree(pod, portName) {
-		// Not the engine's name (renamed above), but another's.
-		portName = "timing-http"
-	}
-	sidecar, err := sidecarContainer(opts, old, portName, moved, ps.native)
-	if err != nil {
-		return false, err
+	if err := moveProbes(f.c, plan.listen, plan.listenName, plan.engine); err != nil {
+		return noEngine, err
 	}
 	list := "initContainers"
 	if !ps.native {
 		list = "containers"
-		// Under Knative one container exposes the port: the sidecar's.
-		if err := engineC.PipeE(yaml.Clear("ports")); err != nil {
-			return false, err
-		}
 	}
 	target, err := pod.Pipe(yaml.LookupCreate(yaml.SequenceNode, list))
 	if err != nil {
-		return false, err
+		return noEngine, err
 	}
 	if err := target.PipeE(yaml.Append(sidecar.YNode())); err != nil {
-		return false, err
+		return noEngine, err
 	}
 	if !ps.native {
 		// KServe's runtime spec has no grace period of its own: Knative's
 		// (or the InferenceService's) applies.
-		return true, nil
+		return injected, nil
 	}
-	return true, longEnoughGrace(pod, sidecar)
+	return injected, longEnoughGrace(pod, sidecar)
 }
 
-// engineContainer finds the pod's engine container; injected says the pod
-// has the sidecar already.
-func engineContainer(pod *yaml.RNode, opts *Options) (c *yaml.RNode, e *engine, injected bool, err error) {
-	if inits, _ := pod.Pipe(yaml.Lookup("initContainers", "[name="+Name+"]")); inits != nil {
-		return nil, nil, true, nil
-	}
-	containers, err := pod.Pipe(yaml.Lookup("containers"))
-	if err != nil {
-		return nil, nil, false, err
-	}
-	elements, err := containers.Elements()
-	if err != nil {
-		return nil, nil, false, err
-	}
-	for _, each := range elements {
-		if scalar(each, "name") == Name {
-			return nil, nil, true, nil
-		}
-		if found := engineOf(each, opts); found != nil {
-			if c != nil {
-				return nil, nil, false, fmt.Errorf("two containers could be the engine, %q and %q: name one with --engine-container", scalar(c, "name"), scalar(each, "name"))
-			}
-			c, e = each, found
+// hasSidecar tells a pod spec that has the sidecar already.
+func hasSidecar(pod *yaml.RNode) bool {
+	for _, c := range podContainers(pod) {
+		if scalar(c, "name") == Name {
+			return true
 		}
 	}
-	return c, e, false, nil
+	return false
 }
 
-// moveContainerPort moves the engine's containerPort old to moved, under
-// the name "engine", and returns the name the old port had ("http" if
-// none): the sidecar's port takes it, so Services whose targetPort names
-// it reach the sidecar.
-func moveContainerPort(c *yaml.RNode, old, moved int) (string, error) {
-	ports, _ := c.Pipe(yaml.Lookup("ports"))
-	if ports == nil {
-		return "http", nil
+// verifyMoved reads the engine again from what inject wrote, as a check
+// that each edit landed where it was meant to: the engine now listens on
+// port.
+func verifyMoved(ps *podSpec, opts *Options, port int) error {
+	f, err := findEngine(ps, opts)
+	if err == nil && f != nil {
+		var r reading
+		r, err = f.read(f.engine.portFlags, f.engine.portEnv, strconv.Itoa(f.engine.defaultPort), "its port")
+		if n, _ := strconv.Atoi(r.value); err == nil && r.known && n == port {
+			return nil
+		}
 	}
-	elements, _ := ports.Elements()
-	for _, p := range elements {
-		if scalar(p, "containerPort") != strconv.Itoa(old) {
-			continue
+	return fmt.Errorf("the engine's command, rewritten, does not read as listening on %d (%v): add the sidecar by hand", port, err)
+}
+
+// placePorts gives the engine's declared port to the sidecar. Under
+// Knative's rules the engine's container keeps declaring it: Knative
+// allows one port in the pod and makes the container that declares it
+// the one its probes and queue-proxy address, by number, and KServe's
+// Standard mode aims its Service at kserve-container's first port; both
+// reach the sidecar, which listens on it.
+func placePorts(c *yaml.RNode, plan *portPlan, sidecar *yaml.RNode, ps *podSpec) error {
+	if ps.knative {
+		if len(plan.names) > 0 || portsDeclared(ps.node) {
+			return nil
 		}
-		name := scalar(p, "name")
-		if name == "" {
-			name = "http"
-		}
-		if err := p.PipeE(yaml.SetField("containerPort", intNode(moved))); err != nil {
-			return "", err
-		}
-		return name, p.PipeE(yaml.SetField("name", yaml.NewStringRNode("engine")))
+		// With two containers Knative wants the port declared; the
+		// engine's container declares the one the sidecar now holds.
+		return c.PipeE(yaml.SetField("ports", yaml.NewRNode(&yaml.Node{Kind: yaml.SequenceNode, Content: []*yaml.Node{
+			{Kind: yaml.MappingNode, Content: []*yaml.Node{yaml.NewScalarRNode("containerPort").YNode(), intNode(plan.listen).YNode()}},
+		}})))
 	}
-	return "http", nil
+	entry, _ := c.Pipe(yaml.Lookup("ports", "[containerPort="+strconv.Itoa(plan.listen)+"]"))
+	if entry == nil {
+		return nil
+	}
+	if err := entry.PipeE(yaml.SetField("containerPort", intNode(plan.engine))); err != nil {
+		return err
+	}
+	// A hostPort goes with the sidecar: node traffic must pass it.
+	for _, field := range []string{"hostPort", "hostIP"} {
+		if err := entry.PipeE(yaml.Clear(field)); err != nil {
+			return err
+		}
+	}
+	name := yaml.NewStringRNode("engine")
+	if _, taken := plan.names["engine"]; taken {
+		name = nil
+	}
+	if name == nil {
+		return entry.PipeE(yaml.Clear("name"))
+	}
+	return entry.PipeE(yaml.SetField("name", name))
+}
+
+// portsDeclared tells whether any container of the pod declares a port.
+func portsDeclared(pod *yaml.RNode) bool {
+	for _, c := range podContainers(pod) {
+		if len(containerPorts(c)) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // moveProbes points the engine's probes that tested its old port (by
@@ -206,7 +253,7 @@ func moveProbes(c *yaml.RNode, old int, name string, moved int) error {
 			if h == nil {
 				continue
 			}
-			if v := scalar(h, "port"); v != strconv.Itoa(old) && v != name {
+			if v := scalar(h, "port"); v != strconv.Itoa(old) && (name == "" || v != name) {
 				continue
 			}
 			if err := h.PipeE(yaml.SetField("port", intNode(moved))); err != nil {

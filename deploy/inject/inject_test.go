@@ -9,9 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	sigsyaml "sigs.k8s.io/yaml"
 )
 
@@ -54,179 +52,8 @@ func TestStacks(t *testing.T) {
 			if err != nil || again != got {
 				t.Errorf("injecting twice is not injecting once (%v):\n%s", err, again)
 			}
-			checkObjects(t, got)
+			checkOutput(t, got, Options{})
 		})
-	}
-}
-
-// checkObjects decodes every document of out into its Kubernetes type,
-// refusing unknown fields, and follows the traffic: each pod with the
-// sidecar has the engine behind it, and the Services' named target ports
-// are the sidecar's.
-func checkObjects(t *testing.T, out string) {
-	t.Helper()
-	sidecarPorts := map[string]int32{}
-	var targets []intstr.IntOrString
-	for _, doc := range strings.Split(out, "\n---\n") {
-		var meta struct{ Kind string }
-		if err := sigsyaml.Unmarshal([]byte(doc), &meta); err != nil {
-			t.Fatal(err)
-		}
-		var pods []corev1.PodSpec
-		switch meta.Kind {
-		case "Deployment":
-			var d appsv1.Deployment
-			strict(t, doc, &d)
-			pods = append(pods, d.Spec.Template.Spec)
-		case "Service":
-			var s corev1.Service
-			strict(t, doc, &s)
-			for _, p := range s.Spec.Ports {
-				targets = append(targets, p.TargetPort)
-			}
-		case "LeaderWorkerSet":
-			// Not in k8s.io/api: the fields inject relies on, the pod
-			// templates, decode as core types.
-			var lws struct {
-				Spec struct {
-					LeaderWorkerTemplate struct {
-						LeaderTemplate, WorkerTemplate corev1.PodTemplateSpec
-					} `json:"leaderWorkerTemplate"`
-				}
-			}
-			if err := sigsyaml.Unmarshal([]byte(doc), &lws); err != nil {
-				t.Fatal(err)
-			}
-			pods = append(pods, lws.Spec.LeaderWorkerTemplate.LeaderTemplate.Spec, lws.Spec.LeaderWorkerTemplate.WorkerTemplate.Spec)
-		case "ServingRuntime":
-			var sr struct {
-				Spec struct {
-					Containers []corev1.Container `json:"containers"`
-				}
-			}
-			if err := sigsyaml.Unmarshal([]byte(doc), &sr); err != nil {
-				t.Fatal(err)
-			}
-			pods = append(pods, corev1.PodSpec{Containers: sr.Spec.Containers})
-		}
-		for _, pod := range pods {
-			for name, port := range checkPod(t, pod) {
-				sidecarPorts[name] = port
-			}
-		}
-	}
-	for _, tp := range targets {
-		if tp.Type == intstr.String {
-			if _, ok := sidecarPorts[tp.StrVal]; !ok && len(sidecarPorts) > 0 {
-				t.Errorf("a Service targets port %q, which is not the sidecar's (%v)", tp.StrVal, sidecarPorts)
-			}
-		}
-	}
-}
-
-func strict(t *testing.T, doc string, v any) {
-	t.Helper()
-	if err := sigsyaml.UnmarshalStrict([]byte(doc), v); err != nil {
-		t.Fatalf("not a valid object: %v\n%s", err, doc)
-	}
-}
-
-// checkPod checks a pod with the sidecar: the sidecar listens where the
-// engine did and relays to where the engine listens now; the engine's
-// probes test the engine. It returns the sidecar's named ports.
-func checkPod(t *testing.T, pod corev1.PodSpec) map[string]int32 {
-	t.Helper()
-	sidecar, native := findSidecar(pod)
-	if sidecar == nil {
-		return nil
-	}
-	enginePort := checkSidecarAddresses(t, sidecar)
-	checkEngines(t, pod, enginePort)
-	if native && (pod.TerminationGracePeriodSeconds == nil || *pod.TerminationGracePeriodSeconds < MinGracePeriod) {
-		t.Errorf("terminationGracePeriodSeconds %v", pod.TerminationGracePeriodSeconds)
-	}
-	named := map[string]int32{}
-	for _, p := range sidecar.Ports {
-		named[p.Name] = p.ContainerPort
-	}
-	return named
-}
-
-// findSidecar returns the pod's sidecar, or nil, and whether it is native:
-// an init container, not one of KServe's containers.
-func findSidecar(pod corev1.PodSpec) (sidecar *corev1.Container, native bool) {
-	for i := range pod.InitContainers {
-		if pod.InitContainers[i].Name == Name {
-			sidecar, native = &pod.InitContainers[i], true
-		}
-	}
-	for i := range pod.Containers {
-		if pod.Containers[i].Name == Name {
-			sidecar = &pod.Containers[i]
-		}
-	}
-	return sidecar, native
-}
-
-// checkSidecarAddresses checks that the sidecar listens on its first port
-// and relays to the engine on loopback, and returns the engine's port.
-func checkSidecarAddresses(t *testing.T, sidecar *corev1.Container) int {
-	t.Helper()
-	env := map[string]string{}
-	for _, e := range sidecar.Env {
-		env[e.Name] = e.Value
-	}
-	listen, upstream := env["TIMING_SIDECAR_LISTEN"], env["TIMING_SIDECAR_UPSTREAM"]
-	if sidecar.Ports[0].ContainerPort == 0 || listen != ":"+strconv.Itoa(int(sidecar.Ports[0].ContainerPort)) {
-		t.Errorf("the sidecar listens on %s, its port is %d", listen, sidecar.Ports[0].ContainerPort)
-	}
-	enginePort, err := strconv.Atoi(strings.TrimPrefix(upstream, "http://127.0.0.1:"))
-	if err != nil {
-		t.Fatalf("upstream %q", upstream)
-	}
-	return enginePort
-}
-
-// checkEngines checks that there is an engine beside the sidecar, and
-// that every engine (a container with a --port) listens on enginePort and
-// has its probes test it there.
-func checkEngines(t *testing.T, pod corev1.PodSpec, enginePort int) {
-	t.Helper()
-	found := false
-	for _, c := range pod.Containers {
-		if c.Name == Name || !strings.Contains(strings.Join(append(c.Command, c.Args...), " "), "--port") {
-			continue
-		}
-		found = true
-		line := strings.Join(append(c.Command, c.Args...), " ")
-		if !strings.Contains(line, "--port "+strconv.Itoa(enginePort)) && !strings.Contains(line, "--port="+strconv.Itoa(enginePort)) {
-			t.Errorf("the engine %s does not listen on %d: %s", c.Name, enginePort, line)
-		}
-		checkEngineProbes(t, c, enginePort)
-	}
-	if !found {
-		t.Errorf("no engine with a --port beside the sidecar")
-	}
-}
-
-// checkEngineProbes checks that each of the engine's probes tests
-// enginePort.
-func checkEngineProbes(t *testing.T, c corev1.Container, enginePort int) {
-	t.Helper()
-	for _, p := range []*corev1.Probe{c.LivenessProbe, c.ReadinessProbe, c.StartupProbe} {
-		if p == nil {
-			continue
-		}
-		var port intstr.IntOrString
-		switch {
-		case p.HTTPGet != nil:
-			port = p.HTTPGet.Port
-		case p.TCPSocket != nil:
-			port = p.TCPSocket.Port
-		}
-		if port.IntValue() != enginePort {
-			t.Errorf("the engine's probe tests port %v, not the engine's %d", port.String(), enginePort)
-		}
 	}
 }
 
@@ -259,7 +86,10 @@ func TestBadInputIsAnErrorAndWritesNothing(t *testing.T) {
 	}
 }
 
-// TestEnginesByCommandNameAndPort: which containers are engines.
+// TestEnginesByCommandNameAndPort: which containers are engines, and the
+// address the sidecar takes over: the engine's, loopback for an engine
+// whose default host is loopback (SGLang, llama-server outside its
+// image).
 func TestEnginesByCommandNameAndPort(t *testing.T) {
 	pod := func(container string) string {
 		return "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\nspec:\n  containers:\n" + container
@@ -268,20 +98,22 @@ func TestEnginesByCommandNameAndPort(t *testing.T) {
 		name, container string
 		opts            Options
 		engine          bool
-		port            int // the sidecar's: where the engine listened
+		listen          string // the sidecar's: where the engine listened
 	}{
-		{"vllm serve", "    - name: e\n      command: [vllm, serve, m]\n", Options{}, true, 8000},
-		{"vLLM's entrypoint module", "    - name: e\n      command: [python3, -m, vllm.entrypoints.openai.api_server, --port=9000]\n", Options{}, true, 9000},
-		{"SGLang", "    - name: e\n      command: [python3, -m, sglang.launch_server, --model-path, m]\n", Options{}, true, 30000},
-		{"llama-server", "    - name: e\n      command: [llama-server, -m, m.gguf, --port, \"8081\"]\n", Options{}, true, 8081},
-		{"TGI", "    - name: e\n      args: [text-generation-launcher, --model-id, m]\n      ports: [{containerPort: 80}]\n", Options{}, true, 80},
-		{"vLLM's image, args only", "    - name: e\n      image: vllm/vllm-openai:v0.11.0\n      args: [--model, m]\n", Options{}, true, 8000},
-		{"TGI's image, args only", "    - name: e\n      image: ghcr.io/huggingface/text-generation-inference:3.3\n      args: [--model-id, m]\n", Options{}, true, 80},
-		{"vLLM's image running something else", "    - name: e\n      image: vllm/vllm-openai:v0.11.0\n      command: [python3, bench.py]\n", Options{}, false, 0},
-		{"a program not known", "    - name: e\n      command: [my-server]\n      ports: [{containerPort: 7000}]\n", Options{}, false, 0},
-		{"named", "    - name: e\n      command: [my-server, --port, \"7000\"]\n      ports: [{containerPort: 7000}]\n", Options{EngineContainer: "e"}, true, 7000},
-		{"by port", "    - name: e\n      command: [my-server, --port, \"7000\"]\n      ports: [{containerPort: 7000}]\n", Options{EnginePort: 7000}, true, 7000},
-		{"a router on the port is not an engine", "    - name: r\n      image: lmcache/lmstack-router:latest\n      command: [vllm-router, --port, \"7000\"]\n      ports: [{containerPort: 7000}]\n", Options{EnginePort: 7000}, false, 0},
+		{"vllm serve", "    - name: e\n      command: [vllm, serve, m]\n", Options{}, true, ":8000"},
+		{"vLLM's entrypoint module", "    - name: e\n      command: [python3, -m, vllm.entrypoints.openai.api_server, --port=9000]\n", Options{}, true, ":9000"},
+		{"SGLang", "    - name: e\n      command: [python3, -m, sglang.launch_server, --model-path, m]\n", Options{}, true, "127.0.0.1:30000"},
+		{"SGLang on every interface", "    - name: e\n      command: [python3, -m, sglang.launch_server, --model-path, m, --host, 0.0.0.0]\n", Options{}, true, ":30000"},
+		{"llama-server", "    - name: e\n      command: [llama-server, -m, m.gguf, --port, \"8081\"]\n", Options{}, true, "127.0.0.1:8081"},
+		{"llama-server in its image", "    - name: e\n      image: ghcr.io/ggml-org/llama.cpp:server-cuda\n      command: [/app/llama-server, -m, m.gguf]\n", Options{}, true, ":8080"},
+		{"TGI", "    - name: e\n      args: [text-generation-launcher, --model-id, m]\n      ports: [{containerPort: 3000}]\n", Options{}, true, ":3000"},
+		{"vLLM's image, args only", "    - name: e\n      image: vllm/vllm-openai:v0.11.0\n      args: [--model, m]\n", Options{}, true, ":8000"},
+		{"TGI's image, args only", "    - name: e\n      image: ghcr.io/huggingface/text-generation-inference:3.3\n      args: [--model-id, m]\n", Options{}, true, ":80"},
+		{"vLLM's image running something else", "    - name: e\n      image: vllm/vllm-openai:v0.11.0\n      command: [python3, bench.py]\n", Options{}, false, ""},
+		{"a program not known", "    - name: e\n      command: [my-server]\n      ports: [{containerPort: 7000}]\n", Options{}, false, ""},
+		{"named", "    - name: e\n      command: [my-server, --port, \"7000\"]\n      ports: [{containerPort: 7000}]\n", Options{EngineContainer: "e"}, true, ":7000"},
+		{"by port", "    - name: e\n      command: [my-server, --port, \"7000\"]\n      ports: [{containerPort: 7000}]\n", Options{EnginePort: 7000}, true, ":7000"},
+		{"a router on the port is not an engine", "    - name: r\n      image: lmcache/lmstack-router:latest\n      command: [vllm-router, --port, \"7000\"]\n      ports: [{containerPort: 7000}]\n", Options{EnginePort: 7000}, false, ""},
 	} {
 		out, err := injectString(t, pod(tc.container), tc.opts)
 		if !tc.engine {
@@ -295,10 +127,22 @@ func TestEnginesByCommandNameAndPort(t *testing.T) {
 		}
 		var p corev1.Pod
 		strict(t, out, &p)
-		if len(p.Spec.InitContainers) != 1 || p.Spec.InitContainers[0].Ports[0].ContainerPort != int32(tc.port) {
-			t.Errorf("%s: the sidecar does not take port %d:\n%s", tc.name, tc.port, out)
+		if got := sidecarEnv(p.Spec)["TIMING_SIDECAR_LISTEN"]; got != tc.listen {
+			t.Errorf("%s: the sidecar listens on %q, want %q:\n%s", tc.name, got, tc.listen, out)
+		}
+		checkOutput(t, out, tc.opts)
+	}
+}
+
+// sidecarEnv is the sidecar's env values by name.
+func sidecarEnv(spec corev1.PodSpec) map[string]string {
+	env := map[string]string{}
+	if c := findSidecar(spec); c != nil {
+		for _, e := range c.Env {
+			env[e.Name] = e.Value
 		}
 	}
+	return env
 }
 
 // TestOnlyTheEnginesOwnPortMoves: in a shell line, the engine's --port
@@ -365,7 +209,7 @@ func TestSettingsInjectDerives(t *testing.T) {
 			t.Errorf("shutdown grace %s: pod grace %v, want %d", grace, got, want)
 		}
 	}
-	for _, name := range []string{"TIMING_SIDECAR_LISTEN", "TIMING_SIDECAR_UPSTREAM", "TIMING_SIDECAR_ADMIN_LISTEN"} {
+	for _, name := range []string{"TIMING_SIDECAR_LISTEN", "TIMING_SIDECAR_UPSTREAM"} {
 		if _, err := injectString(t, pod, Options{Env: []EnvVar{{name, ":9200"}}}); err == nil || !strings.Contains(err.Error(), name) {
 			t.Errorf("%s set: %v, want an error naming it", name, err)
 		}

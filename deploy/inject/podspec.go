@@ -1,6 +1,8 @@
 package inject
 
 import (
+	"fmt"
+	"slices"
 	"strings"
 
 	"sigs.k8s.io/kustomize/kyaml/yaml"
@@ -16,6 +18,12 @@ type podSpec struct {
 	// after it. KServe's runtimes take containers only, so there it is a
 	// container beside the engine.
 	native bool
+	// knative: the pod obeys Knative Serving's rules (KServe, whose
+	// default mode is Knative, and Knative Services): one port in all,
+	// no probes on a container without it, no downward API in env.
+	knative bool
+	// lwsRole is "leader" or "worker" in a LeaderWorkerSet's templates.
+	lwsRole string
 }
 
 // podSpecPaths is where each kind keeps its pod specs. Kinds not named
@@ -40,15 +48,41 @@ var podSpecPaths = map[string][][]string{
 	"ServingRuntime":        {{"spec"}},
 	"ClusterServingRuntime": {{"spec"}},
 	"InferenceService":      {{"spec", "predictor"}},
+	// A Knative Service (serving.knative.dev); Kubernetes' own Service
+	// has no pod template, and passes.
+	"Service": {{"spec", "template", "spec"}},
 }
 
 // kserve kinds take the sidecar as a container.
 var kserve = map[string]bool{"ServingRuntime": true, "ClusterServingRuntime": true, "InferenceService": true}
 
-// podSpecsOf returns the pod specs of a document that has containers.
+// obeysKnative tells a document whose pods Knative Serving runs or may
+// run: KServe's kinds (a ServingRuntime serves InferenceServices of
+// either mode) and Knative's Service.
+func obeysKnative(doc *yaml.RNode) bool {
+	return kserve[doc.GetKind()] || strings.HasPrefix(doc.GetApiVersion(), "serving.knative.dev/")
+}
+
+// podSpecsOf returns the pod specs of a document that has containers,
+// and of each item of a List (what kubectl get gives for several
+// objects).
 func podSpecsOf(doc *yaml.RNode) []podSpec {
 	kind := doc.GetKind()
 	var out []podSpec
+	if kind == "List" {
+		items, _ := doc.Pipe(yaml.Lookup("items"))
+		if items == nil {
+			return nil
+		}
+		elements, _ := items.Elements()
+		for i, item := range elements {
+			for _, ps := range podSpecsOf(item) {
+				ps.path = fmt.Sprintf("items[%d] (%s %q) %s", i, item.GetKind(), item.GetName(), ps.path)
+				out = append(out, ps)
+			}
+		}
+		return out
+	}
 	for _, path := range podSpecPaths[kind] {
 		n, err := doc.Pipe(yaml.Lookup(path...))
 		if err != nil || n == nil {
@@ -57,7 +91,15 @@ func podSpecsOf(doc *yaml.RNode) []podSpec {
 		if c := n.Field("containers"); c == nil || c.Value.YNode().Kind != yaml.SequenceNode {
 			continue
 		}
-		out = append(out, podSpec{node: n, path: strings.Join(path, "."), native: !kserve[kind]})
+		ps := podSpec{node: n, path: strings.Join(path, "."), knative: obeysKnative(doc)}
+		ps.native = !ps.knative
+		switch {
+		case kind == "LeaderWorkerSet" && slices.Contains(path, "leaderTemplate"):
+			ps.lwsRole = "leader"
+		case kind == "LeaderWorkerSet":
+			ps.lwsRole = "worker"
+		}
+		out = append(out, ps)
 	}
 	return out
 }

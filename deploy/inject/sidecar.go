@@ -11,13 +11,17 @@ import (
 // that name already has the sidecar.
 const Name = "timing-sidecar"
 
-// AdminPort is the sidecar's admin port (/metrics, /readyz, /healthz).
+// AdminPort is the sidecar's admin port (/metrics, /readyz, /healthz)
+// unless the pod holds it already.
 const AdminPort = 9101
 
+// adminPortName names the admin port, which the sidecar's probes and the
+// ServiceMonitor address.
+const adminPortName = "timing-admin"
+
 // sidecarTemplate is the sidecar's container, the one source of its spec:
-// inject sets its first port (the engine's old port, with its name),
-// TIMING_SIDECAR_LISTEN and TIMING_SIDECAR_UPSTREAM, and the settings it
-// is given.
+// inject sets its ports, TIMING_SIDECAR_LISTEN and TIMING_SIDECAR_UPSTREAM,
+// and the settings it is given.
 //
 //go:embed sidecar.yaml
 var sidecarTemplate string
@@ -25,11 +29,9 @@ var sidecarTemplate string
 // EnvVar is one of the sidecar's settings, as its environment variable.
 type EnvVar struct{ Name, Value string }
 
-// sidecarContainer is the sidecar's container, listening on the engine's
-// old port (named portName) and relaying to the engine on enginePort.
-// native keeps restartPolicy Always: an init container that runs beside
-// the others.
-func sidecarContainer(opts *Options, port int, portName string, enginePort int, native bool) (*yaml.RNode, error) {
+// sidecarContainer is the sidecar's container as plan places it: on the
+// engine's old address, relaying to the engine's new port over loopback.
+func sidecarContainer(opts *Options, plan *portPlan, ps *podSpec) (*yaml.RNode, error) {
 	c, err := yaml.Parse(sidecarTemplate)
 	if err != nil {
 		return nil, err
@@ -39,31 +41,108 @@ func sidecarContainer(opts *Options, port int, portName string, enginePort int, 
 			return nil, err
 		}
 	}
-	if !native {
+	if !ps.native {
 		if err := c.PipeE(yaml.Clear("restartPolicy")); err != nil {
 			return nil, err
 		}
 	}
-	first, err := c.Pipe(yaml.Lookup("ports", "[name=http]"))
-	if err != nil || first == nil {
+	if err := sidecarPorts(c, plan, ps); err != nil {
 		return nil, err
 	}
-	if err := first.PipeE(yaml.SetField("name", yaml.NewStringRNode(portName))); err != nil {
-		return nil, err
+	listen := ":" + strconv.Itoa(plan.listen)
+	if plan.addr.scope == loopbackOnly {
+		// An engine the pod alone could reach stays so: the sidecar in
+		// its place listens on loopback too.
+		listen = plan.addr.loopback + listen
 	}
-	if err := first.PipeE(yaml.SetField("containerPort", intNode(port))); err != nil {
-		return nil, err
+	settings := []EnvVar{
+		{"TIMING_SIDECAR_LISTEN", listen},
+		{"TIMING_SIDECAR_UPSTREAM", "http://" + plan.addr.loopback + ":" + strconv.Itoa(plan.engine)},
 	}
-	settings := append([]EnvVar{
-		{"TIMING_SIDECAR_LISTEN", ":" + strconv.Itoa(port)},
-		{"TIMING_SIDECAR_UPSTREAM", "http://127.0.0.1:" + strconv.Itoa(enginePort)},
-	}, opts.Env...)
-	for _, s := range settings {
+	if !plan.adminSet && plan.admin != AdminPort {
+		settings = append(settings, EnvVar{"TIMING_SIDECAR_ADMIN_LISTEN", ":" + strconv.Itoa(plan.admin)})
+	}
+	for _, s := range append(settings, opts.Env...) {
 		if err := setEnv(c, s); err != nil {
 			return nil, err
 		}
 	}
+	if ps.knative {
+		return c, underKnative(c)
+	}
 	return c, nil
+}
+
+// sidecarPorts declares the sidecar's ports: the engine's old one, under
+// the engine's name for it, where the engine declared it or the sidecar
+// listens on every interface; and the admin port. Under Knative it
+// declares none (the engine's container keeps the one port the pod may
+// have: placePorts).
+func sidecarPorts(c *yaml.RNode, plan *portPlan, ps *podSpec) error {
+	if ps.knative {
+		return c.PipeE(yaml.Clear("ports"))
+	}
+	proxy, err := c.Pipe(yaml.Lookup("ports", "[name=http]"))
+	if err != nil || proxy == nil {
+		return err
+	}
+	if !plan.declared && plan.addr.scope == loopbackOnly {
+		if err := c.PipeE(yaml.Lookup("ports"), yaml.ElementSetter{Keys: []string{"name"}, Values: []string{"http"}}); err != nil {
+			return err
+		}
+	} else {
+		name := plan.listenName
+		if name == "" {
+			name = "http"
+		}
+		if _, taken := plan.names[name]; taken && name != plan.listenName {
+			name = "timing-http"
+		}
+		if err := proxy.PipeE(yaml.SetField("name", yaml.NewStringRNode(name))); err != nil {
+			return err
+		}
+		if err := proxy.PipeE(yaml.SetField("containerPort", intNode(plan.listen))); err != nil {
+			return err
+		}
+		if plan.hostPort != "" {
+			if err := proxy.PipeE(yaml.SetField("hostPort", yaml.NewRNode(&yaml.Node{Kind: yaml.ScalarNode, Tag: "!!int", Value: plan.hostPort}))); err != nil {
+				return err
+			}
+		}
+		if plan.hostIP != "" {
+			if err := proxy.PipeE(yaml.SetField("hostIP", yaml.NewStringRNode(plan.hostIP))); err != nil {
+				return err
+			}
+		}
+	}
+	admin, err := c.Pipe(yaml.Lookup("ports", "[name="+adminPortName+"]"))
+	if err != nil || admin == nil {
+		return err
+	}
+	return admin.PipeE(yaml.SetField("containerPort", intNode(plan.admin)))
+}
+
+// underKnative fits the sidecar to Knative Serving's checks of a
+// revision's containers (knative/serving pkg/apis/serving
+// k8s_validation.go and fieldmask.go, with the features at their
+// defaults): a container without the pod's one port may have no probes,
+// and env may not use the downward API (kubernetes.podspec-fieldref).
+// Its CPU request is written as the value the template requests; its
+// service.instance.id is then a random one per process.
+func underKnative(c *yaml.RNode) error {
+	for _, probe := range []string{"readinessProbe", "livenessProbe", "startupProbe"} {
+		if err := c.PipeE(yaml.Clear(probe)); err != nil {
+			return err
+		}
+	}
+	env, err := c.Pipe(yaml.Lookup("env"))
+	if err != nil || env == nil {
+		return err
+	}
+	if err := env.PipeE(yaml.ElementSetter{Keys: []string{"name"}, Values: []string{"TIMING_SIDECAR_SERVICE_INSTANCE_ID"}}); err != nil {
+		return err
+	}
+	return setEnv(c, EnvVar{"TIMING_SIDECAR_CPU_REQUEST", scalar(c, "resources", "requests", "cpu")})
 }
 
 // setEnv sets an env var's value, in its place if the template has it.

@@ -1,0 +1,106 @@
+package inject
+
+import (
+	"strings"
+
+	"sigs.k8s.io/kustomize/kyaml/yaml"
+)
+
+// containerEnv is a container's environment as the kubelet builds it,
+// for what inject reads from it: each variable's value where the manifest
+// gives it, and where it comes from otherwise.
+type containerEnv struct {
+	vars map[string]envVar
+	// open: the container has envFrom, so a name not in vars may be
+	// defined all the same, with a value inject cannot see.
+	open bool
+}
+
+// envVar is one variable of a container's env.
+type envVar struct {
+	value string // as the kubelet expands it, when known
+	known bool
+	// fieldPath is its valueFrom.fieldRef's (status.podIP, ...).
+	fieldPath string
+	node      *yaml.RNode // its entry in env, to change its value
+}
+
+// envOf reads c's env in order, each value expanded as the kubelet does,
+// against the variables before it.
+func envOf(c *yaml.RNode) containerEnv {
+	e := containerEnv{vars: map[string]envVar{}, open: c.Field("envFrom") != nil}
+	list, _ := c.Pipe(yaml.Lookup("env"))
+	if list == nil {
+		return e
+	}
+	items, _ := list.Elements()
+	for _, item := range items {
+		name := scalar(item, "name")
+		v := envVar{node: item, fieldPath: scalar(item, "valueFrom", "fieldRef", "fieldPath")}
+		if item.Field("valueFrom") == nil {
+			// A missing value is the empty string.
+			v.value, v.known = e.expand(scalar(item, "value"))
+		}
+		e.vars[name] = v
+	}
+	return e
+}
+
+// lookup is name's value as the container sees it: defined says whether
+// the container surely has it (or may, with envFrom: then defined and
+// not known).
+func (e containerEnv) lookup(name string) (v envVar, defined bool) {
+	if v, ok := e.vars[name]; ok {
+		return v, true
+	}
+	if e.open {
+		return envVar{}, true
+	}
+	return envVar{}, false
+}
+
+// expand applies the kubelet's expansion of $(VAR) in command, args and
+// env values to s (Kubernetes' third_party/forked/golang/expansion,
+// Expand): $(VAR) of a defined variable is its value, of an undefined one
+// stays as written; $$ is $; any other $ is itself. known is false where
+// a variable's value cannot be read from the manifest.
+func (e containerEnv) expand(s string) (string, bool) {
+	if !strings.Contains(s, "$") {
+		return s, true
+	}
+	var b strings.Builder
+	known := true
+	for i := 0; i < len(s); i++ {
+		if s[i] != '$' || i+1 == len(s) {
+			b.WriteByte(s[i])
+			continue
+		}
+		switch s[i+1] {
+		case '$':
+			b.WriteByte('$')
+			i++
+		case '(':
+			end := strings.IndexByte(s[i+2:], ')')
+			if end < 0 {
+				b.WriteString("$(")
+				i++
+				continue
+			}
+			name := s[i+2 : i+2+end]
+			v, defined := e.lookup(name)
+			switch {
+			case !defined:
+				b.WriteString("$(" + name + ")")
+			case !v.known:
+				known = false
+				b.WriteString(unknownPart)
+			default:
+				b.WriteString(v.value)
+			}
+			i += 2 + end
+		default:
+			b.WriteByte('$')
+		}
+	}
+	return b.String(), known
+}

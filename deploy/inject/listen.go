@@ -1,0 +1,191 @@
+package inject
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+
+	"sigs.k8s.io/kustomize/kyaml/yaml"
+)
+
+// found is an engine found in a container: which, where it starts, and
+// what it is started with.
+type found struct {
+	engine *engine
+	c      *yaml.RNode
+	env    containerEnv
+	runs   []*invocation // each start of the engine (a shell line may have several)
+	script *yaml.Node    // the shell line, nil without one
+}
+
+// A reading is one of the engine's settings as inject read it, and from
+// where, to say in a message.
+type reading struct {
+	value string
+	known bool
+	from  string   // "--port 8000", "LLAMA_ARG_PORT", "vLLM's default"
+	vars  []string // the variables it was read through
+	// flags: the occurrences it was read from, to be rewritten.
+	flags []flagAt
+	env   *envVar // the container's variable it was read from
+}
+
+type flagAt struct {
+	run *invocation
+	flagValue
+}
+
+// read reads one setting: the engine's flag (the same in every start of
+// it), else the container's variable, else the image's, else the
+// default.
+func (f *found) read(flags []string, envName, def, what string) (reading, error) {
+	var r reading
+	for _, run := range f.runs {
+		for _, v := range run.flags(flags) {
+			r.flags = append(r.flags, flagAt{run, v})
+		}
+	}
+	if len(r.flags) > 0 {
+		for _, run := range f.runs {
+			if len(run.flags(flags)) == 0 {
+				return r, fmt.Errorf("the engine is started more than once in its shell line, with %s on some starts only: give every start the same %s", flags[0], flags[0])
+			}
+		}
+		last := r.flags[len(r.flags)-1]
+		for _, fl := range r.flags {
+			if fl.value != last.value || fl.known != last.known {
+				return r, fmt.Errorf("the engine's starts disagree on %s (%q, %q): give every start the same", what, fl.raw, last.raw)
+			}
+		}
+		r.value, r.known, r.vars = last.value, last.known, last.vars
+		r.from = flags[0] + " " + last.raw
+		if last.inline {
+			r.from = last.prefix + last.raw[min(len(last.prefix), len(last.raw)):]
+		}
+		return r, nil
+	}
+	if envName != "" {
+		if v, defined := f.env.lookup(envName); defined {
+			r.value, r.known, r.from, r.vars = v.value, v.known, envName, []string{envName}
+			if v.node != nil {
+				r.env = &v
+			}
+			return r, nil
+		}
+		if v, ok := f.engine.imageEnv[envName]; ok && f.engine.imageIs(scalar(f.c, "image")) {
+			r.value, r.known, r.from = v, true, envName+" of its image"
+			return r, nil
+		}
+	}
+	r.value, r.known, r.from = def, true, f.engine.name+"'s default"
+	return r, nil
+}
+
+// port is the port the engine listens on.
+func (f *found) port(opts *Options) (int, reading, error) {
+	r, err := f.read(f.engine.portFlags, f.engine.portEnv, strconv.Itoa(f.engine.defaultPort), "its port")
+	if err != nil {
+		return 0, r, err
+	}
+	if !r.known {
+		if opts.EnginePort > 0 {
+			return opts.EnginePort, r, nil
+		}
+		return 0, r, fmt.Errorf("cannot read the engine's port from %s (set from where inject cannot see): write it as a number, or give it with --engine-port", r.from)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(r.value))
+	if err != nil || n < 1 || n > 65535 {
+		return 0, r, fmt.Errorf("the engine's port %s is not a port number", r.from)
+	}
+	explicit := len(r.flags) > 0 || r.env != nil
+	if opts.EnginePort > 0 && !explicit {
+		// The engine's default, or its image's: the user knows better.
+		return opts.EnginePort, r, nil
+	}
+	if opts.EnginePort > 0 && opts.EnginePort != n {
+		return 0, r, fmt.Errorf("--engine-port %d, but the engine listens on %d (%s): they must agree", opts.EnginePort, n, r.from)
+	}
+	return n, r, nil
+}
+
+// scope is where an address is reachable from.
+type scope int
+
+const (
+	everyInterface scope = iota // from other pods
+	loopbackOnly                // from the pod only
+)
+
+// address is where the engine listens: its host's scope, and the
+// loopback address the sidecar reaches it on.
+type address struct {
+	scope    scope
+	loopback string // 127.0.0.1 or [::1]
+	from     string
+}
+
+// address reads the engine's host.
+func (f *found) address() (address, error) {
+	r, err := f.read(f.engine.hostFlags, f.engine.hostEnv, f.engine.defaultHost, "its host")
+	if err != nil {
+		return address{}, err
+	}
+	a := address{loopback: "127.0.0.1", from: r.from}
+	if !r.known {
+		return a, fmt.Errorf("cannot read the address the engine listens on from %s: write it as an address (0.0.0.0 for every interface, 127.0.0.1 for the pod alone)", r.from)
+	}
+	host := strings.Trim(strings.TrimSpace(r.value), "[]")
+	ip := net.ParseIP(host)
+	switch {
+	case host == "" || ip != nil && ip.IsUnspecified():
+		return a, nil
+	case host == "localhost" || ip != nil && ip.IsLoopback():
+		a.scope = loopbackOnly
+		if ip != nil && ip.To4() == nil {
+			a.loopback = "[::1]"
+		}
+		return a, nil
+	case ip == nil && f.engine.name == "TGI":
+		// TGI's router binds 0.0.0.0 for a hostname that is no address.
+		return a, nil
+	}
+	return a, fmt.Errorf("the engine listens on %s only (%s): the sidecar can take the place only of an engine on every interface (0.0.0.0) or on loopback (127.0.0.1)", host, r.from)
+}
+
+// setPort makes the engine listen on port: each of its port flags says
+// it; else the container's variable it read its port from; else every
+// start of the engine is given the flag.
+func (f *found) setPort(r reading, port int) []edit {
+	p := strconv.Itoa(port)
+	var edits []edit
+	if len(r.flags) > 0 {
+		for _, fl := range r.flags {
+			text := p
+			if fl.inline {
+				text = fl.prefix + p
+			}
+			edits = append(edits, fl.run.setWord(fl.word, text))
+		}
+		return edits
+	}
+	if r.env != nil && r.env.known && r.env.node.Field("valueFrom") == nil {
+		return []edit{{node: r.env.node.Field("value").Value.YNode(), text: p, whole: true}}
+	}
+	for _, run := range f.runs {
+		if run.shell != nil {
+			edits = append(edits, edit{node: run.shell, from: run.end, to: run.end, text: " " + f.engine.portFlags[0] + " " + p})
+			continue
+		}
+		edits = append(edits, edit{appendArgs: []string{f.engine.portFlags[0], p}, container: f.c})
+	}
+	return edits
+}
+
+// errRankUnknown refuses a node rank inject cannot read.
+func errRankUnknown(raw string) error {
+	return fmt.Errorf("the node rank %s is set when the pod starts: one template then runs both the rank-0 node, which serves the API, and the others, which do not, and a sidecar in front of those would never be ready; give the rank-0 node a template of its own and inject that", raw)
+}
+
+var errNoPortFlag = errors.New("the engine named by --engine-container or --engine-port has no --port flag inject can rewrite: inject moves an engine it does not know only through its own --port")

@@ -1,0 +1,277 @@
+package inject
+
+import (
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+
+	"sigs.k8s.io/kustomize/kyaml/yaml"
+)
+
+// knativeReserved are the ports Knative Serving keeps for its queue-proxy
+// and profiling (knative/serving pkg/apis/serving/k8s_validation.go,
+// reservedPorts): no container of a Knative pod may declare them, and
+// nothing inject moves may listen on them.
+var knativeReserved = []int{8008, 8012, 8013, 8022, 9090, 9091}
+
+// podPorts is what the pod's containers hold: every containerPort and
+// hostPort, every port a program is given with a --...port flag, and
+// every port name; each with who holds it, for messages.
+type podPorts struct {
+	used  map[int]string
+	names map[string]string
+}
+
+// portsOf reads the ports of every container and init container of a pod
+// spec.
+func portsOf(ps *podSpec) podPorts {
+	p := podPorts{used: map[int]string{}, names: map[string]string{}}
+	for _, c := range podContainers(ps.node) {
+		who := "container " + strconv.Quote(scalar(c, "name"))
+		if list, _ := c.Pipe(yaml.Lookup("ports")); list != nil {
+			items, _ := list.Elements()
+			for _, item := range items {
+				for _, field := range []string{"containerPort", "hostPort"} {
+					if n, err := strconv.Atoi(scalar(item, field)); err == nil {
+						p.use(n, who+"'s "+field)
+					}
+				}
+				if name := scalar(item, "name"); name != "" {
+					p.names[name] = who
+				}
+			}
+		}
+		runs, _, _ := runsOf(c, envOf(c))
+		for _, run := range runs {
+			for i, w := range run.words {
+				name, value, inline := strings.Cut(w.value, "=")
+				if !inline && i+1 < len(run.words) {
+					value = run.words[i+1].value
+				}
+				if strings.HasPrefix(name, "--") && strings.HasSuffix(name, "port") {
+					if n, err := strconv.Atoi(value); err == nil {
+						p.use(n, who+"'s "+name)
+					}
+				}
+			}
+		}
+	}
+	if ps.knative {
+		for _, n := range knativeReserved {
+			p.use(n, "Knative (a reserved port)")
+		}
+	}
+	return p
+}
+
+func (p podPorts) use(port int, who string) {
+	if _, ok := p.used[port]; !ok {
+		p.used[port] = who
+	}
+}
+
+// free is the first port from `from` up that nothing holds, wrapping to
+// 1024.
+func (p podPorts) free(from int) (int, error) {
+	for _, r := range [][2]int{{from, 65536}, {1024, from}} {
+		for n := r[0]; n < r[1]; n++ {
+			if _, ok := p.used[n]; !ok {
+				return n, nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("no free port in the pod")
+}
+
+// podContainers is a pod's containers and init containers.
+func podContainers(pod *yaml.RNode) []*yaml.RNode {
+	var all []*yaml.RNode
+	for _, list := range []string{"containers", "initContainers"} {
+		if cs, _ := pod.Pipe(yaml.Lookup(list)); cs != nil {
+			elements, _ := cs.Elements()
+			all = append(all, elements...)
+		}
+	}
+	return all
+}
+
+func hasPort(c *yaml.RNode, port int) bool {
+	for _, p := range containerPorts(c) {
+		if p == port {
+			return true
+		}
+	}
+	return false
+}
+
+// containerPorts is a container's containerPort numbers.
+func containerPorts(c *yaml.RNode) []int {
+	ports, _ := c.Pipe(yaml.Lookup("ports"))
+	if ports == nil {
+		return nil
+	}
+	var out []int
+	elements, _ := ports.Elements()
+	for _, p := range elements {
+		if n, err := strconv.Atoi(scalar(p, "containerPort")); err == nil {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// probePorts is the ports c's probes test, names resolved through c's
+// ports.
+func probePorts(c *yaml.RNode) []int {
+	var out []int
+	for _, probe := range []string{"livenessProbe", "readinessProbe", "startupProbe"} {
+		for _, handler := range []string{"httpGet", "tcpSocket", "grpc"} {
+			v := scalar(c, probe, handler, "port")
+			if v == "" {
+				continue
+			}
+			if n, err := strconv.Atoi(v); err == nil {
+				out = append(out, n)
+				continue
+			}
+			if p, _ := c.Pipe(yaml.Lookup("ports", "[name="+v+"]")); p != nil {
+				if n, err := strconv.Atoi(scalar(p, "containerPort")); err == nil {
+					out = append(out, n)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// scalar is the value of the scalar at path in n, "" if there is none.
+func scalar(n *yaml.RNode, path ...string) string {
+	v, err := n.Pipe(yaml.Lookup(path...))
+	if err != nil || v == nil || v.YNode().Kind != yaml.ScalarNode {
+		return ""
+	}
+	return v.YNode().Value
+}
+
+// intNode is an integer scalar.
+func intNode(n int) *yaml.RNode {
+	return yaml.NewRNode(&yaml.Node{Kind: yaml.ScalarNode, Tag: "!!int", Value: strconv.Itoa(n)})
+}
+
+func quoted(s string) *yaml.Node {
+	return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: s, Style: yaml.DoubleQuotedStyle}
+}
+
+// portPlan is where each part listens once the sidecar is in.
+type portPlan struct {
+	// listen is the engine's port, the sidecar's now; listenName its name
+	// in the engine's ports ("" when undeclared or unnamed), hostPort the
+	// node's port that led to it.
+	listen           int
+	listenName       string
+	declared         bool
+	hostPort, hostIP string
+	// engine is the engine's new port, and engineReading where its old
+	// one was read, to be rewritten.
+	engine        int
+	engineReading reading
+	addr          address
+	// admin is the sidecar's admin port; adminSet says the user chose it.
+	admin    int
+	adminSet bool
+	names    map[string]string // the pod's port names, and whose
+}
+
+// planPorts reads where the engine listens and chooses the ports the
+// engine and the sidecar's admin move to, none held by anything in the
+// pod.
+func planPorts(ps *podSpec, f *found, opts *Options) (*portPlan, error) {
+	old, r, err := f.port(opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkDeclared(f, old, r, opts); err != nil {
+		return nil, err
+	}
+	addr, err := f.address()
+	if err != nil {
+		return nil, err
+	}
+	used := portsOf(ps)
+	plan := &portPlan{listen: old, engineReading: r, addr: addr, names: used.names}
+	if entry, _ := f.c.Pipe(yaml.Lookup("ports", "[containerPort="+strconv.Itoa(old)+"]")); entry != nil {
+		plan.declared, plan.listenName = true, scalar(entry, "name")
+		plan.hostPort, plan.hostIP = scalar(entry, "hostPort"), scalar(entry, "hostIP")
+	}
+	used.use(old, "the engine")
+	if who, taken := used.names[adminPortName]; taken && !ps.knative {
+		return nil, fmt.Errorf("%s already has a port named %s, the sidecar's admin port: rename it (a sidecar added by hand under another name?)", who, adminPortName)
+	}
+	plan.admin, plan.adminSet, err = adminPort(opts)
+	if err != nil {
+		return nil, err
+	}
+	if who, taken := used.used[plan.admin]; taken && plan.adminSet {
+		return nil, fmt.Errorf("admin-listen's port %d is held by %s: choose another", plan.admin, who)
+	}
+	if !plan.adminSet {
+		if plan.admin, err = used.free(AdminPort); err != nil {
+			return nil, err
+		}
+	}
+	used.use(plan.admin, "the sidecar's admin port")
+	from := old + 10000
+	if from > 65535 {
+		from = 1024
+	}
+	if plan.engine, err = used.free(from); err != nil {
+		return nil, err
+	}
+	return plan, nil
+}
+
+// adminPort is the sidecar's admin port: the one admin-listen sets, else
+// AdminPort.
+func adminPort(opts *Options) (int, bool, error) {
+	for _, v := range opts.Env {
+		if v.Name != "TIMING_SIDECAR_ADMIN_LISTEN" {
+			continue
+		}
+		host, port, err := net.SplitHostPort(v.Value)
+		n, perr := strconv.Atoi(port)
+		if err != nil || perr != nil || n < 1 || n > 65535 {
+			return 0, false, fmt.Errorf("admin-listen %q is not HOST:PORT", v.Value)
+		}
+		if ip := net.ParseIP(host); host == "localhost" || ip != nil && ip.IsLoopback() {
+			return 0, false, fmt.Errorf("admin-listen %q is on loopback, where the kubelet's probes of /readyz and /healthz cannot reach it: listen on every interface (:%d)", v.Value, n)
+		}
+		return n, true, nil
+	}
+	return AdminPort, false, nil
+}
+
+// checkDeclared refuses an engine whose port inject took from its
+// default while its container says otherwise: declared ports that do not
+// include it, or probes that test another port. Then the engine reads
+// its port from where inject cannot see (its image's environment, a
+// config file), and moving it would be a guess.
+func checkDeclared(f *found, port int, r reading, opts *Options) error {
+	if len(r.flags) > 0 || r.env != nil || opts.EnginePort > 0 {
+		return nil
+	}
+	why := ""
+	if declared := containerPorts(f.c); len(declared) > 0 && !slices.Contains(declared, port) {
+		why = fmt.Sprintf("its container declares %v", declared)
+	}
+	for _, p := range probePorts(f.c) {
+		if p != port {
+			why = fmt.Sprintf("its probes test %d", p)
+		}
+	}
+	if why == "" {
+		return nil
+	}
+	return fmt.Errorf("%s listens on %d (%s), but %s: give the engine its port with %s, or name it with --engine-port", f.engine.name, port, r.from, why, f.engine.portFlags[0])
+}

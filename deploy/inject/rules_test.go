@@ -1,0 +1,362 @@
+package inject
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/kustomize/kyaml/kio"
+	"sigs.k8s.io/kustomize/kyaml/yaml"
+	sigsyaml "sigs.k8s.io/yaml"
+)
+
+// checkOutput decodes every document inject wrote into its Kubernetes
+// type, refusing unknown fields, and checks each pod spec with the
+// sidecar against the rules of the platform that runs it and against the
+// traffic it must carry.
+func checkOutput(t *testing.T, out string, opts Options) {
+	t.Helper()
+	docs, err := (&kio.ByteReader{Reader: strings.NewReader(out)}).Read()
+	if err != nil {
+		t.Fatalf("the output does not read back: %v", err)
+	}
+	for _, doc := range docs {
+		text, err := doc.String()
+		if err != nil {
+			t.Fatal(err)
+		}
+		decodeStrict(t, doc.GetKind(), text)
+		for _, ps := range podSpecsOf(doc) {
+			spec := podSpecOf(t, &ps)
+			sidecar := findSidecar(spec)
+			if sidecar == nil {
+				continue
+			}
+			checkAPIServerRules(t, spec)
+			checkRunAsNonRoot(t, sidecar, imageUser(t))
+			if ps.knative {
+				checkKnativeRules(t, spec)
+			}
+			checkTraffic(t, &ps, spec, sidecar, opts)
+		}
+	}
+}
+
+// decodeStrict decodes the kinds k8s.io/api has.
+func decodeStrict(t *testing.T, kind, doc string) {
+	t.Helper()
+	var v any
+	switch kind {
+	case "Pod":
+		v = &corev1.Pod{}
+	case "Service":
+		v = &corev1.Service{}
+	case "Deployment":
+		v = &appsv1.Deployment{}
+	case "StatefulSet":
+		v = &appsv1.StatefulSet{}
+	case "DaemonSet":
+		v = &appsv1.DaemonSet{}
+	case "ReplicaSet":
+		v = &appsv1.ReplicaSet{}
+	case "Job":
+		v = &batchv1.Job{}
+	case "CronJob":
+		v = &batchv1.CronJob{}
+	default:
+		return
+	}
+	if err := sigsyaml.UnmarshalStrict([]byte(doc), v); err != nil {
+		t.Errorf("not a valid %s: %v\n%s", kind, err, doc)
+	}
+}
+
+// podSpecOf decodes a pod spec strictly, as core's PodSpec; a KServe
+// runtime's spec has fields of its own beside its containers, which are
+// core's Containers.
+func podSpecOf(t *testing.T, ps *podSpec) corev1.PodSpec {
+	t.Helper()
+	text, err := ps.node.String()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var spec corev1.PodSpec
+	strictErr := sigsyaml.UnmarshalStrict([]byte(text), &spec)
+	if strictErr == nil {
+		return spec
+	}
+	if !ps.knative {
+		t.Fatalf("not a valid pod spec: %v\n%s", strictErr, text)
+	}
+	var loose struct {
+		Containers []json.RawMessage `json:"containers"`
+	}
+	if err := sigsyaml.Unmarshal([]byte(text), &loose); err != nil {
+		t.Fatal(err)
+	}
+	spec = corev1.PodSpec{}
+	for _, raw := range loose.Containers {
+		var c corev1.Container
+		if err := sigsyaml.UnmarshalStrict(raw, &c); err != nil {
+			t.Fatalf("not a valid container: %v\n%s", err, raw)
+		}
+		spec.Containers = append(spec.Containers, c)
+	}
+	return spec
+}
+
+func findSidecar(spec corev1.PodSpec) *corev1.Container {
+	for _, list := range [][]corev1.Container{spec.InitContainers, spec.Containers} {
+		for i := range list {
+			if list[i].Name == Name {
+				return &list[i]
+			}
+		}
+	}
+	return nil
+}
+
+func allContainers(spec corev1.PodSpec) []corev1.Container {
+	return append(slices.Clone(spec.InitContainers), spec.Containers...)
+}
+
+// checkAPIServerRules: the checks the API server makes of a pod's ports
+// (kubernetes pkg/apis/core/validation/validation.go: validateContainerPorts
+// with apimachinery's IsValidPortName; AccumulateUniqueHostPorts across
+// the regular containers), and, held stricter than its warnings
+// (pkg/api/pod/warnings.go), a port number and a port name used once in
+// the whole pod, so that Services and probes that name a port mean one.
+func checkAPIServerRules(t *testing.T, spec corev1.PodSpec) {
+	t.Helper()
+	numbers, names, hostPorts := map[string]string{}, map[string]string{}, map[string]string{}
+	for _, c := range allContainers(spec) {
+		for _, p := range c.Ports {
+			if p.Name != "" {
+				if errs := validation.IsValidPortName(p.Name); len(errs) > 0 {
+					t.Errorf("container %s: port name %q: %v", c.Name, p.Name, errs)
+				}
+				if other, ok := names[p.Name]; ok {
+					t.Errorf("port name %q in containers %s and %s", p.Name, other, c.Name)
+				}
+				names[p.Name] = c.Name
+			}
+			key := fmt.Sprintf("%d/%s", p.ContainerPort, p.Protocol)
+			if other, ok := numbers[key]; ok {
+				t.Errorf("containerPort %s in containers %s and %s", key, other, c.Name)
+			}
+			numbers[key] = c.Name
+			if p.HostPort != 0 {
+				key := fmt.Sprintf("%s/%s/%d", p.Protocol, p.HostIP, p.HostPort)
+				if other, ok := hostPorts[key]; ok {
+					t.Errorf("hostPort %s in containers %s and %s", key, other, c.Name)
+				}
+				hostPorts[key] = c.Name
+			}
+		}
+	}
+}
+
+// imageUser is the USER of the Dockerfile's final stage.
+func imageUser(t *testing.T) string {
+	t.Helper()
+	f, err := os.Open("../../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	user := ""
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		fields := strings.Fields(s.Text())
+		switch {
+		case len(fields) > 0 && strings.EqualFold(fields[0], "FROM"):
+			user = ""
+		case len(fields) == 2 && strings.EqualFold(fields[0], "USER"):
+			user = fields[1]
+		}
+	}
+	return user
+}
+
+// checkRunAsNonRoot: the kubelet's rule (kubernetes
+// pkg/kubelet/kuberuntime/security_context_others.go, verifyRunAsNonRoot):
+// a container with runAsNonRoot and no runAsUser starts only if its
+// image's user is a number other than 0 ("container has runAsNonRoot and
+// image has non-numeric user ..., cannot verify user is non-root"); a
+// runAsUser must not be 0.
+func checkRunAsNonRoot(t *testing.T, c *corev1.Container, imageUser string) {
+	t.Helper()
+	sc := c.SecurityContext
+	if sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
+		return
+	}
+	if sc.RunAsUser != nil {
+		if *sc.RunAsUser == 0 {
+			t.Errorf("%s: runAsNonRoot with runAsUser 0", c.Name)
+		}
+		return
+	}
+	uid, _, _ := strings.Cut(imageUser, ":")
+	if n, err := strconv.ParseInt(uid, 10, 64); err != nil || n == 0 {
+		t.Errorf("%s: runAsNonRoot without runAsUser, and the image's USER %q is not a non-zero number: the kubelet refuses to start it", c.Name, imageUser)
+	}
+}
+
+// checkKnativeRules: Knative Serving's checks of a revision's containers
+// with its features at their defaults (knative/serving
+// pkg/apis/serving/k8s_validation.go and fieldmask.go):
+// validateContainersPorts allows one port in all, validPortNames only
+// "", h2c or http1, reservedPorts none of 8008, 8012, 8013, 8022, 9090,
+// 9091; validateSidecarContainer refuses any probe on a container without
+// the port; ContainerMask has no restartPolicy; EnvVarSourceMask allows
+// only configMapKeyRef and secretKeyRef.
+func checkKnativeRules(t *testing.T, spec corev1.PodSpec) {
+	t.Helper()
+	ports := 0
+	for _, c := range allContainers(spec) {
+		ports += len(c.Ports)
+		for _, p := range c.Ports {
+			if p.Name != "" && p.Name != "h2c" && p.Name != "http1" {
+				t.Errorf("Knative: container %s: port name %q is not allowed", c.Name, p.Name)
+			}
+			if slices.Contains(knativeReserved, int(p.ContainerPort)) {
+				t.Errorf("Knative: container %s: %d is a reserved port", c.Name, p.ContainerPort)
+			}
+		}
+		if len(c.Ports) == 0 && (c.ReadinessProbe != nil || c.LivenessProbe != nil || c.StartupProbe != nil) {
+			t.Errorf("Knative: container %s has probes and no port", c.Name)
+		}
+		if c.RestartPolicy != nil {
+			t.Errorf("Knative: container %s sets restartPolicy", c.Name)
+		}
+		for _, e := range c.Env {
+			if e.ValueFrom != nil && e.ValueFrom.ConfigMapKeyRef == nil && e.ValueFrom.SecretKeyRef == nil {
+				t.Errorf("Knative: container %s: env %s uses the downward API", c.Name, e.Name)
+			}
+		}
+	}
+	if ports > 1 {
+		t.Errorf("Knative: %d ports; only a single port is allowed across all containers", ports)
+	}
+	if len(spec.InitContainers) > 0 {
+		t.Errorf("Knative: init containers")
+	}
+}
+
+// checkTraffic follows the traffic: the sidecar listens where the engine
+// listened, as reachable as the engine was (loopback stays loopback), and
+// relays to the port the engine listens on now; the engine's probes test
+// the engine; a declared proxy port is the one it listens on.
+func checkTraffic(t *testing.T, ps *podSpec, spec corev1.PodSpec, sidecar *corev1.Container, opts Options) {
+	t.Helper()
+	env := map[string]string{}
+	for _, e := range sidecar.Env {
+		env[e.Name] = e.Value
+	}
+	host, port, err := splitHostPort(env["TIMING_SIDECAR_LISTEN"])
+	if err != nil {
+		t.Fatalf("TIMING_SIDECAR_LISTEN %q", env["TIMING_SIDECAR_LISTEN"])
+	}
+	m := regexp.MustCompile(`^http://(127\.0\.0\.1|\[::1\]):(\d+)$`).FindStringSubmatch(env["TIMING_SIDECAR_UPSTREAM"])
+	if m == nil {
+		t.Fatalf("TIMING_SIDECAR_UPSTREAM %q is not the engine on loopback", env["TIMING_SIDECAR_UPSTREAM"])
+	}
+	upstream, _ := strconv.Atoi(m[2])
+	// An engine marked by its port has moved off it: found by name.
+	name := opts.EngineContainer
+	for _, c := range spec.Containers {
+		for _, p := range c.Ports {
+			if name == "" && opts.EnginePort > 0 && p.Name == "engine" {
+				name = c.Name
+			}
+		}
+	}
+	f, err := findEngine(ps, &Options{EngineContainer: name})
+	if err != nil || f == nil {
+		t.Fatalf("no engine beside the sidecar: %v", err)
+	}
+	enginePort, r, err := f.port(&Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if enginePort != upstream {
+		t.Errorf("the engine listens on %d (%s), the sidecar relays to %d", enginePort, r.from, upstream)
+	}
+	if enginePort == port {
+		t.Errorf("the engine and the sidecar both listen on %d", port)
+	}
+	addr, err := f.address()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if loopback := host != ""; loopback != (addr.scope == loopbackOnly) {
+		t.Errorf("the engine listens on %s (%s), the sidecar on %q", addr.from, scopeName(addr.scope), env["TIMING_SIDECAR_LISTEN"])
+	}
+	for _, p := range sidecar.Ports {
+		if p.Name != adminPortName && int(p.ContainerPort) != port {
+			t.Errorf("the sidecar declares port %d and listens on %d", p.ContainerPort, port)
+		}
+	}
+	for _, c := range spec.Containers {
+		if c.Name != scalar(f.c, "name") {
+			continue
+		}
+		for _, p := range []*corev1.Probe{c.LivenessProbe, c.ReadinessProbe, c.StartupProbe} {
+			if p == nil {
+				continue
+			}
+			var probed int
+			switch {
+			case p.HTTPGet != nil:
+				probed = p.HTTPGet.Port.IntValue()
+			case p.TCPSocket != nil:
+				probed = p.TCPSocket.Port.IntValue()
+			default:
+				continue
+			}
+			if probed != enginePort {
+				t.Errorf("the engine's probe tests %d, the engine listens on %d", probed, enginePort)
+			}
+		}
+	}
+}
+
+func scopeName(s scope) string {
+	if s == loopbackOnly {
+		return "loopback"
+	}
+	return "every interface"
+}
+
+// splitHostPort splits ":8000" and "127.0.0.1:8000".
+func splitHostPort(s string) (string, int, error) {
+	i := strings.LastIndexByte(s, ':')
+	if i < 0 {
+		return "", 0, fmt.Errorf("no port")
+	}
+	n, err := strconv.Atoi(s[i+1:])
+	return s[:i], n, err
+}
+
+// yamlString is a node's YAML, for messages.
+func yamlString(n *yaml.RNode) string {
+	s, _ := n.String()
+	return s
+}
+
+func strict(t *testing.T, doc string, v any) {
+	t.Helper()
+	if err := sigsyaml.UnmarshalStrict([]byte(doc), v); err != nil {
+		t.Fatalf("not a valid object: %v\n%s", err, doc)
+	}
+}
