@@ -68,7 +68,37 @@ func runsOf(c *yaml.RNode, env containerEnv) (runs []*invocation, script *yaml.N
 		return []*invocation{exec}, nil, nil
 	}
 	runs, err = shellRuns(script, env)
+	for i, w := range exec.words {
+		if w.node == script {
+			for _, run := range runs {
+				run.positional(exec.words[i+1:])
+			}
+		}
+	}
 	return runs, script, err
+}
+
+// positionalRef is a word that passes the shell's own arguments on: $0,
+// $@, "$@", $*, ${1}.
+var positionalRef = regexp.MustCompile(`^"?\$\{?[0-9@*]\}?"?$`)
+
+// positional puts the words the container gives the shell after its line
+// (sh -c LINE $0 $1 ...) where the run passes them on, so that a --port
+// among them is read, and rewritten, as the program's.
+func (run *invocation) positional(trailing []word) {
+	for i, w := range run.words {
+		if !positionalRef.MatchString(w.raw) {
+			continue
+		}
+		var words []word
+		for _, rest := range run.words[i:] {
+			if !positionalRef.MatchString(rest.raw) {
+				words = append(words, rest)
+			}
+		}
+		run.words = append(append(run.words[:i:i], trailing...), words...)
+		return
+	}
 }
 
 // shellScript is the scalar a shell runs with -c (sh -c, bash -ec,

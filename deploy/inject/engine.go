@@ -25,8 +25,13 @@ type engine struct {
 	// reads when they are not given.
 	portFlags, hostFlags []string
 	portEnv, hostEnv     string
-	defaultPort          int
-	defaultHost          string // "" is every interface
+	// overridingPortEnv, where the container sets it, is the port
+	// whatever the flags say.
+	overridingPortEnv string
+	// impliedPorts are other ports it listens on by default.
+	impliedPorts []int
+	defaultPort  int
+	defaultHost  string // "" is every interface
 	// worker tells a node of a multi-node engine that serves no API.
 	worker func(run *invocation, in *podSpec) (bool, error)
 }
@@ -71,19 +76,34 @@ var engines = []engine{
 	},
 	{
 		// TGI: launcher/src/main.rs (--port/-p, PORT, 3000; --hostname,
-		// HOSTNAME, 0.0.0.0); its images set PORT=80. The router binds
-		// 0.0.0.0 for a hostname that is not an IP address, such as the
-		// pod's name the kubelet puts in HOSTNAME.
-		name:        "TGI",
-		programs:    [][]string{{"text-generation-launcher"}},
-		images:      []string{"text-generation-inference"},
-		imageEnv:    map[string]string{"PORT": "80"},
-		portFlags:   []string{"--port", "-p"},
-		hostFlags:   []string{"--hostname"},
-		portEnv:     "PORT",
-		hostEnv:     "HOSTNAME",
-		defaultPort: 3000,
-		defaultHost: "0.0.0.0",
+		// HOSTNAME, 0.0.0.0; --prometheus-port 9000); its images set
+		// PORT=80. The router (router/src/server.rs) binds 0.0.0.0 for a
+		// hostname that is not an IP address, such as the pod's name the
+		// kubelet puts in HOSTNAME, and its Google Cloud build listens on
+		// AIP_HTTP_PORT when set, whatever --port says.
+		name:              "TGI",
+		programs:          [][]string{{"text-generation-launcher"}},
+		images:            []string{"text-generation-inference"},
+		imageEnv:          map[string]string{"PORT": "80"},
+		portFlags:         []string{"--port", "-p"},
+		hostFlags:         []string{"--hostname"},
+		portEnv:           "PORT",
+		hostEnv:           "HOSTNAME",
+		overridingPortEnv: "AIP_HTTP_PORT",
+		impliedPorts:      []int{9000},
+		defaultPort:       3000,
+		defaultHost:       "0.0.0.0",
+	},
+	{
+		// KServe's huggingfaceserver (vLLM behind KServe's model server):
+		// kserve/model_server.py (--http_port, 8080); its REST server
+		// binds 0.0.0.0.
+		name:         "KServe's huggingfaceserver",
+		programs:     [][]string{{"huggingfaceserver"}},
+		images:       []string{"huggingfaceserver"}, // kserve/huggingfaceserver, and the runtimes' huggingfaceserver:replace
+		portFlags:    []string{"--http_port", "--http-port"},
+		impliedPorts: []int{8081}, // --grpc_port
+		defaultPort:  8080,
 	},
 }
 

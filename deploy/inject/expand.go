@@ -63,7 +63,9 @@ func (e containerEnv) lookup(name string) (v envVar, defined bool) {
 // env values to s (Kubernetes' third_party/forked/golang/expansion,
 // Expand): $(VAR) of a defined variable is its value, of an undefined one
 // stays as written; $$ is $; any other $ is itself. known is false where
-// a variable's value cannot be read from the manifest.
+// a variable's value cannot be read from the manifest, and for a variable
+// the manifest does not define: controllers define some when they create
+// the pod (LeaderWorkerSet's LWS_WORKER_INDEX, Knative's PORT).
 func (e containerEnv) expand(s string) (string, bool) {
 	if !strings.Contains(s, "$") {
 		return s, true
@@ -89,9 +91,7 @@ func (e containerEnv) expand(s string) (string, bool) {
 			name := s[i+2 : i+2+end]
 			v, defined := e.lookup(name)
 			switch {
-			case !defined:
-				b.WriteString("$(" + name + ")")
-			case !v.known:
+			case !defined, !v.known:
 				known = false
 				b.WriteString(unknownPart)
 			default:

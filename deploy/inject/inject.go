@@ -42,7 +42,7 @@ var derived = []string{"TIMING_SIDECAR_LISTEN", "TIMING_SIDECAR_UPSTREAM"}
 // ErrNoEngine is the answer to input with no engine in it: a mistake (the
 // wrong chart, a values file that renders no engine) more likely than a
 // wish to change nothing.
-var ErrNoEngine = errors.New("no engine found: no container runs vllm serve, vLLM's OpenAI entrypoint, SGLang's launch_server, llama-server or text-generation-launcher (name one with --engine-container or --engine-port)")
+var ErrNoEngine = errors.New("no engine found: no container runs vllm serve, vLLM's OpenAI entrypoint, SGLang's launch_server, llama-server, text-generation-launcher or KServe's huggingfaceserver (name one with --engine-container or --engine-port)")
 
 // ErrOnlyWorkers is the answer to input whose engines are all workers of
 // multi-node engines (vllm serve --headless, an SGLang node of rank 1 or
@@ -184,7 +184,7 @@ func verifyMoved(ps *podSpec, opts *Options, port int) error {
 	f, err := findEngine(ps, opts)
 	if err == nil && f != nil {
 		var r reading
-		r, err = f.read(f.engine.portFlags, f.engine.portEnv, strconv.Itoa(f.engine.defaultPort), "its port")
+		r, err = f.readPort()
 		if n, _ := strconv.Atoi(r.value); err == nil && r.known && n == port {
 			return nil
 		}

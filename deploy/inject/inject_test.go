@@ -52,7 +52,7 @@ func TestStacks(t *testing.T) {
 			if err != nil || again != got {
 				t.Errorf("injecting twice is not injecting once (%v):\n%s", err, again)
 			}
-			checkOutput(t, got, Options{})
+			checkOutput(t, string(in), got, Options{})
 		})
 	}
 }
@@ -130,7 +130,7 @@ func TestEnginesByCommandNameAndPort(t *testing.T) {
 		if got := sidecarEnv(p.Spec)["TIMING_SIDECAR_LISTEN"]; got != tc.listen {
 			t.Errorf("%s: the sidecar listens on %q, want %q:\n%s", tc.name, got, tc.listen, out)
 		}
-		checkOutput(t, out, tc.opts)
+		checkOutput(t, pod(tc.container), out, tc.opts)
 	}
 }
 

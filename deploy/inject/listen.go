@@ -83,9 +83,19 @@ func (f *found) read(flags []string, envName, def, what string) (reading, error)
 	return r, nil
 }
 
+// readPort reads the engine's port setting.
+func (f *found) readPort() (reading, error) {
+	if name := f.engine.overridingPortEnv; name != "" {
+		if v, defined := f.env.lookup(name); defined && v.node != nil {
+			return reading{value: v.value, known: v.known, from: name, vars: []string{name}, env: &v}, nil
+		}
+	}
+	return f.read(f.engine.portFlags, f.engine.portEnv, strconv.Itoa(f.engine.defaultPort), "its port")
+}
+
 // port is the port the engine listens on.
 func (f *found) port(opts *Options) (int, reading, error) {
-	r, err := f.read(f.engine.portFlags, f.engine.portEnv, strconv.Itoa(f.engine.defaultPort), "its port")
+	r, err := f.readPort()
 	if err != nil {
 		return 0, r, err
 	}

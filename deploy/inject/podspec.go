@@ -48,10 +48,17 @@ var podSpecPaths = map[string][][]string{
 	"ServingRuntime":        {{"spec"}},
 	"ClusterServingRuntime": {{"spec"}},
 	"InferenceService":      {{"spec", "predictor"}},
+	// KServe's LLMInferenceService (llm-d behind KServe) and its
+	// configs: pod specs inline, rendered into Deployments and
+	// LeaderWorkerSets.
+	"LLMInferenceService":       llmInferenceServicePaths,
+	"LLMInferenceServiceConfig": llmInferenceServicePaths,
 	// A Knative Service (serving.knative.dev); Kubernetes' own Service
 	// has no pod template, and passes.
 	"Service": {{"spec", "template", "spec"}},
 }
+
+var llmInferenceServicePaths = [][]string{{"spec", "template"}, {"spec", "worker"}, {"spec", "prefill", "template"}, {"spec", "prefill", "worker"}}
 
 // kserve kinds take the sidecar as a container.
 var kserve = map[string]bool{"ServingRuntime": true, "ClusterServingRuntime": true, "InferenceService": true}
@@ -94,9 +101,9 @@ func podSpecsOf(doc *yaml.RNode) []podSpec {
 		ps := podSpec{node: n, path: strings.Join(path, "."), knative: obeysKnative(doc)}
 		ps.native = !ps.knative
 		switch {
-		case kind == "LeaderWorkerSet" && slices.Contains(path, "leaderTemplate"):
+		case kind == "LeaderWorkerSet" && slices.Contains(path, "leaderTemplate"), strings.HasPrefix(kind, "LLMInferenceService") && !slices.Contains(path, "worker"):
 			ps.lwsRole = "leader"
-		case kind == "LeaderWorkerSet":
+		case kind == "LeaderWorkerSet", strings.HasPrefix(kind, "LLMInferenceService"):
 			ps.lwsRole = "worker"
 		}
 		out = append(out, ps)

@@ -206,6 +206,9 @@ func planPorts(ps *podSpec, f *found, opts *Options) (*portPlan, error) {
 		plan.hostPort, plan.hostIP = scalar(entry, "hostPort"), scalar(entry, "hostIP")
 	}
 	used.use(old, "the engine")
+	for _, n := range f.engine.impliedPorts {
+		used.use(n, f.engine.name+" by default")
+	}
 	if who, taken := used.names[adminPortName]; taken && !ps.knative {
 		return nil, fmt.Errorf("%s already has a port named %s, the sidecar's admin port: rename it (a sidecar added by hand under another name?)", who, adminPortName)
 	}

@@ -20,41 +20,79 @@ import (
 	sigsyaml "sigs.k8s.io/yaml"
 )
 
-// checkOutput decodes every document inject wrote into its Kubernetes
-// type, refusing unknown fields, and checks each pod spec with the
-// sidecar against the rules of the platform that runs it and against the
-// traffic it must carry.
-func checkOutput(t *testing.T, out string, opts Options) {
+// checkOutput decodes every document inject wrote from in into its
+// Kubernetes type, refusing unknown fields, and checks each pod spec with
+// the sidecar against the rules of the platform that runs it and against
+// the traffic it must carry. A rule the input broke already is the
+// input's: only what inject adds is held to it.
+func checkOutput(t *testing.T, in, out string, opts Options) {
 	t.Helper()
+	before := map[int]map[string]bool{} // the input's problems, by pod spec
+	inDocs, err := (&kio.ByteReader{Reader: strings.NewReader(in)}).Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	badInput := map[int]bool{}
+	n := 0
+	for i, doc := range inDocs {
+		text, _ := doc.String()
+		badInput[i] = strictProblem(doc.GetApiVersion(), doc.GetKind(), text) != nil
+		for _, ps := range podSpecsOf(doc) {
+			spec := podSpecOf(t, &ps)
+			before[n] = map[string]bool{}
+			for _, p := range podProblems(spec, ps.knative) {
+				before[n][p] = true
+			}
+			n++
+		}
+	}
 	docs, err := (&kio.ByteReader{Reader: strings.NewReader(out)}).Read()
 	if err != nil {
 		t.Fatalf("the output does not read back: %v", err)
 	}
-	for _, doc := range docs {
+	n = 0
+	for i, doc := range docs {
 		text, err := doc.String()
 		if err != nil {
 			t.Fatal(err)
 		}
-		decodeStrict(t, doc.GetKind(), text)
+		if err := strictProblem(doc.GetApiVersion(), doc.GetKind(), text); err != nil && !badInput[i] {
+			t.Errorf("not a valid %s: %v\n%s", doc.GetKind(), err, text)
+		}
 		for _, ps := range podSpecsOf(doc) {
 			spec := podSpecOf(t, &ps)
-			sidecar := findSidecar(spec)
-			if sidecar == nil {
-				continue
+			for _, p := range podProblems(spec, ps.knative) {
+				if !before[n][p] {
+					t.Error(p)
+				}
 			}
-			checkAPIServerRules(t, spec)
-			checkRunAsNonRoot(t, sidecar, imageUser(t))
-			if ps.knative {
-				checkKnativeRules(t, spec)
+			n++
+			if sidecar := findSidecar(spec); sidecar != nil {
+				if p := runAsNonRootProblem(sidecar, imageUser(t)); p != "" {
+					t.Error(p)
+				}
+				checkTraffic(t, &ps, spec, sidecar, opts)
 			}
-			checkTraffic(t, &ps, spec, sidecar, opts)
 		}
 	}
 }
 
-// decodeStrict decodes the kinds k8s.io/api has.
-func decodeStrict(t *testing.T, kind, doc string) {
-	t.Helper()
+// podProblems is every rule of the API server, and of Knative where it
+// runs the pod, that spec breaks.
+func podProblems(spec corev1.PodSpec, knative bool) []string {
+	p := apiServerProblems(spec)
+	if knative {
+		p = append(p, knativeProblems(spec)...)
+	}
+	return p
+}
+
+// strictProblem decodes the kinds k8s.io/api has (v1, apps, batch: no
+// dot in the group), refusing unknown fields.
+func strictProblem(apiVersion, kind, doc string) error {
+	if strings.Contains(apiVersion, ".") {
+		return nil
+	}
 	var v any
 	switch kind {
 	case "Pod":
@@ -74,11 +112,9 @@ func decodeStrict(t *testing.T, kind, doc string) {
 	case "CronJob":
 		v = &batchv1.CronJob{}
 	default:
-		return
+		return nil
 	}
-	if err := sigsyaml.UnmarshalStrict([]byte(doc), v); err != nil {
-		t.Errorf("not a valid %s: %v\n%s", kind, err, doc)
-	}
+	return sigsyaml.UnmarshalStrict([]byte(doc), v)
 }
 
 // podSpecOf decodes a pod spec strictly, as core's PodSpec; a KServe
@@ -130,40 +166,41 @@ func allContainers(spec corev1.PodSpec) []corev1.Container {
 	return append(slices.Clone(spec.InitContainers), spec.Containers...)
 }
 
-// checkAPIServerRules: the checks the API server makes of a pod's ports
+// apiServerProblems: the checks the API server makes of a pod's ports
 // (kubernetes pkg/apis/core/validation/validation.go: validateContainerPorts
 // with apimachinery's IsValidPortName; AccumulateUniqueHostPorts across
 // the regular containers), and, held stricter than its warnings
 // (pkg/api/pod/warnings.go), a port number and a port name used once in
 // the whole pod, so that Services and probes that name a port mean one.
-func checkAPIServerRules(t *testing.T, spec corev1.PodSpec) {
-	t.Helper()
+func apiServerProblems(spec corev1.PodSpec) []string {
+	var out []string
 	numbers, names, hostPorts := map[string]string{}, map[string]string{}, map[string]string{}
 	for _, c := range allContainers(spec) {
 		for _, p := range c.Ports {
 			if p.Name != "" {
 				if errs := validation.IsValidPortName(p.Name); len(errs) > 0 {
-					t.Errorf("container %s: port name %q: %v", c.Name, p.Name, errs)
+					out = append(out, fmt.Sprintf("container %s: port name %q: %v", c.Name, p.Name, errs))
 				}
 				if other, ok := names[p.Name]; ok {
-					t.Errorf("port name %q in containers %s and %s", p.Name, other, c.Name)
+					out = append(out, fmt.Sprintf("port name %q in containers %s and %s", p.Name, other, c.Name))
 				}
 				names[p.Name] = c.Name
 			}
 			key := fmt.Sprintf("%d/%s", p.ContainerPort, p.Protocol)
 			if other, ok := numbers[key]; ok {
-				t.Errorf("containerPort %s in containers %s and %s", key, other, c.Name)
+				out = append(out, fmt.Sprintf("containerPort %s in containers %s and %s", key, other, c.Name))
 			}
 			numbers[key] = c.Name
 			if p.HostPort != 0 {
 				key := fmt.Sprintf("%s/%s/%d", p.Protocol, p.HostIP, p.HostPort)
 				if other, ok := hostPorts[key]; ok {
-					t.Errorf("hostPort %s in containers %s and %s", key, other, c.Name)
+					out = append(out, fmt.Sprintf("hostPort %s in containers %s and %s", key, other, c.Name))
 				}
 				hostPorts[key] = c.Name
 			}
 		}
 	}
+	return out
 }
 
 // imageUser is the USER of the Dockerfile's final stage.
@@ -188,31 +225,31 @@ func imageUser(t *testing.T) string {
 	return user
 }
 
-// checkRunAsNonRoot: the kubelet's rule (kubernetes
+// runAsNonRootProblem: the kubelet's rule (kubernetes
 // pkg/kubelet/kuberuntime/security_context_others.go, verifyRunAsNonRoot):
 // a container with runAsNonRoot and no runAsUser starts only if its
 // image's user is a number other than 0 ("container has runAsNonRoot and
 // image has non-numeric user ..., cannot verify user is non-root"); a
 // runAsUser must not be 0.
-func checkRunAsNonRoot(t *testing.T, c *corev1.Container, imageUser string) {
-	t.Helper()
+func runAsNonRootProblem(c *corev1.Container, imageUser string) string {
 	sc := c.SecurityContext
 	if sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
-		return
+		return ""
 	}
 	if sc.RunAsUser != nil {
 		if *sc.RunAsUser == 0 {
-			t.Errorf("%s: runAsNonRoot with runAsUser 0", c.Name)
+			return c.Name + ": runAsNonRoot with runAsUser 0"
 		}
-		return
+		return ""
 	}
 	uid, _, _ := strings.Cut(imageUser, ":")
 	if n, err := strconv.ParseInt(uid, 10, 64); err != nil || n == 0 {
-		t.Errorf("%s: runAsNonRoot without runAsUser, and the image's USER %q is not a non-zero number: the kubelet refuses to start it", c.Name, imageUser)
+		return fmt.Sprintf("%s: runAsNonRoot without runAsUser, and the image's USER %q is not a non-zero number: the kubelet refuses to start it", c.Name, imageUser)
 	}
+	return ""
 }
 
-// checkKnativeRules: Knative Serving's checks of a revision's containers
+// knativeProblems: Knative Serving's checks of a revision's containers
 // with its features at their defaults (knative/serving
 // pkg/apis/serving/k8s_validation.go and fieldmask.go):
 // validateContainersPorts allows one port in all, validPortNames only
@@ -220,37 +257,38 @@ func checkRunAsNonRoot(t *testing.T, c *corev1.Container, imageUser string) {
 // 9091; validateSidecarContainer refuses any probe on a container without
 // the port; ContainerMask has no restartPolicy; EnvVarSourceMask allows
 // only configMapKeyRef and secretKeyRef.
-func checkKnativeRules(t *testing.T, spec corev1.PodSpec) {
-	t.Helper()
+func knativeProblems(spec corev1.PodSpec) []string {
+	var out []string
 	ports := 0
 	for _, c := range allContainers(spec) {
 		ports += len(c.Ports)
 		for _, p := range c.Ports {
 			if p.Name != "" && p.Name != "h2c" && p.Name != "http1" {
-				t.Errorf("Knative: container %s: port name %q is not allowed", c.Name, p.Name)
+				out = append(out, fmt.Sprintf("Knative: container %s: port name %q is not allowed", c.Name, p.Name))
 			}
 			if slices.Contains(knativeReserved, int(p.ContainerPort)) {
-				t.Errorf("Knative: container %s: %d is a reserved port", c.Name, p.ContainerPort)
+				out = append(out, fmt.Sprintf("Knative: container %s: %d is a reserved port", c.Name, p.ContainerPort))
 			}
 		}
 		if len(c.Ports) == 0 && (c.ReadinessProbe != nil || c.LivenessProbe != nil || c.StartupProbe != nil) {
-			t.Errorf("Knative: container %s has probes and no port", c.Name)
+			out = append(out, fmt.Sprintf("Knative: container %s has probes and no port", c.Name))
 		}
 		if c.RestartPolicy != nil {
-			t.Errorf("Knative: container %s sets restartPolicy", c.Name)
+			out = append(out, fmt.Sprintf("Knative: container %s sets restartPolicy", c.Name))
 		}
 		for _, e := range c.Env {
 			if e.ValueFrom != nil && e.ValueFrom.ConfigMapKeyRef == nil && e.ValueFrom.SecretKeyRef == nil {
-				t.Errorf("Knative: container %s: env %s uses the downward API", c.Name, e.Name)
+				out = append(out, fmt.Sprintf("Knative: container %s: env %s uses the downward API", c.Name, e.Name))
 			}
 		}
 	}
 	if ports > 1 {
-		t.Errorf("Knative: %d ports; only a single port is allowed across all containers", ports)
+		out = append(out, fmt.Sprintf("Knative: %d ports; only a single port is allowed across all containers", ports))
 	}
 	if len(spec.InitContainers) > 0 {
-		t.Errorf("Knative: init containers")
+		out = append(out, "Knative: init containers")
 	}
+	return out
 }
 
 // checkTraffic follows the traffic: the sidecar listens where the engine

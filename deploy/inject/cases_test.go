@@ -1,0 +1,379 @@
+package inject
+
+import (
+	"encoding/json"
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// podWith is a Pod whose spec is spec, indented under it.
+func podWith(spec string) string {
+	return "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\nspec:\n" + indent(spec, "  ")
+}
+
+func indent(s, pad string) string {
+	return pad + strings.ReplaceAll(strings.TrimSuffix(s, "\n"), "\n", "\n"+pad) + "\n"
+}
+
+// shellPod runs line with sh -c in a container that declares ports.
+func shellPod(line string, ports ...int) string {
+	spec := "containers:\n  - name: e\n    command: [sh, -c]\n    args:\n      - " + strconv.Quote(line) + "\n"
+	if len(ports) > 0 {
+		spec += "    ports:\n"
+		for _, p := range ports {
+			spec += "      - containerPort: " + strconv.Itoa(p) + "\n"
+		}
+	}
+	return podWith(spec)
+}
+
+// injectPodOK injects in and decodes the Pod that comes out, checked as
+// every output is.
+func injectPodOK(t *testing.T, in string, opts Options) (corev1.Pod, string) {
+	t.Helper()
+	out, err := injectString(t, in, opts)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, in)
+	}
+	var p corev1.Pod
+	strict(t, out, &p)
+	checkOutput(t, in, out, opts)
+	return p, out
+}
+
+func container(spec corev1.PodSpec, name string) *corev1.Container {
+	for _, list := range [][]corev1.Container{spec.Containers, spec.InitContainers} {
+		for i := range list {
+			if list[i].Name == name {
+				return &list[i]
+			}
+		}
+	}
+	return nil
+}
+
+// refused checks that in is refused with an error saying want, and
+// nothing written.
+func refused(t *testing.T, name, in string, opts Options, want string) {
+	t.Helper()
+	out, err := injectString(t, in, opts)
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("%s: error %v, want one saying %q", name, err, want)
+	}
+	if out != "" {
+		t.Errorf("%s: wrote output with the error", name)
+	}
+}
+
+// TestShellLines: the engine's port in a shell line is a word of the
+// engine's command, whatever else the line holds; the line is otherwise
+// unchanged.
+func TestShellLines(t *testing.T) {
+	for _, tc := range []struct {
+		name, in, want string
+		ports          []int
+		listen         string
+	}{
+		{"a redirection after the engine", "vllm serve m 2>&1 | tee /tmp/log", "vllm serve m --port 18000 2>&1 | tee /tmp/log", nil, ":8000"},
+		{"a comment after the engine", "vllm serve m # the model", "vllm serve m --port 18000 # the model", nil, ":8000"},
+		{"a comment naming --port", "vllm serve m --port 8000 # not --port 1", "vllm serve m --port 18000 # not --port 1", nil, ":8000"},
+		{"a quoted separator", "vllm serve m --served-model-name 'a;b' && echo done", "vllm serve m --served-model-name 'a;b' --port 18000 && echo done", nil, ":8000"},
+		{"a double-quoted separator", `vllm serve m --chat-template "x|y"`, `vllm serve m --chat-template "x|y" --port 18000`, nil, ":8000"},
+		{"ray then the engine, both ports declared", "ray start --head --port=6379 && vllm serve m", "ray start --head --port=6379 && vllm serve m --port 18000", []int{6379, 8000}, ":8000"},
+		{"ray's port on the line", "ray start --head --port 6379; vllm serve m --port 8000 --tp 8; echo --port 1", "ray start --head --port 6379; vllm serve m --port 18000 --tp 8; echo --port 1", nil, ":8000"},
+		{"--port=", "ray start --port=6379 && vllm serve m --port=8000", "ray start --port=6379 && vllm serve m --port=18000", nil, ":8000"},
+		{"exec", "ray start --port 6379 && exec vllm serve m", "ray start --port 6379 && exec vllm serve m --port 18000", nil, ":8000"},
+		{"continued lines", "vllm serve m \\\n  --port 8000 \\\n  --tp 2\n", "vllm serve m \\\n  --port 18000 \\\n  --tp 2\n", nil, ":8000"},
+		{"continued lines, port added", "vllm serve m \\\n  --tp 2\n", "vllm serve m \\\n  --tp 2 --port 18000\n", nil, ":8000"},
+		{"a quoted port", `vllm serve m --port "9000"`, `vllm serve m --port 19000`, nil, ":9000"},
+		{"a default in the line", "vllm serve m --port ${PORT:-9000}", "vllm serve m --port 19000", nil, ":9000"},
+		{"in a conditional, on both branches", `if [ -n "$X" ]; then vllm serve a; else vllm serve b; fi`, `if [ -n "$X" ]; then vllm serve a --port 18000; else vllm serve b --port 18000; fi`, nil, ":8000"},
+		{"backgrounded and waited", "vllm serve m --port 8000 &\nwait", "vllm serve m --port 18000 &\nwait", nil, ":8000"},
+		{"SGLang in a pipeline", "python3 -m sglang.launch_server --model-path m --host 0.0.0.0 | tee log", "python3 -m sglang.launch_server --model-path m --host 0.0.0.0 --port 40000 | tee log", nil, ":30000"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, _ := injectPodOK(t, shellPod(tc.in, tc.ports...), Options{})
+			if got := p.Spec.Containers[0].Args[0]; got != tc.want {
+				t.Errorf("%q became\n%q, want\n%q", tc.in, got, tc.want)
+			}
+			if got := sidecarEnv(p.Spec)["TIMING_SIDECAR_LISTEN"]; got != tc.listen {
+				t.Errorf("the sidecar listens on %q, want %q", got, tc.listen)
+			}
+		})
+	}
+	for _, tc := range []struct{ name, in, want string }{
+		{"does not parse", "vllm serve m 'unclosed", "does not parse"},
+		{"the engine inside another shell's quotes", `ray start && bash -c "vllm serve m"`, "inside another shell's quotes"},
+		{"started through eval", `eval "vllm serve m"`, "inside another shell's quotes"},
+		{"a port the line sets itself", "PORT=9000; vllm serve m --port $PORT", "cannot read the engine's port from --port $PORT"},
+		{"starts that disagree", "vllm serve a --port 8000 || vllm serve b --port 9000", "disagree"},
+	} {
+		refused(t, tc.name, shellPod(tc.in), Options{}, tc.want)
+	}
+}
+
+// TestPortAndAddress: the engine's port and address come from its own
+// flags in each form, its env as the kubelet expands it, its image's ENV
+// and its default; the sidecar listens where it did, loopback staying
+// loopback, and relays to where it moved. What cannot be read is refused
+// with the input to set.
+func TestPortAndAddress(t *testing.T) {
+	type want struct {
+		listen, upstream string
+		engine           []string // the engine's command and args after
+		env              map[string]string
+	}
+	for _, tc := range []struct {
+		name, spec string
+		opts       Options
+		want       want
+	}{
+		{"vLLM on loopback", "containers:\n  - name: e\n    command: [vllm, serve, m, --host, 127.0.0.1]\n",
+			Options{}, want{"127.0.0.1:8000", "http://127.0.0.1:18000", []string{"vllm", "serve", "m", "--host", "127.0.0.1", "--port", "18000"}, nil}},
+		{"vLLM on localhost, --host=", "containers:\n  - name: e\n    command: [vllm, serve, m, --host=localhost, --port=8001]\n",
+			Options{}, want{"127.0.0.1:8001", "http://127.0.0.1:18001", []string{"vllm", "serve", "m", "--host=localhost", "--port=18001"}, nil}},
+		{"vLLM on IPv6 loopback", "containers:\n  - name: e\n    command: [vllm, serve, m, --host, '::1']\n",
+			Options{}, want{"[::1]:8000", "http://[::1]:18000", nil, nil}},
+		{"vLLM on every interface", "containers:\n  - name: e\n    command: [vllm, serve, m, --host, 0.0.0.0]\n",
+			Options{}, want{":8000", "http://127.0.0.1:18000", nil, nil}},
+		{"$(PORT) as the kubelet expands it", "containers:\n  - name: e\n    command: [vllm, serve, m, --port, $(PORT)]\n    env:\n      - {name: PORT, value: \"9000\"}\n",
+			Options{}, want{":9000", "http://127.0.0.1:19000", []string{"vllm", "serve", "m", "--port", "19000"}, map[string]string{"PORT": "9000"}}},
+		{"$(PORT) in --port=", "containers:\n  - name: e\n    args: [vllm, serve, m, --port=$(PORT)]\n    env:\n      - {name: PORT, value: \"9000\"}\n",
+			Options{}, want{":9000", "http://127.0.0.1:19000", []string{"vllm", "serve", "m", "--port=19000"}, nil}},
+		{"${PORT} in a shell line", "containers:\n  - name: e\n    command: [bash, -ec, 'vllm serve m --port ${PORT}']\n    env:\n      - {name: PORT, value: \"9000\"}\n",
+			Options{}, want{":9000", "http://127.0.0.1:19000", []string{"bash", "-ec", "vllm serve m --port 19000"}, nil}},
+		{"$(PORT) in a shell line, the kubelet's", "containers:\n  - name: e\n    command: [sh, -c, 'vllm serve m --port $(PORT)']\n    env:\n      - {name: PORT, value: \"9000\"}\n",
+			Options{}, want{":9000", "http://127.0.0.1:19000", []string{"sh", "-c", "vllm serve m --port 19000"}, nil}},
+		{"an env value through another", "containers:\n  - name: e\n    command: [vllm, serve, m, --port, $(PORT)]\n    env:\n      - {name: BASE, value: \"9000\"}\n      - {name: PORT, value: $(BASE)}\n",
+			Options{}, want{":9000", "http://127.0.0.1:19000", nil, nil}},
+		{"llama.cpp's LLAMA_ARG_PORT, in its image", "containers:\n  - name: e\n    image: ghcr.io/ggml-org/llama.cpp:server\n    args: [-m, /models/m.gguf]\n    env:\n      - {name: LLAMA_ARG_PORT, value: \"8081\"}\n",
+			Options{}, want{":8081", "http://127.0.0.1:18081", []string{"-m", "/models/m.gguf"}, map[string]string{"LLAMA_ARG_PORT": "18081"}}},
+		{"llama.cpp's LLAMA_ARG_HOST on loopback", "containers:\n  - name: e\n    image: ghcr.io/ggml-org/llama.cpp:server\n    env:\n      - {name: LLAMA_ARG_HOST, value: 127.0.0.1}\n",
+			Options{}, want{"127.0.0.1:8080", "http://127.0.0.1:18080", []string{"--port", "18080"}, nil}},
+		{"TGI's -p", "containers:\n  - name: e\n    image: ghcr.io/huggingface/text-generation-inference:3.3\n    args: [--model-id, m, -p, \"8080\"]\n",
+			Options{}, want{":8080", "http://127.0.0.1:18080", []string{"--model-id", "m", "-p", "18080"}, nil}},
+		{"TGI's -p8080", "containers:\n  - name: e\n    command: [text-generation-launcher, -p8080]\n",
+			Options{}, want{":8080", "http://127.0.0.1:18080", []string{"text-generation-launcher", "-p18080"}, nil}},
+		{"TGI's image's PORT", "containers:\n  - name: e\n    image: ghcr.io/huggingface/text-generation-inference:3.3\n    args: [--model-id, m]\n    ports: [{containerPort: 80}]\n",
+			Options{}, want{":80", "http://127.0.0.1:10080", []string{"--model-id", "m", "--port", "10080"}, nil}},
+		{"TGI's HOSTNAME, the pod's name", "containers:\n  - name: e\n    command: [text-generation-launcher]\n    env:\n      - {name: HOSTNAME, value: my-pod}\n",
+			Options{}, want{":3000", "http://127.0.0.1:13000", nil, nil}},
+		{"a port from a secret, given with --engine-port", "containers:\n  - name: e\n    command: [vllm, serve, m, --port, $(PORT)]\n    env:\n      - name: PORT\n        valueFrom: {secretKeyRef: {name: s, key: port}}\n",
+			Options{EnginePort: 9000}, want{":9000", "http://127.0.0.1:19000", []string{"vllm", "serve", "m", "--port", "19000"}, nil}},
+		{"a default the container contradicts, given with --engine-port", "containers:\n  - name: e\n    image: registry.local/tgi:custom\n    command: [text-generation-launcher]\n    ports: [{containerPort: 80}]\n",
+			Options{EnginePort: 80}, want{":80", "http://127.0.0.1:10080", []string{"text-generation-launcher", "--port", "10080"}, nil}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, out := injectPodOK(t, podWith(tc.spec), tc.opts)
+			env := sidecarEnv(p.Spec)
+			if env["TIMING_SIDECAR_LISTEN"] != tc.want.listen || env["TIMING_SIDECAR_UPSTREAM"] != tc.want.upstream {
+				t.Errorf("the sidecar listens on %q and relays to %q, want %q and %q:\n%s", env["TIMING_SIDECAR_LISTEN"], env["TIMING_SIDECAR_UPSTREAM"], tc.want.listen, tc.want.upstream, out)
+			}
+			e := container(p.Spec, "e")
+			if got := append(append([]string{}, e.Command...), e.Args...); tc.want.engine != nil && strings.Join(got, " ") != strings.Join(tc.want.engine, " ") {
+				t.Errorf("the engine runs %q, want %q", got, tc.want.engine)
+			}
+			for name, value := range tc.want.env {
+				for _, v := range e.Env {
+					if v.Name == name && v.Value != value {
+						t.Errorf("the engine's %s is %q, want %q", name, v.Value, value)
+					}
+				}
+			}
+		})
+	}
+	for _, tc := range []struct {
+		name, spec string
+		opts       Options
+		want       string
+	}{
+		{"a port from a secret", "containers:\n  - name: e\n    command: [vllm, serve, m, --port, $(PORT)]\n    env:\n      - name: PORT\n        valueFrom: {secretKeyRef: {name: s, key: port}}\n", Options{}, "--engine-port"},
+		{"a port from envFrom", "containers:\n  - name: e\n    command: [sh, -c, 'vllm serve m --port $PORT']\n    envFrom: [{configMapRef: {name: c}}]\n", Options{}, "--engine-port"},
+		{"a port that is no number", "containers:\n  - name: e\n    command: [vllm, serve, m, --port, http]\n", Options{}, "is not a port number"},
+		{"a default the probes contradict", "containers:\n  - name: e\n    command: [vllm, serve, m]\n    ports: [{containerPort: 8080}]\n    readinessProbe: {httpGet: {path: /health, port: 8080}}\n", Options{}, "give the engine its port with --port"},
+		{"--engine-port against the engine's flag", "containers:\n  - name: e\n    command: [vllm, serve, m, --port, \"8000\"]\n", Options{EnginePort: 9000}, "must agree"},
+		{"a host of the pod's IP", "containers:\n  - name: e\n    command: [vllm, serve, m, --host, $(POD_IP)]\n    env:\n      - name: POD_IP\n        valueFrom: {fieldRef: {fieldPath: status.podIP}}\n", Options{}, "cannot read the address"},
+		{"a host of one address", "containers:\n  - name: e\n    command: [vllm, serve, m, --host, 10.0.0.5]\n", Options{}, "listens on 10.0.0.5 only"},
+		{"an unknown engine without --port", "containers:\n  - name: e\n    command: [my-server]\n    ports: [{containerPort: 7000}]\n", Options{EngineContainer: "e"}, "no --port flag"},
+	} {
+		refused(t, tc.name, podWith(tc.spec), tc.opts, tc.want)
+	}
+}
+
+// TestPodPorts: every port the sidecar adds is free in the whole pod; the
+// admin port moves off a held one or is set; a hostPort follows the
+// engine's port to the sidecar; --engine-container picks among
+// candidates; the sidecar's ports keep unique names.
+func TestPodPorts(t *testing.T) {
+	t.Run("an engine on the admin port", func(t *testing.T) {
+		p, _ := injectPodOK(t, podWith("containers:\n  - name: e\n    command: [vllm, serve, m, --port, \"9101\"]\n    ports: [{containerPort: 9101}]\n"), Options{})
+		env := sidecarEnv(p.Spec)
+		if env["TIMING_SIDECAR_LISTEN"] != ":9101" || env["TIMING_SIDECAR_ADMIN_LISTEN"] != ":9102" || adminPortOf(p.Spec) != 9102 {
+			t.Errorf("listen %q, admin %q, admin port %d", env["TIMING_SIDECAR_LISTEN"], env["TIMING_SIDECAR_ADMIN_LISTEN"], adminPortOf(p.Spec))
+		}
+	})
+	t.Run("another container on the admin port and the engine's next", func(t *testing.T) {
+		p, _ := injectPodOK(t, podWith("containers:\n  - name: e\n    command: [vllm, serve, m]\n  - name: other\n    image: x\n    ports: [{containerPort: 9101}, {containerPort: 18000}]\n"), Options{})
+		env := sidecarEnv(p.Spec)
+		if env["TIMING_SIDECAR_UPSTREAM"] != "http://127.0.0.1:18001" || adminPortOf(p.Spec) != 9102 {
+			t.Errorf("upstream %q, admin port %d", env["TIMING_SIDECAR_UPSTREAM"], adminPortOf(p.Spec))
+		}
+	})
+	t.Run("a port another program is given", func(t *testing.T) {
+		p, _ := injectPodOK(t, shellPod("metrics-exporter --listen-port 18000 & vllm serve m"), Options{})
+		if got := sidecarEnv(p.Spec)["TIMING_SIDECAR_UPSTREAM"]; got != "http://127.0.0.1:18001" {
+			t.Errorf("upstream %q", got)
+		}
+	})
+	t.Run("admin-listen set", func(t *testing.T) {
+		p, _ := injectPodOK(t, podWith("containers:\n  - name: e\n    command: [vllm, serve, m]\n"), Options{Env: []EnvVar{{"TIMING_SIDECAR_ADMIN_LISTEN", ":9200"}}})
+		if adminPortOf(p.Spec) != 9200 || sidecarEnv(p.Spec)["TIMING_SIDECAR_ADMIN_LISTEN"] != ":9200" {
+			t.Errorf("admin port %d", adminPortOf(p.Spec))
+		}
+	})
+	t.Run("a hostPort", func(t *testing.T) {
+		p, _ := injectPodOK(t, podWith("containers:\n  - name: e\n    command: [vllm, serve, m]\n    ports: [{name: http, containerPort: 8000, hostPort: 8000}]\n"), Options{})
+		e, s := container(p.Spec, "e"), findSidecar(p.Spec)
+		if e.Ports[0].HostPort != 0 || s.Ports[0].HostPort != 8000 || s.Ports[0].ContainerPort != 8000 || s.Ports[0].Name != "http" {
+			t.Errorf("engine ports %+v, sidecar ports %+v", e.Ports, s.Ports)
+		}
+	})
+	t.Run("--engine-container picks one of two", func(t *testing.T) {
+		p, _ := injectPodOK(t, podWith("containers:\n  - name: a\n    command: [vllm, serve, m]\n  - name: b\n    command: [llama-server, --port, \"9000\", --host, 0.0.0.0]\n"), Options{EngineContainer: "b"})
+		if got := sidecarEnv(p.Spec)["TIMING_SIDECAR_LISTEN"]; got != ":9000" {
+			t.Errorf("listen %q", got)
+		}
+	})
+	t.Run("the port's name taken by another container", func(t *testing.T) {
+		p, _ := injectPodOK(t, podWith("containers:\n  - name: e\n    command: [vllm, serve, m]\n  - name: other\n    image: x\n    ports: [{name: http, containerPort: 7000}]\n"), Options{})
+		if s := findSidecar(p.Spec); s.Ports[0].Name != "timing-http" {
+			t.Errorf("sidecar ports %+v", s.Ports)
+		}
+	})
+	for _, tc := range []struct {
+		name, spec string
+		opts       Options
+		want       string
+	}{
+		{"another container's port named timing-admin", "containers:\n  - name: e\n    command: [vllm, serve, m]\n  - name: other\n    image: x\n    ports: [{name: timing-admin, containerPort: 9500}]\n", Options{}, `container "other" already has a port named timing-admin`},
+		{"admin-listen on a held port", "containers:\n  - name: e\n    command: [vllm, serve, m]\n  - name: other\n    image: x\n    ports: [{containerPort: 9200}]\n", Options{Env: []EnvVar{{"TIMING_SIDECAR_ADMIN_LISTEN", ":9200"}}}, `admin-listen's port 9200 is held by container "other"`},
+		{"admin-listen on the engine's port", "containers:\n  - name: e\n    command: [vllm, serve, m]\n", Options{Env: []EnvVar{{"TIMING_SIDECAR_ADMIN_LISTEN", ":8000"}}}, "admin-listen's port 8000 is held by the engine"},
+		{"admin-listen on loopback", "containers:\n  - name: e\n    command: [vllm, serve, m]\n", Options{Env: []EnvVar{{"TIMING_SIDECAR_ADMIN_LISTEN", "127.0.0.1:9101"}}}, "on loopback"},
+		{"two candidates, none named", "containers:\n  - name: a\n    command: [vllm, serve, m]\n  - name: b\n    command: [llama-server]\n", Options{}, "name one with --engine-container"},
+	} {
+		refused(t, tc.name, podWith(tc.spec), tc.opts, tc.want)
+	}
+}
+
+func adminPortOf(spec corev1.PodSpec) int {
+	for _, p := range findSidecar(spec).Ports {
+		if p.Name == adminPortName {
+			return int(p.ContainerPort)
+		}
+	}
+	return 0
+}
+
+// TestKnative: KServe's kinds and Knative's Service get a pod Knative
+// admits (checkKnativeRules, in checkOutput): one port, on the engine's
+// container, where the sidecar listens; no probes, restartPolicy or
+// downward API on the sidecar.
+func TestKnative(t *testing.T) {
+	for _, tc := range []struct{ name, doc string }{
+		{"a ServingRuntime with a named h2c port", "apiVersion: serving.kserve.io/v1alpha1\nkind: ServingRuntime\nmetadata:\n  name: r\nspec:\n  containers:\n    - name: kserve-container\n      image: vllm/vllm-openai:v0.11.0\n      args: [--port, \"8080\"]\n      ports: [{name: h2c, containerPort: 8080, protocol: TCP}]\n      readinessProbe: {httpGet: {path: /health, port: h2c}}\n"},
+		{"an InferenceService with no port", "apiVersion: serving.kserve.io/v1beta1\nkind: InferenceService\nmetadata:\n  name: i\nspec:\n  predictor:\n    containers:\n      - name: kserve-container\n        image: vllm/vllm-openai:v0.11.0\n        args: [--port, \"8080\"]\n"},
+		{"a Knative Service", "apiVersion: serving.knative.dev/v1\nkind: Service\nmetadata:\n  name: k\nspec:\n  template:\n    spec:\n      containers:\n        - name: e\n          command: [vllm, serve, m]\n          ports: [{containerPort: 8000}]\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := injectString(t, tc.doc, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkOutput(t, tc.doc, out, Options{})
+			if !strings.Contains(out, "name: "+Name) {
+				t.Errorf("no sidecar:\n%s", out)
+			}
+		})
+	}
+}
+
+// TestWorkers: a multi-node engine's workers that serve no API get no
+// sidecar (its readiness would wait for an API server that never comes);
+// the node that serves the API does; a rank read only when the pod starts
+// is refused.
+func TestWorkers(t *testing.T) {
+	lws := func(leader, worker string) string {
+		return "apiVersion: leaderworkerset.x-k8s.io/v1\nkind: LeaderWorkerSet\nmetadata:\n  name: l\nspec:\n  leaderWorkerTemplate:\n    leaderTemplate:\n      spec:\n        containers:\n          - name: e\n            command: [sh, -c, " + strconv.Quote(leader) + "]\n    workerTemplate:\n      spec:\n        containers:\n          - name: e\n            command: [sh, -c, " + strconv.Quote(worker) + "]\n"
+	}
+	for _, tc := range []struct {
+		name, in string
+		sidecars int
+	}{
+		{"vLLM data parallel: the API node and a headless one", lws("vllm serve m --data-parallel-size 4", "vllm serve m --data-parallel-size 4 --headless --data-parallel-start-rank 2"), 1},
+		{"SGLang by LWS_WORKER_INDEX", lws("python3 -m sglang.launch_server --model-path m --host 0.0.0.0 --nnodes 2 --node-rank $(LWS_WORKER_INDEX)", "python3 -m sglang.launch_server --model-path m --nnodes 2 --node-rank $(LWS_WORKER_INDEX)"), 1},
+		{"SGLang by literal ranks", lws("python3 -m sglang.launch_server --model-path m --host 0.0.0.0 --node-rank 0", "python3 -m sglang.launch_server --model-path m --node-rank 1"), 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := injectString(t, tc.in, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Count(out, "name: "+Name+"\n"); got != tc.sidecars {
+				t.Errorf("%d sidecars, want %d:\n%s", got, tc.sidecars, out)
+			}
+			if strings.Contains(out, "--headless --data-parallel-start-rank 2 --port") || strings.Contains(out, "--node-rank 1 --port") {
+				t.Errorf("a worker's command changed:\n%s", out)
+			}
+		})
+	}
+	out, err := injectString(t, podWith("containers:\n  - name: e\n    command: [vllm, serve, m, --headless]\n"), Options{})
+	if !errors.Is(err, ErrOnlyWorkers) || out != "" {
+		t.Errorf("only a headless worker: %v", err)
+	}
+	refused(t, "a rank set when the pod starts", "apiVersion: apps/v1\nkind: StatefulSet\nmetadata:\n  name: s\nspec:\n  template:\n    spec:\n      containers:\n        - name: e\n          command: [sh, -c, 'python3 -m sglang.launch_server --model-path m --node-rank ${HOSTNAME##*-}']\n", Options{}, "is set when the pod starts")
+}
+
+// TestJSON: JSON in (kubectl get -o json), JSON out, in the input's key
+// order; a List's items are injected.
+func TestJSON(t *testing.T) {
+	in := `{
+    "apiVersion": "v1",
+    "kind": "List",
+    "items": [
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "d"},
+            "spec": {
+                "selector": {"matchLabels": {"app": "d"}},
+                "template": {
+                    "metadata": {"labels": {"app": "d"}},
+                    "spec": {"containers": [{"name": "e", "command": ["sh", "-c", "vllm serve m && echo done"], "ports": [{"containerPort": 8000}]}]}
+                }
+            }
+        }
+    ]
+}`
+	out, err := injectString(t, in, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list struct {
+		Kind  string            `json:"kind"`
+		Items []json.RawMessage `json:"items"`
+	}
+	if err := json.Unmarshal([]byte(out), &list); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out)
+	}
+	if !strings.HasPrefix(out, "{\n    \"apiVersion\": \"v1\",\n    \"kind\": \"List\"") || !strings.Contains(out, `"vllm serve m --port 18000 && echo done"`) {
+		t.Errorf("not the input's JSON, injected:\n%s", out)
+	}
+	if len(list.Items) != 1 || !strings.Contains(string(list.Items[0]), `"name": "timing-sidecar"`) {
+		t.Errorf("the item has no sidecar:\n%s", out)
+	}
+	checkOutput(t, in, out, Options{})
+}
