@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +20,8 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
 
 // syncBuffer is a log the test can read while the proxy writes.
@@ -598,5 +601,44 @@ func TestRequestsCarryTheirOwnObjectives(t *testing.T) {
 		if got := counterValue(t, p, "timing_sidecar_invalid_objectives_total", map[string]string{"objective": o}); got != 1 {
 			t.Errorf("invalid %s objectives = %v, want 1", o, got)
 		}
+	}
+}
+
+// TestARefusalIsAFailureWithItsDuration: a request the sidecar refuses
+// before its handler (a 413 to Expect: 100-continue) is a failure in the
+// GenAI metrics, with a duration from its arrival: recorded before its
+// answer went out, so no longer than its client waited.
+func TestARefusalIsAFailureWithItsDuration(t *testing.T) {
+	engine := newFakeEngine(t)
+	reader := sdkmetric.NewManualReader()
+	base := startProxy(t, engine.URL(), func(c *Config) { c.MaxRequestBodySize, c.Metrics.Reader = 1<<20, reader })
+	sent := time.Now()
+	c := rawRequest(t, base, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: "+itoa(20<<20)+"\r\n\r\n")
+	c.SetDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck // a hang fails, not stalls
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	waited := time.Since(sent)
+	if err != nil || resp.StatusCode != 413 {
+		t.Fatalf("got %v %v, want the 413", resp, err)
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	var count uint64
+	var sum float64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != "gen_ai.server.request.duration" {
+				continue
+			}
+			for _, p := range m.Data.(metricdata.Histogram[float64]).DataPoints {
+				if v, _ := p.Attributes.Value("error.type"); v.AsString() == "413" {
+					count, sum = count+p.Count, sum+p.Sum
+				}
+			}
+		}
+	}
+	if count != 1 || sum <= 0 || sum > waited.Seconds() {
+		t.Errorf("request durations with error.type 413: %d, summing to %v s; want 1, within the %v the client waited", count, sum, waited)
 	}
 }

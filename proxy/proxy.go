@@ -23,6 +23,7 @@ import (
 	"github.com/timing-sidecar/timing-sidecar/proxy/upstream"
 	"github.com/timing-sidecar/timing-sidecar/rewrite"
 	"github.com/timing-sidecar/timing-sidecar/telemetry"
+	"github.com/timing-sidecar/timing-sidecar/timing"
 )
 
 // Proxy is the sidecar's HTTP server, its upstream client and its admin
@@ -249,8 +250,15 @@ func (p *Proxy) expectContinue(ctx *fasthttp.RequestCtx) int {
 // refuse answers a request that is not forwarded, and counts it.
 func (p *Proxy) refuse(ctx *fasthttp.RequestCtx, e apiError) {
 	p.telemetry.Begin()
+	// Arrival as the handler takes it, when what was read of the request
+	// arrived: the record's Elapsed, a refusal's duration in the GenAI
+	// metrics, is then real.
+	arrival := time.Now()
+	if cc, ok := ctx.Conn().(*clientconn.Conn); ok {
+		arrival = cc.Arrival()
+	}
 	e.write(ctx)
-	p.record(&flight{rec: telemetry.Record{Method: string(ctx.Method()), Path: string(ctx.Path()),
+	p.record(&flight{clock: timing.Clock{Arrival: arrival}, rec: telemetry.Record{Method: string(ctx.Method()), Path: string(ctx.Path()),
 		Endpoint: routeOf(ctx.Path()).label, Status: e.Status}})
 }
 
@@ -288,13 +296,21 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 		flush, cancel = context.WithTimeout(context.WithoutCancel(ctx), cutEndWait)
 		defer cancel()
 	}
-	p.telemetry.Close(flush)
-	if terr := p.tracer.Shutdown(ctx); errors.Is(terr, context.DeadlineExceeded) {
+	// The three outputs flush side by side, each with all that is left:
+	// one that hangs (a trace collector, an unread stdout) cannot starve
+	// the others, and none waits for the sum of their times.
+	var terr, merr error
+	var outputs sync.WaitGroup
+	outputs.Go(func() { p.telemetry.Close(flush) })
+	outputs.Go(func() { terr = p.tracer.Shutdown(ctx) })
+	outputs.Go(func() { merr = p.genai.Shutdown(flush) })
+	outputs.Wait()
+	if errors.Is(terr, context.DeadlineExceeded) {
 		err = errors.Join(err, errSpansAtGrace)
 	} else if terr != nil {
 		err = errors.Join(err, fmt.Errorf("export the last spans: %w", terr))
 	}
-	if merr := p.genai.Shutdown(flush); merr != nil {
+	if merr != nil {
 		// The collector is down or slow: the last interval's figures are
 		// lost, as its failed exports are counted; not an error of the
 		// requests.

@@ -8,13 +8,22 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
+	"go.opentelemetry.io/otel/propagation"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
 	"github.com/timing-sidecar/timing-sidecar/proxy/tlsserve/testpki"
+	"github.com/timing-sidecar/timing-sidecar/telemetry"
+	"github.com/timing-sidecar/timing-sidecar/timing"
 )
 
 // streamAtShutdown starts a stream of tokens events, ITL apart, on a raw
@@ -157,4 +166,103 @@ func TestShutdownCutsStreamsAtTheGrace(t *testing.T) {
 			}
 		})
 	}
+}
+
+// hangingTraceCollector takes each export and never answers: the export
+// holds until its context ends.
+type hangingTraceCollector struct{ exporting chan struct{} }
+
+func (c *hangingTraceCollector) ExportSpans(ctx context.Context, _ []sdktrace.ReadOnlySpan) error {
+	select {
+	case c.exporting <- struct{}{}:
+	default:
+	}
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+func (c *hangingTraceCollector) Shutdown(context.Context) error { return nil }
+
+// metricsCollector takes each export at once and says, on exports, whether
+// its context was still live and how many request durations it held.
+type metricsCollector struct{ exports chan metricsExport }
+
+type metricsExport struct {
+	live      bool
+	durations uint64
+}
+
+func (c *metricsCollector) Export(ctx context.Context, rm *metricdata.ResourceMetrics) error {
+	e := metricsExport{live: ctx.Err() == nil}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if h, ok := m.Data.(metricdata.Histogram[float64]); ok && m.Name == "gen_ai.server.request.duration" {
+				for _, p := range h.DataPoints {
+					e.durations += p.Count
+				}
+			}
+		}
+	}
+	c.exports <- e
+	return nil
+}
+
+func (c *metricsCollector) Temporality(k sdkmetric.InstrumentKind) metricdata.Temporality {
+	return sdkmetric.DefaultTemporalitySelector(k)
+}
+
+func (c *metricsCollector) Aggregation(k sdkmetric.InstrumentKind) sdkmetric.Aggregation {
+	return sdkmetric.DefaultAggregationSelector(k)
+}
+func (c *metricsCollector) ForceFlush(context.Context) error { return nil }
+func (c *metricsCollector) Shutdown(context.Context) error   { return nil }
+
+// TestAHangingTraceCollectorLeavesTheLastMetricsExport: at shutdown, a
+// trace collector that never answers holds its own export to the grace's
+// end, and the last GenAI metrics export goes out meanwhile, within the
+// grace, with the last request in it; the spans lost are still reported.
+// In a synctest bubble: the grace is fake time, and synctest.Wait is the
+// moment every goroutine waits, the trace export's included.
+func TestAHangingTraceCollectorLeavesTheLastMetricsExport(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		traces := &hangingTraceCollector{exporting: make(chan struct{}, 1)}
+		metrics := &metricsCollector{exports: make(chan metricsExport, 4)}
+		cfg := DefaultConfig()
+		cfg.Upstream = "http://127.0.0.1:1" // never dialled
+		cfg.Tracing.Exporter, cfg.Metrics.Exporter = traces, metrics
+		p, err := New(cfg, slog.New(slog.DiscardHandler), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A traced request ends: a span queued, a duration recorded.
+		rec := telemetry.Record{Endpoint: telemetry.EndpointChat, Model: "m", Status: 200, Measured: true,
+			Metrics: timing.Metrics{E2ELatency: timing.Number{Value: 120, Set: true}}}
+		p.tracer.Begin(&rec.Trace, propagation.MapCarrier{}, time.Now(), rec.Endpoint, rec.Model)
+		p.telemetry.Begin()
+		p.telemetry.Finish(&rec)
+
+		// Shorter than the span export's own timeout (30 s): the grace
+		// alone ends the hanging export.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		shut := make(chan error, 1)
+		go func() { shut <- p.Shutdown(ctx) }()
+		synctest.Wait()
+		select {
+		case <-traces.exporting:
+		default:
+			t.Fatal("the spans' last export did not reach the trace collector")
+		}
+		select {
+		case e := <-metrics.exports:
+			if !e.live || e.durations != 1 {
+				t.Errorf("the last metrics export: context live %v, %d request durations; want live, 1", e.live, e.durations)
+			}
+		default:
+			t.Error("the last metrics export waits behind the hanging trace collector")
+		}
+		if err := <-shut; !errors.Is(err, errSpansAtGrace) {
+			t.Errorf("shutdown: %v, want the spans lost at the grace's end", err)
+		}
+	})
 }

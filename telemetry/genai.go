@@ -20,9 +20,9 @@ import (
 // The OpenTelemetry GenAI metrics (semantic conventions v1.41.0, marked
 // development), sent over OTLP: what Envoy AI Gateway, Kong and LiteLLM
 // export, so that dashboards built on them read every engine behind a
-// sidecar. Each is recorded from the same record, with the same
-// figures, as the Prometheus series it mirrors (observe feeds both), so
-// the two never drift:
+// sidecar. A successful answer's figures are those of the Prometheus
+// series each mirrors, from one reading (observe feeds both), so the two
+// never drift:
 //
 //	gen_ai.server.time_to_first_token   timing_sidecar_time_to_first_token_seconds
 //	gen_ai.server.time_per_output_token timing_sidecar_inter_token_latency_seconds
@@ -30,6 +30,12 @@ import (
 //	gen_ai.client.token.usage           timing_sidecar_prompt_tokens_total (input),
 //	                                    timing_sidecar_generation_tokens_total (output),
 //	                                    timing_sidecar_cached_prompt_tokens_total (cached_input)
+//
+// A failed request (error.type: an engine failure, a client gone, a 4xx or
+// 5xx) records its duration, measured or not, and its tokens when known,
+// but no time to first token or per output token, which the conventions
+// define for successful responses: gen_ai.server.request.duration counts
+// each failure the Prometheus failure counters count (observeGenAI).
 
 // Advisory bucket boundaries of the conventions, in seconds and tokens.
 var (

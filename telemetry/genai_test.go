@@ -115,12 +115,20 @@ func genaiRequests() []Record {
 // TestGenAIMetricsAgreeWithPrometheus: the conventions' instruments, with
 // their names, units, advisory buckets and attributes, hold exactly the
 // counts and sums of the Prometheus series they mirror, for the same
-// requests.
+// successful answers, and the token counts of all requests.
 func TestGenAIMetricsAgreeWithPrometheus(t *testing.T) {
 	r, reader, reg := genaiRecorder(t, Options{MaxModels: 8, MaxTenants: 8})
+	// The Prometheus series of the successful answers alone: the GenAI
+	// latencies without error.type mirror those.
+	succeeded := prometheus.NewRegistry()
+	s := NewRecorder(succeeded, Options{MaxModels: 8, MaxTenants: 8})
 	for _, req := range genaiRequests() {
 		r.Begin()
 		r.Finish(&req)
+		if errorType(&req) == "" {
+			s.Begin()
+			s.Finish(&req)
+		}
 	}
 	rm := collect(t, reader)
 	res := map[string]string{}
@@ -130,14 +138,15 @@ func TestGenAIMetricsAgreeWithPrometheus(t *testing.T) {
 	if res["service.name"] != DefaultServiceName || res["service.version"] != "v9" || res["service.instance.id"] != "pod-7" {
 		t.Errorf("resource %v", res)
 	}
-	checkGenAIDurationsMirrorPrometheus(t, rm, reg)
+	checkGenAIDurationsMirrorPrometheus(t, rm, succeeded)
 	checkGenAITokenUsageMirrorsPrometheus(t, rm, reg)
 	checkGenAIDurationAttributes(t, rm)
 }
 
 // checkGenAIDurationsMirrorPrometheus checks the conventions' duration
 // histograms: their units and buckets, and for each endpoint and model of
-// genaiRequests the count and sum of the Prometheus histogram they mirror.
+// genaiRequests the count and sum of the Prometheus histogram they mirror,
+// in reg, for the successful answers.
 func checkGenAIDurationsMirrorPrometheus(t *testing.T, rm metricdata.ResourceMetrics, reg *prometheus.Registry) {
 	t.Helper()
 	for _, tc := range []struct {
@@ -167,8 +176,9 @@ func checkGenAIDurationsMirrorPrometheus(t *testing.T, rm metricdata.ResourceMet
 	}
 }
 
-// genaiHistogramFor sums the count and sum of h's points for one endpoint
-// and model, and checks that every point has the conventions' buckets.
+// genaiHistogramFor sums the count and sum of h's points without
+// error.type for one endpoint and model, and checks that every point has
+// the conventions' buckets.
 func genaiHistogramFor(t *testing.T, name string, h metricdata.Histogram[float64], buckets []float64, endpoint, model string) (uint64, float64) {
 	t.Helper()
 	var count uint64
@@ -178,6 +188,9 @@ func genaiHistogramFor(t *testing.T, name string, h metricdata.Histogram[float64
 			t.Errorf("%s: bounds %v, want the conventions' %v", name, p.Bounds, buckets)
 		}
 		a := p.Attributes
+		if _, failed := a.Value("error.type"); failed {
+			continue
+		}
 		if v, _ := a.Value("gen_ai.request.model"); v.AsString() != model {
 			continue
 		}
@@ -245,6 +258,122 @@ func checkGenAIDurationAttributes(t *testing.T, rm metricdata.ResourceMetrics) {
 	if len(found) != len(want) {
 		t.Errorf("found %v of %v", found, want)
 	}
+}
+
+// TestGenAIFailuresAreThePrometheusFailures: gen_ai.server.request.duration
+// has a point for every failure, measured or not, with the error.type of
+// the Prometheus counter that counts it (an engine failure's kind in
+// timing_sidecar_upstream_errors_total, a client gone in
+// timing_sidecar_client_disconnects_total, any other 4xx or 5xx in
+// timing_sidecar_requests_total by status), so an error rate reads the
+// same from either; time to first token and time per output token count
+// the successful answers alone.
+func TestGenAIFailuresAreThePrometheusFailures(t *testing.T) {
+	r, reader, reg := genaiRecorder(t, Options{MaxModels: 8, MaxTenants: 8})
+	stream := func(id string, ttft, e2e float64) Record {
+		return Record{ID: id, Endpoint: EndpointChat, Model: "llama", Stream: true, Status: 200, Measured: true,
+			Elapsed: time.Duration(e2e) * time.Millisecond, Metrics: timing.Metrics{QueueTime: num(2), TimeToFirstToken: num(ttft),
+				MeanITL: num(10), E2ELatency: num(e2e), PromptTokens: cnt(20), CompletionTokens: cnt(9)}}
+	}
+	succeeded := []Record{stream("ok1", 40, 200), stream("ok2", 60, 300), stream("ok3", 80, 400),
+		{ID: "ok4", Endpoint: EndpointCompletions, Model: "qwen", Status: 200, Measured: true, Elapsed: 500 * time.Millisecond,
+			Metrics: timing.Metrics{E2ELatency: num(500), PromptTokens: cnt(5), CompletionTokens: cnt(64)}}}
+	interrupted := stream("interrupted", 50, 120)
+	interrupted.UpstreamError = ErrorInterrupted
+	left := stream("left mid-stream", 45, 90)
+	left.ClientGone = true
+	pacedLeft := stream("paced, then left", 45, 2000)
+	pacedLeft.ClientGone, pacedLeft.ClientPaced = true, true
+	failed := []Record{
+		{ID: "engine 500", Endpoint: EndpointChat, Model: "llama", Stream: true, Status: 500, Elapsed: 30 * time.Millisecond},
+		{ID: "engine 500 again", Endpoint: EndpointMessages, Model: "llama", Status: 500, Elapsed: 35 * time.Millisecond},
+		{ID: "engine 400", Endpoint: EndpointChat, Model: "made-up", Status: 400, Elapsed: 5 * time.Millisecond},
+		{ID: "refused by the sidecar", Endpoint: EndpointChat, Status: 413, Elapsed: time.Millisecond},
+		{ID: "engine unreachable", Endpoint: EndpointChat, Model: "llama", Stream: true, Status: 502, UpstreamError: ErrorConnect, Elapsed: 3 * time.Millisecond},
+		{ID: "left before the answer", Endpoint: EndpointChat, Model: "llama", Status: StatusClientGone, ClientGone: true, Elapsed: 700 * time.Millisecond},
+		interrupted, left, pacedLeft,
+	}
+	// Not a GenAI operation: counted by Prometheus, not in the GenAI metrics.
+	other := Record{ID: "other path", Endpoint: EndpointOther, Status: 503, Elapsed: time.Millisecond}
+	for _, req := range slices.Concat(succeeded, failed, []Record{other}) {
+		r.Begin()
+		r.Finish(&req)
+	}
+	rm := collect(t, reader)
+
+	count, sum := map[string]uint64{}, map[string]float64{}
+	m, _ := findMetric(rm, "gen_ai.server.request.duration")
+	for _, p := range m.Data.(metricdata.Histogram[float64]).DataPoints {
+		kind := ""
+		if v, ok := p.Attributes.Value("error.type"); ok {
+			kind = v.AsString()
+		}
+		count[kind] += p.Count
+		sum[kind] += p.Sum
+	}
+	requestsWith := func(status string) float64 {
+		var n float64
+		for _, e := range []string{EndpointChat, EndpointCompletions, EndpointMessages} {
+			n += promCounter(t, reg, "timing_sidecar_requests_total", map[string]string{"endpoint": e, "status": status})
+		}
+		return n
+	}
+	want := map[string]float64{
+		"client_disconnected": promCounter(t, reg, "timing_sidecar_client_disconnects_total", nil),
+		"500":                 requestsWith("500"),
+		"400":                 requestsWith("400"),
+		"413":                 requestsWith("413"),
+	}
+	for _, kind := range []string{ErrorConnect, ErrorTimeout, ErrorClosed, ErrorBadResponse, ErrorInterrupted, ErrorIdleTimeout} {
+		want[kind] = promCounter(t, reg, "timing_sidecar_upstream_errors_total", map[string]string{"kind": kind})
+	}
+	var failures uint64
+	for kind, n := range count {
+		if kind == "" {
+			continue
+		}
+		failures += n
+		if _, ok := want[kind]; !ok {
+			t.Errorf("error.type %q (%d points) has no Prometheus counter here", kind, n)
+		}
+	}
+	for kind, n := range want {
+		if float64(count[kind]) != n {
+			t.Errorf("error.type %q: %d request durations; its Prometheus counter %v", kind, count[kind], n)
+		}
+	}
+	if failures != uint64(len(failed)) || count[""] != uint64(len(succeeded)) {
+		t.Errorf("%d failed and %d successful request durations, want %d and %d", failures, count[""], len(failed), len(succeeded))
+	}
+	// A measured failure's duration is its end-to-end latency, paced or
+	// not; an unmeasured one's, arrival to the end of its answer.
+	for kind, seconds := range map[string]float64{"500": 0.065, "400": 0.005, "413": 0.001, ErrorConnect: 0.003,
+		ErrorInterrupted: 0.12, "client_disconnected": 0.7 + 0.09 + 2} {
+		if math.Abs(sum[kind]-seconds) > 1e-9 {
+			t.Errorf("error.type %q: durations sum to %v s, want %v", kind, sum[kind], seconds)
+		}
+	}
+
+	// The failed streams' first tokens are in the Prometheus histogram,
+	// but for the paced one, and not in the conventions' metrics.
+	if n, _ := promHistogram(t, reg, "timing_sidecar_time_to_first_token_seconds", nil); n != 5 {
+		t.Errorf("Prometheus TTFT count %d, want the 3 successful streams and the 2 failed unpaced ones", n)
+	}
+	for _, name := range []string{"gen_ai.server.time_to_first_token", "gen_ai.server.time_per_output_token"} {
+		m, _ := findMetric(rm, name)
+		var n uint64
+		for _, p := range m.Data.(metricdata.Histogram[float64]).DataPoints {
+			if v, failed := p.Attributes.Value("error.type"); failed {
+				t.Errorf("%s has a point with error.type %q", name, v.AsString())
+			}
+			n += p.Count
+		}
+		if n != 3 {
+			t.Errorf("%s counts %d, want the 3 successful streams", name, n)
+		}
+	}
+	// Tokens are recorded when known, failed or not.
+	checkGenAITokenUsageMirrorsPrometheus(t, rm, reg)
 }
 
 // TestGenAIMetricsKeepTheLabelBounds: a model past --max-model-labels is
@@ -387,17 +516,21 @@ func (nopExporter) ForceFlush(context.Context) error                          { 
 func (nopExporter) Shutdown(context.Context) error                            { return nil }
 
 // TestRecordingWithGenAIAllocatesNothing: with the GenAI metrics on, a
-// request of a label set seen before is recorded without allocating.
+// request of a label set seen before is recorded without allocating,
+// succeeded or failed.
 func TestRecordingWithGenAIAllocatesNothing(t *testing.T) {
 	r, _, _ := genaiRecorder(t, Options{MaxModels: 4})
-	rec := requests[0]
-	finish := func() {
-		rec.Model = requests[0].Model
-		r.Begin()
-		r.Finish(&rec)
-	}
-	finish()
-	if n := testing.AllocsPerRun(200, finish); n > 0 {
-		t.Errorf("%v allocations per request", n)
+	failed := Record{Endpoint: EndpointChat, Model: requests[0].Model, Stream: true, Status: 503, Elapsed: time.Second}
+	for _, want := range []Record{requests[0], failed} {
+		rec := want
+		finish := func() {
+			rec.Model = want.Model
+			r.Begin()
+			r.Finish(&rec)
+		}
+		finish()
+		if n := testing.AllocsPerRun(200, finish); n > 0 {
+			t.Errorf("status %d: %v allocations per request", want.Status, n)
+		}
 	}
 }

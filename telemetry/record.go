@@ -71,7 +71,8 @@ type Record struct {
 	// reading it, says why: one of the Unread* reasons.
 	Unread string
 	// Elapsed is arrival to the end of the request, measured or not: how
-	// long a client that left had waited.
+	// long a client that left had waited, and a failed request's duration
+	// when it was not measured. Zero is not known.
 	Elapsed time.Duration
 	// RelayDelays are the sidecar's own delays on the request's stream
 	// events: from each event's arrival from the engine to its hand-over

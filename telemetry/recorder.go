@@ -47,8 +47,9 @@ type Options struct {
 	Log       *slog.Logger
 	// Tracer, when set, ends each traced record's spans.
 	Tracer *Tracer
-	// GenAI, when set, gets each measured request's figures as the
-	// OpenTelemetry GenAI metrics, the same the Prometheus series get.
+	// GenAI, when set, gets each request to a GenAI endpoint as the
+	// OpenTelemetry GenAI metrics: a successful answer's figures, the
+	// same the Prometheus series get; a failure's duration and tokens.
 	GenAI *GenAIMetrics
 	// Objectives, when set, judge each request: met or missed, counted
 	// per model (and tenant) and said in the access log.
@@ -332,8 +333,12 @@ func (r *Recorder) Finish(req *Record) {
 	if req.Unread != "" {
 		r.unread.WithLabelValues(req.Unread).Inc()
 	}
+	var figures genaiObservation
 	if req.Measured {
-		r.observe(req, model, tenant)
+		r.observe(req, model, tenant, &figures)
+	}
+	if r.genai != nil {
+		r.observeGenAI(req, model, tenant, &figures)
 	}
 	if req.AskedInvalid&ObjectiveTTFT != 0 {
 		r.invalidObjectives.WithLabelValues(missedTTFT).Inc()
@@ -381,24 +386,12 @@ func (r *Recorder) judge(req *Record) judgement {
 	return j
 }
 
-// observe records a measured request's figures: once, into the
-// Prometheus series and, when on, the GenAI metrics, so the two agree.
-func (r *Recorder) observe(req *Record, model, tenant string) {
+// observe records a measured request's figures into the Prometheus series
+// and gives o the same figures, in the same units, for the GenAI metrics:
+// one reading, so the two agree.
+func (r *Recorder) observe(req *Record, model, tenant string, o *genaiObservation) {
 	m := &req.Metrics
 	s := r.seriesFor(req.Endpoint, model, tenant)
-	var o genaiObservation
-	if r.genai != nil {
-		o = genaiObservation{endpoint: req.Endpoint, model: model, tenant: tenant, errorType: errorType(req)}
-		if req.ResponseModel != "" {
-			// Only a value the request models admitted: a response model
-			// never takes a slot, so the Prometheus labels are the same
-			// with the GenAI metrics on or off.
-			o.responseModel = r.models.value(clean(req.ResponseModel), false)
-		}
-		if !r.tenantLabel {
-			o.tenant = ""
-		}
-	}
 	if c := m.PromptTokens; c.Set {
 		s.promptTokens.Add(float64(c.Value))
 		o.input, o.hasInput = c.Value, true
@@ -429,7 +422,50 @@ func (r *Recorder) observe(req *Record, model, tenant string) {
 		observeMillis(s.maxITL, m.MaxITL)
 		o.duration, o.hasDuration = observeMillis(s.e2e, m.E2ELatency)
 	}
-	r.genai.record(&o, r.tenantLabel)
+}
+
+// observeGenAI records a request to a GenAI endpoint in the conventions'
+// metrics, measured or not. A successful answer gets the figures its
+// Prometheus series got (o). A failed one gets its duration with
+// error.type, and its tokens when known, but neither time to first token
+// nor time per output token: the conventions define those for successful
+// responses only, and a failure's duration is what lets an error rate be
+// read from gen_ai.server.request.duration.
+func (r *Recorder) observeGenAI(req *Record, model, tenant string, o *genaiObservation) {
+	if req.Endpoint == EndpointOther {
+		return // not a GenAI operation
+	}
+	o.endpoint, o.model, o.errorType = req.Endpoint, model, errorType(req)
+	if r.tenantLabel {
+		o.tenant = tenant
+	}
+	if req.ResponseModel != "" {
+		// Only a value the request models admitted: a response model
+		// never takes a slot, so the Prometheus labels are the same
+		// with the GenAI metrics on or off.
+		o.responseModel = r.models.value(clean(req.ResponseModel), false)
+	}
+	if o.errorType != "" {
+		o.hasTTFT, o.hasTPOT = false, false
+		// Every failure, paced or not: the failures counted here are
+		// those the Prometheus counters count.
+		o.duration, o.hasDuration = failedDuration(req)
+	}
+	r.genai.record(o, r.tenantLabel)
+}
+
+// failedDuration is a failed request's duration in seconds: its measured
+// end-to-end latency, the figure its Prometheus histogram got, or else
+// arrival to the end of its answer (Elapsed), which an unmeasured request
+// has too. A record with neither has no duration: none is made up.
+func failedDuration(req *Record) (float64, bool) {
+	if e := req.Metrics.E2ELatency; req.Measured && e.Set {
+		return e.Value / 1000, true
+	}
+	if req.Elapsed > 0 {
+		return req.Elapsed.Seconds(), true
+	}
+	return 0, false
 }
 
 // observeMillis observes a figure in milliseconds, if known, in seconds,

@@ -273,9 +273,26 @@ func errorType(r *Record) string {
 	case r.ClientGone:
 		return "client_disconnected"
 	case r.Status >= 400:
-		return strconv.Itoa(r.Status)
+		return statusText(r.Status)
 	}
 	return ""
+}
+
+// errorStatuses are the 4xx and 5xx statuses as error.type says them,
+// made once: naming a failure allocates nothing.
+var errorStatuses = func() (s [200]string) {
+	for i := range s {
+		s[i] = strconv.Itoa(400 + i)
+	}
+	return s
+}()
+
+// statusText is an HTTP status as error.type says it.
+func statusText(status int) string {
+	if status >= 400 && status < 600 {
+		return errorStatuses[status-400]
+	}
+	return strconv.Itoa(status)
 }
 
 // serverError is the SERVER span's error status: as HTTP servers count, a
@@ -295,7 +312,7 @@ func clientError(r *Record) string {
 	case r.UpstreamError != "":
 		return r.UpstreamError
 	case tr.EngineStatus >= 400:
-		return strconv.Itoa(tr.EngineStatus)
+		return statusText(tr.EngineStatus)
 	case tr.EngineStatus == 0 && r.ClientGone:
 		return "client_disconnected" // aborted before the engine answered
 	}
