@@ -22,11 +22,11 @@ func injectCommand() *cli.Command {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "image", EnvVars: env("inject-image"), Usage: "The sidecar's image. Empty: this release's."},
 			&cli.StringFlag{Name: "engine-container", EnvVars: env("inject-engine-container"),
-				Usage: "Name of the engine's container, for an engine not known by its command (vllm serve, vLLM's OpenAI entrypoint, SGLang's launch_server, llama-server, text-generation-launcher)."},
+				Usage: "Name of the engine's container: the one to take among several candidates, or an engine not known by its command (vllm serve, vLLM's OpenAI entrypoint, SGLang's launch_server, llama-server, text-generation-launcher, KServe's huggingfaceserver), moved through its own --port."},
 			&cli.IntFlag{Name: "engine-port", EnvVars: env("inject-engine-port"),
-				Usage: "A containerPort that marks the engine's container, for an engine not known by its command; routers and gateways on it are left alone."},
+				Usage: "The engine's port where inject cannot read it (a value from a Secret, a default the image changes); for an engine not known by its command, the containerPort that marks its container. Routers and gateways on it are left alone."},
 			&cli.StringSliceFlag{Name: "set", EnvVars: env("inject-set"),
-				Usage: "A setting of the sidecar, NAME=VALUE with NAME one of its flags (per-request-metrics=always, slo-ttft=2s): written as its env var. Repeat for several."},
+				Usage: "A setting of the sidecar, NAME=VALUE with NAME one of its flags (per-request-metrics=always, slo-ttft=2s, admin-listen=:9200): written as its env var. listen and upstream are the engine's, read from the pod. Repeat for several."},
 		},
 		Action: func(c *cli.Context) error {
 			settings, err := sidecarSettings(c.StringSlice("set"))

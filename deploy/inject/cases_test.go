@@ -377,3 +377,51 @@ func TestJSON(t *testing.T) {
 	}
 	checkOutput(t, in, out, Options{})
 }
+
+// TestPodStarts: the kubelet starts the sidecar. Its rule is checked on
+// every output (runAsNonRootProblem, in checkOutput); here the rule
+// itself, and each of the two layers that satisfy it on its own: the
+// image's numeric USER, and the template's runAsUser.
+func TestPodStarts(t *testing.T) {
+	yes, no := true, false
+	uid := func(n int64) *int64 { return &n }
+	for _, tc := range []struct {
+		name      string
+		sc        *corev1.SecurityContext
+		imageUser string
+		starts    bool
+	}{
+		{"a named user, runAsNonRoot, no runAsUser", &corev1.SecurityContext{RunAsNonRoot: &yes}, "nonroot:nonroot", false},
+		{"a numeric user", &corev1.SecurityContext{RunAsNonRoot: &yes}, "65532:65532", true},
+		{"root by number", &corev1.SecurityContext{RunAsNonRoot: &yes}, "0", false},
+		{"no USER at all", &corev1.SecurityContext{RunAsNonRoot: &yes}, "", false},
+		{"runAsUser over a named user", &corev1.SecurityContext{RunAsNonRoot: &yes, RunAsUser: uid(65532)}, "nonroot", true},
+		{"runAsUser 0", &corev1.SecurityContext{RunAsNonRoot: &yes, RunAsUser: uid(0)}, "65532", false},
+		{"runAsNonRoot off", &corev1.SecurityContext{RunAsNonRoot: &no}, "nonroot", true},
+	} {
+		got := runAsNonRootProblem(&corev1.Container{Name: "c", SecurityContext: tc.sc}, tc.imageUser)
+		if (got == "") != tc.starts {
+			t.Errorf("%s: %q, want starts=%v", tc.name, got, tc.starts)
+		}
+	}
+	user := imageUser(t)
+	template, err := sidecarContainer(&Options{}, &portPlan{listen: 8000, engine: 18000, admin: AdminPort, declared: true}, &podSpec{native: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c corev1.Container
+	strict(t, yamlString(template), &c)
+	if c.SecurityContext == nil || c.SecurityContext.RunAsUser == nil {
+		t.Fatal("the template sets no runAsUser")
+	}
+	if p := runAsNonRootProblem(&c, user); p != "" {
+		t.Error(p)
+	}
+	c.SecurityContext.RunAsUser = nil
+	if p := runAsNonRootProblem(&c, user); p != "" {
+		t.Errorf("without the template's runAsUser: %s", p)
+	}
+	if c.SecurityContext.RunAsGroup == nil || strings.Split(user, ":")[0] != "65532" {
+		t.Errorf("the image's USER %q and the template's group %v", user, c.SecurityContext.RunAsGroup)
+	}
+}
