@@ -56,7 +56,10 @@ func TestDockerfile(t *testing.T) {
 	for _, want := range []string{
 		`RUN VERSION="$VERSION" COMMIT="$COMMIT" .ci/build /out/timing-sidecar`,
 		"FROM gcr.io/distroless/static:nonroot",
-		"USER nonroot:nonroot",
+		// distroless's nonroot, by number: the kubelet verifies
+		// runAsNonRoot only for a numeric user (deploy/inject's
+		// TestPodStarts holds the rule).
+		"USER 65532:65532",
 		`ENTRYPOINT ["/timing-sidecar"]`,
 		"EXPOSE " + strings.TrimPrefix(proxy.DefaultListen, ":") + " " + strings.TrimPrefix(proxy.DefaultAdminListen, ":"),
 	} {
