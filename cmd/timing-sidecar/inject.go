@@ -66,10 +66,15 @@ func sidecarSettings(sets []string) ([]inject.EnvVar, error) {
 }
 
 // readInputs is the files' contents one after the other, as YAML
-// documents, or stdin without files.
+// documents, or stdin without files. One file is passed as it is, so that
+// JSON comes back JSON.
 func readInputs(files []string, stdin io.Reader) (io.Reader, error) {
 	if len(files) == 0 {
 		return stdin, nil
+	}
+	if len(files) == 1 {
+		b, err := os.ReadFile(files[0])
+		return bytes.NewReader(b), err
 	}
 	var buf bytes.Buffer
 	for _, f := range files {

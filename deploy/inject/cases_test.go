@@ -425,3 +425,113 @@ func TestPodStarts(t *testing.T) {
 		t.Errorf("the image's USER %q and the template's group %v", user, c.SecurityContext.RunAsGroup)
 	}
 }
+
+// TestOddInputs: inputs a review found written wrong or refused for the
+// wrong reason; each gets a pod that runs, or a refusal that says what to
+// set.
+func TestOddInputs(t *testing.T) {
+	for _, tc := range []struct {
+		name, in string
+		opts     Options
+		check    func(t *testing.T, p corev1.Pod)
+	}{
+		{"null initContainers", podWith("initContainers: null\ncontainers:\n  - name: e\n    command: [vllm, serve, m]\n"), Options{}, func(t *testing.T, p corev1.Pod) {
+			if len(p.Spec.InitContainers) != 1 {
+				t.Errorf("init containers %d", len(p.Spec.InitContainers))
+			}
+		}},
+		{"null args", podWith("containers:\n  - name: e\n    image: vllm/vllm-openai:v0.11.0\n    args: null\n"), Options{}, func(t *testing.T, p corev1.Pod) {
+			if got := strings.Join(p.Spec.Containers[0].Args, " "); got != "--port 18000" {
+				t.Errorf("args %q", got)
+			}
+		}},
+		{"a probe's port named in quotes", podWith("containers:\n  - name: e\n    command: [vllm, serve, m]\n    ports: [{name: http, containerPort: 8000}]\n    readinessProbe: {httpGet: {path: /health, port: \"http\"}}\n"), Options{}, nil},
+		{"the engine's variable on its own command", shellPod("LLAMA_ARG_PORT=9000 exec llama-server -m m --host 0.0.0.0"), Options{}, func(t *testing.T, p corev1.Pod) {
+			if got := sidecarEnv(p.Spec)["TIMING_SIDECAR_LISTEN"]; got != ":9000" || !strings.HasSuffix(p.Spec.Containers[0].Args[0], "--host 0.0.0.0 --port 19000") {
+				t.Errorf("listen %q, line %q", got, p.Spec.Containers[0].Args[0])
+			}
+		}},
+		{"arguments handed on with $@", podWith("containers:\n  - name: e\n    command: [sh, -c, 'exec vllm serve m \"$@\"', sh, --port, \"9000\"]\n"), Options{}, func(t *testing.T, p corev1.Pod) {
+			if got := p.Spec.Containers[0].Command; got[5] != "19000" || got[2] != `exec vllm serve m "$@"` {
+				t.Errorf("command %q", got)
+			}
+		}},
+		{"a port handed on as $1", podWith("containers:\n  - name: e\n    command: [sh, -c, 'exec vllm serve m --port \"$1\"', sh, \"9000\"]\n"), Options{}, func(t *testing.T, p corev1.Pod) {
+			if got := p.Spec.Containers[0].Command[4]; got != "19000" {
+				t.Errorf("command %q", p.Spec.Containers[0].Command)
+			}
+		}},
+		{"sh -c --", podWith("containers:\n  - name: e\n    command: [sh, -c, --, 'vllm serve m']\n"), Options{}, func(t *testing.T, p corev1.Pod) {
+			if got := p.Spec.Containers[0].Command[3]; got != "vllm serve m --port 18000" {
+				t.Errorf("line %q", got)
+			}
+		}},
+		{"a repeated --port: the last counts", podWith("containers:\n  - name: e\n    command: [vllm, serve, m, --port, \"9000\", --port, \"8000\"]\n"), Options{}, func(t *testing.T, p corev1.Pod) {
+			if got := strings.Join(p.Spec.Containers[0].Command, " "); got != "vllm serve m --port 18000 --port 18000" || sidecarEnv(p.Spec)["TIMING_SIDECAR_LISTEN"] != ":8000" {
+				t.Errorf("command %q", got)
+			}
+		}},
+		{"a helper that names the engine", podWith("containers:\n  - name: e\n    command: [vllm, serve, m]\n  - name: wait\n    image: busybox\n    command: [sh, -c, 'echo \"waiting for vllm serve\"; sleep infinity']\n"), Options{}, nil},
+		{"an unknown engine given only args", podWith("containers:\n  - name: e\n    image: my/server\n    args: [--port, \"7000\"]\n"), Options{EngineContainer: "e"}, func(t *testing.T, p corev1.Pod) {
+			if got := sidecarEnv(p.Spec)["TIMING_SIDECAR_LISTEN"]; got != ":7000" {
+				t.Errorf("listen %q", got)
+			}
+		}},
+		{"hidden arguments, with --engine-port", shellPod("exec vllm serve m $EXTRA_ARGS"), Options{EnginePort: 9000}, func(t *testing.T, p corev1.Pod) {
+			if got := p.Spec.Containers[0].Args[0]; got != "exec vllm serve m $EXTRA_ARGS --port 19000" {
+				t.Errorf("line %q", got)
+			}
+		}},
+		{"a port below 1024", podWith("containers:\n  - name: e\n    image: ghcr.io/huggingface/text-generation-inference:3.3\n"), Options{}, func(t *testing.T, p corev1.Pod) {
+			sc := p.Spec.SecurityContext
+			if sc == nil || len(sc.Sysctls) != 1 || sc.Sysctls[0].Name != "net.ipv4.ip_unprivileged_port_start" || sc.Sysctls[0].Value != "0" {
+				t.Errorf("pod securityContext %+v", sc)
+			}
+		}},
+		{"http and timing-http both taken", podWith("containers:\n  - name: e\n    command: [vllm, serve, m]\n  - name: o\n    image: x\n    ports: [{name: http, containerPort: 7000}, {name: timing-http, containerPort: 7001}]\n"), Options{}, func(t *testing.T, p corev1.Pod) {
+			if name := findSidecar(p.Spec).Ports[0].Name; name != "" {
+				t.Errorf("the sidecar's port is named %q", name)
+			}
+		}},
+		{"an anchored container list", "apiVersion: leaderworkerset.x-k8s.io/v1\nkind: LeaderWorkerSet\nmetadata:\n  name: l\nspec:\n  leaderWorkerTemplate:\n    leaderTemplate:\n      spec:\n        containers: &c\n          - name: e\n            command: [vllm, serve, m]\n    workerTemplate:\n      spec:\n        containers: *c\n", Options{}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := injectString(t, tc.in, tc.opts)
+			if err != nil {
+				t.Fatalf("%v\n%s", err, tc.in)
+			}
+			checkOutput(t, tc.in, out, tc.opts)
+			if tc.check != nil {
+				var p corev1.Pod
+				strict(t, out, &p)
+				tc.check(t, p)
+			}
+			again, err := injectString(t, out, tc.opts)
+			if err != nil || again != out {
+				t.Errorf("injecting twice is not injecting once (%v)", err)
+			}
+		})
+	}
+	for _, tc := range []struct {
+		name, in string
+		opts     Options
+		want     string
+	}{
+		{"the engine's variable exported by the line", shellPod("export LLAMA_ARG_HOST=0.0.0.0 LLAMA_ARG_PORT=9000; exec llama-server -m /m"), Options{}, "LLAMA_ARG_PORT, set by the shell line"},
+		{"hidden arguments", shellPod("exec vllm serve m $EXTRA"), Options{}, "its arguments hold $EXTRA"},
+		{"hidden arguments with a default", shellPod("exec vllm serve m ${EXTRA:---port 9000}"), Options{}, "its arguments hold ${EXTRA:---port 9000}"},
+		{"a command substitution", shellPod("exec vllm serve m $(cat /etc/args)"), Options{}, "its arguments hold $(cat /etc/args)"},
+		{"a kubelet variable that ends the quotes", podWith("containers:\n  - name: e\n    command: [sh, -c, \"vllm serve m --served-model-name '$(M)'\"]\n    env: [{name: M, value: \"x' --port '9000\"}]\n"), Options{}, "its arguments hold '$(M)'"},
+		{"a whole option from the kubelet", podWith("containers:\n  - name: e\n    command: [vllm, serve, m, $(PORT_ARG)]\n    env: [{name: PORT_ARG, valueFrom: {configMapKeyRef: {name: c, key: k}}}]\n"), Options{}, "its arguments hold $(PORT_ARG)"},
+		{"hostNetwork: yes", podWith("hostNetwork: yes\ncontainers:\n  - name: e\n    command: [vllm, serve, m]\n"), Options{}, "hostNetwork"},
+		{"an anchored command in two containers", podWith("containers:\n  - name: e\n    command: &cmd [vllm, serve, m]\n  - name: f\n    command: *cmd\n"), Options{}, "two containers could be the engine"},
+		{"command as a string", podWith("containers:\n  - name: e\n    image: vllm/vllm-openai\n    command: vllm serve m\n"), Options{EngineContainer: "e"}, "its command is not a list"},
+		{"--engine-port out of range", podWith("containers:\n  - name: e\n    command: [vllm, serve, m]\n"), Options{EnginePort: 70000}, "--engine-port 70000 is not a port"},
+		{"--engine-container naming nothing", podWith("containers:\n  - name: e\n    command: [vllm, serve, m]\n"), Options{EngineContainer: "nope"}, "no pod has a container of that name"},
+		{"two commands with --port, the engine unknown", shellPod("ray start --port 6379 && python server.py --port 8000"), Options{EngineContainer: "e"}, "2 commands in the container's shell line have a --port"},
+		{"a port below 1024 under Knative", "apiVersion: serving.knative.dev/v1\nkind: Service\nmetadata:\n  name: k\nspec:\n  template:\n    spec:\n      containers:\n        - name: e\n          command: [vllm, serve, m, --port, \"80\"]\n", Options{}, "below 1024 under Knative"},
+		{"every problem of the options at once", podWith("containers:\n  - name: e\n    command: [vllm, serve, m]\n"), Options{EnginePort: -1, Env: []EnvVar{{"TIMING_SIDECAR_LISTEN", ":1"}, {"TIMING_SIDECAR_SHUTDOWN_GRACE", "soon"}}}, "TIMING_SIDECAR_LISTEN is set by inject from the pod (the engine's address, and where the engine moves), not by a setting\nshutdown-grace \"soon\" is not a duration\n--engine-port -1 is not a port"},
+	} {
+		refused(t, tc.name, tc.in, tc.opts, tc.want)
+	}
+}

@@ -5,7 +5,6 @@ import (
 	"path"
 	"regexp"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 
@@ -22,9 +21,15 @@ const unknownPart = "\x00"
 type word struct {
 	value string // unknownPart where a part cannot be read
 	known bool
-	raw   string   // as the manifest writes it
-	vars  []string // the variables it reads
-	node  *yaml.Node
+	raw   string // as the manifest writes it
+	// mayHold: the word is an expansion inject cannot read, where a shell
+	// may split it into several arguments or the kubelet put a whole
+	// option in it: it may hold a --port inject cannot see.
+	mayHold bool
+	// maySplit: a value inject can see becomes several arguments (a
+	// known value with blanks, unquoted; a quote the kubelet puts in).
+	maySplit bool
+	node     *yaml.Node
 	// from, to: its bytes in node.Value, when node is a shell line;
 	// otherwise the word is the whole scalar.
 	from, to int
@@ -42,6 +47,11 @@ type invocation struct {
 	// words are the container's command and args themselves.
 	shell *yaml.Node
 	end   int // in a shell line: after its last word, where a word goes
+	// assigned: variables the shell line sets anywhere, which the program
+	// may see with values inject does not read; prefix: those set on this
+	// command alone (PORT=9000 prog), which it surely sees.
+	assigned map[string]bool
+	prefix   map[string]word
 }
 
 // shells are the programs whose -c runs a shell line.
@@ -50,8 +60,7 @@ var shells = []string{"sh", "bash", "dash", "ash", "zsh", "ksh"}
 // runsOf reads how c starts its programs: its command and args as one
 // invocation, or, when they run a shell with -c, each simple command of
 // the shell line (in pipelines, lists, conditionals and subshells alike).
-// script is the scalar of the shell line, nil without one.
-func runsOf(c *yaml.RNode, env containerEnv) (runs []*invocation, script *yaml.Node, err error) {
+func runsOf(c *yaml.RNode, env containerEnv) ([]*invocation, error) {
 	var nodes []*yaml.Node
 	for _, field := range []string{"command", "args"} {
 		if f := c.Field(field); f != nil && f.Value.YNode().Kind == yaml.SequenceNode {
@@ -61,13 +70,15 @@ func runsOf(c *yaml.RNode, env containerEnv) (runs []*invocation, script *yaml.N
 	exec := &invocation{}
 	for _, n := range nodes {
 		v, known := env.expand(n.Value)
-		exec.words = append(exec.words, word{value: v, known: known, raw: n.Value, vars: kubeletVars(n.Value), node: n, to: len(n.Value)})
+		// A value the kubelet puts in may be a whole option.
+		hold := strings.HasPrefix(v, unknownPart)
+		exec.words = append(exec.words, word{value: v, known: known, raw: n.Value, mayHold: hold, node: n, to: len(n.Value)})
 	}
-	script = shellScript(exec.words)
+	script := shellScript(exec.words)
 	if script == nil {
-		return []*invocation{exec}, nil, nil
+		return []*invocation{exec}, nil
 	}
-	runs, err = shellRuns(script, env)
+	runs, err := shellRuns(script, env)
 	for i, w := range exec.words {
 		if w.node == script {
 			for _, run := range runs {
@@ -75,30 +86,35 @@ func runsOf(c *yaml.RNode, env containerEnv) (runs []*invocation, script *yaml.N
 			}
 		}
 	}
-	return runs, script, err
+	return runs, err
 }
 
-// positionalRef is a word that passes the shell's own arguments on: $0,
-// $@, "$@", $*, ${1}.
-var positionalRef = regexp.MustCompile(`^"?\$\{?[0-9@*]\}?"?$`)
+// positionalRef is a word that passes the shell's own arguments on:
+// $0, $1, ${2}, $@, "$@", $*.
+var positionalRef = regexp.MustCompile(`^"?\$\{?([0-9]+|@|\*)\}?"?$`)
 
 // positional puts the words the container gives the shell after its line
-// (sh -c LINE $0 $1 ...) where the run passes them on, so that a --port
-// among them is read, and rewritten, as the program's.
+// (sh -c LINE $0 $1 ...) where the run passes them on: $0 is the first,
+// $N the N+1th, $@ and $* all but the first. A --port among them is then
+// read, and rewritten, as the program's.
 func (run *invocation) positional(trailing []word) {
-	for i, w := range run.words {
-		if !positionalRef.MatchString(w.raw) {
-			continue
-		}
-		var words []word
-		for _, rest := range run.words[i:] {
-			if !positionalRef.MatchString(rest.raw) {
-				words = append(words, rest)
+	var words []word
+	for _, w := range run.words {
+		m := positionalRef.FindStringSubmatch(w.raw)
+		switch {
+		case m == nil:
+			words = append(words, w)
+		case m[1] == "@" || m[1] == "*":
+			if len(trailing) > 1 {
+				words = append(words, trailing[1:]...)
+			}
+		default:
+			if n, _ := strconv.Atoi(m[1]); n < len(trailing) {
+				words = append(words, trailing[n])
 			}
 		}
-		run.words = append(append(run.words[:i:i], trailing...), words...)
-		return
 	}
+	run.words = words
 }
 
 // shellScript is the scalar a shell runs with -c (sh -c, bash -ec,
@@ -115,7 +131,11 @@ func shellScript(words []word) *yaml.Node {
 			i++
 			continue
 		}
-		if w == "--" || len(w) < 2 || (w[0] != '-' && w[0] != '+') {
+		if w == "--" {
+			i++
+			break
+		}
+		if len(w) < 2 || (w[0] != '-' && w[0] != '+') {
 			break
 		}
 		withC = withC || (w[0] == '-' && strings.Contains(w[1:], "c"))
@@ -129,15 +149,6 @@ func shellScript(words []word) *yaml.Node {
 // kubeletRef is $(NAME) written alone: the kubelet replaces it when the
 // container defines NAME, before any shell sees it.
 var kubeletRef = regexp.MustCompile(`^\$\(([^()\s]+)\)$`)
-
-// kubeletVars is the names s refers to as $(NAME).
-func kubeletVars(s string) []string {
-	var out []string
-	for _, m := range regexp.MustCompile(`\$\(([^()\s]+)\)`).FindAllStringSubmatch(s, -1) {
-		out = append(out, m[1])
-	}
-	return out
-}
 
 // shellRuns parses a shell line and returns its simple commands.
 func shellRuns(script *yaml.Node, env containerEnv) ([]*invocation, error) {
@@ -161,7 +172,12 @@ func shellRuns(script *yaml.Node, env containerEnv) ([]*invocation, error) {
 		if !ok || len(call.Args) == 0 {
 			return true
 		}
-		run := &invocation{shell: script, end: int(call.Args[len(call.Args)-1].End().Offset())}
+		run := &invocation{shell: script, end: int(call.Args[len(call.Args)-1].End().Offset()), assigned: assigned, prefix: map[string]word{}}
+		for _, a := range call.Assigns {
+			if a.Name != nil && a.Value != nil && !a.Append && a.Index == nil {
+				run.prefix[a.Name.Value] = r.word(a.Value, script)
+			}
+		}
 		for _, w := range call.Args {
 			run.words = append(run.words, r.word(w, script))
 		}
@@ -205,8 +221,12 @@ func (r *shellReader) part(p syntax.WordPart, quoted bool, b *strings.Builder, o
 		}
 		// The kubelet expands $(VAR) before the shell sees the quotes.
 		v, known := r.env.expand(p.Value)
+		if strings.Contains(v, "'") {
+			// A quote the kubelet put in ends the shell's quotes.
+			known, out.maySplit = false, true
+			v = unknownPart
+		}
 		out.known = out.known && known
-		out.vars = append(out.vars, kubeletVars(p.Value)...)
 		b.WriteString(v)
 	case *syntax.DblQuoted:
 		if p.Dollar {
@@ -218,6 +238,10 @@ func (r *shellReader) part(p syntax.WordPart, quoted bool, b *strings.Builder, o
 		}
 	case *syntax.ParamExp:
 		v, ok := r.param(p, out)
+		// Unquoted, the shell splits what it cannot be shown to be one
+		// word.
+		out.mayHold = out.mayHold || !quoted && !ok
+		out.maySplit = out.maySplit || !quoted && ok && strings.ContainsAny(v, " \t\n")
 		if !ok {
 			unknown()
 			return
@@ -227,14 +251,16 @@ func (r *shellReader) part(p syntax.WordPart, quoted bool, b *strings.Builder, o
 		text := r.src[p.Pos().Offset():p.End().Offset()]
 		m := kubeletRef.FindStringSubmatch(text)
 		if m == nil {
+			out.mayHold = out.mayHold || !quoted
 			unknown()
 			return
 		}
-		out.vars = append(out.vars, m[1])
 		v, defined := r.env.lookup(m[1])
 		// A value with blanks or shell syntax changes the line's words
 		// once the kubelet puts it in: not read.
 		if !defined || !v.known || strings.ContainsAny(v.value, " \t\n;&|<>()$`'\"\\") {
+			out.mayHold = out.mayHold || !quoted
+			out.maySplit = out.maySplit || defined && v.known && (!quoted || strings.ContainsAny(v.value, "\"`$\\"))
 			unknown()
 			return
 		}
@@ -252,7 +278,6 @@ func (r *shellReader) param(p *syntax.ParamExp, out *word) (string, bool) {
 		return "", false
 	}
 	name := p.Param.Value
-	out.vars = append(out.vars, name)
 	if r.assigned[name] {
 		return "", false
 	}
@@ -316,7 +341,6 @@ type flagValue struct {
 	value  string
 	known  bool
 	raw    string
-	vars   []string
 }
 
 // flags returns every occurrence of any of names among the program's
@@ -331,7 +355,7 @@ func (run *invocation) flags(names []string) []flagValue {
 			switch {
 			case w == name && i+1 < len(words):
 				v := words[i+1]
-				out = append(out, flagValue{word: i + 1, value: v.value, known: v.known, raw: v.raw, vars: v.vars})
+				out = append(out, flagValue{word: i + 1, value: v.value, known: v.known, raw: v.raw})
 			case strings.HasPrefix(w, name+"="):
 				out = append(out, inlineFlag(words[i], i, name+"="))
 			case short && len(w) > len(name) && strings.HasPrefix(w, name) && (isDigit(w[len(name)]) || w[len(name):len(name)+1] == unknownPart):
@@ -345,10 +369,12 @@ func (run *invocation) flags(names []string) []flagValue {
 	return out
 }
 
+// inlineFlag is an option with its value in its own word, after prefix.
 func inlineFlag(w word, i int, prefix string) flagValue {
-	return flagValue{word: i, inline: true, prefix: prefix, value: w.value[len(prefix):], known: w.known, raw: w.raw, vars: w.vars}
+	return flagValue{word: i, inline: true, prefix: prefix, value: w.value[len(prefix):], known: w.known, raw: w.raw}
 }
 
+// isDigit tells an ASCII digit.
 func isDigit(b byte) bool { return b >= '0' && b <= '9' }
 
 // flag is the last occurrence of any of names, the one argparse and clap
@@ -361,6 +387,26 @@ func (run *invocation) flag(names []string) (flagValue, bool) {
 	return all[len(all)-1], true
 }
 
+// hidden is the first of the program's arguments that may hold options
+// inject cannot see, "" for none: one that splits into several, or an
+// expansion inject cannot read where an option could be (not right
+// after an option without its value attached: that is its value).
+func (run *invocation) hidden() string {
+	for i := run.args; i < len(run.words); i++ {
+		if run.words[i].maySplit {
+			return run.words[i].raw
+		}
+		if !run.words[i].mayHold {
+			continue
+		}
+		if prev := run.words[i-min(i, 1)].value; i > run.args && strings.HasPrefix(prev, "-") && !strings.Contains(prev, "=") {
+			continue
+		}
+		return run.words[i].raw
+	}
+	return ""
+}
+
 // has tells whether the program is given the option name, alone.
 func (run *invocation) has(name string) bool {
 	for _, w := range run.words[run.args:] {
@@ -369,53 +415,4 @@ func (run *invocation) has(name string) bool {
 		}
 	}
 	return false
-}
-
-// An edit changes a scalar of the manifest: a word of a shell line, in
-// place, or a whole command or args element.
-type edit struct {
-	node     *yaml.Node
-	from, to int
-	text     string
-	whole    bool
-	// appendArgs are words added to container's args.
-	appendArgs []string
-	container  *yaml.RNode
-}
-
-// setWord is the edit that makes word i of run say text.
-func (run *invocation) setWord(i int, text string) edit {
-	w := run.words[i]
-	if w.inShell {
-		return edit{node: w.node, from: w.from, to: w.to, text: text}
-	}
-	return edit{node: w.node, text: text, whole: true}
-}
-
-// apply makes the edits, those in one shell line from its end backwards
-// so that each one's offsets still hold.
-func apply(edits []edit) {
-	sort.SliceStable(edits, func(i, j int) bool { return edits[i].from > edits[j].from })
-	for _, e := range edits {
-		if e.container != nil {
-			args := e.container.Field("args")
-			if args == nil {
-				e.container.PipeE(yaml.SetField("args", yaml.NewListRNode())) //nolint:errcheck // a new field on a mapping
-				args = e.container.Field("args")
-			}
-			for _, a := range e.appendArgs {
-				args.Value.YNode().Content = append(args.Value.YNode().Content, quoted(a))
-			}
-			continue
-		}
-		if e.whole {
-			e.node.Value, e.node.Tag = e.text, "!!str"
-			if _, err := strconv.Atoi(e.text); err == nil {
-				// A number stays a string: command and args are strings.
-				e.node.Style = yaml.DoubleQuotedStyle
-			}
-			continue
-		}
-		e.node.Value = e.node.Value[:e.from] + e.text + e.node.Value[e.to:]
-	}
 }

@@ -1,6 +1,7 @@
 package inject
 
 import (
+	"fmt"
 	"path"
 	"strings"
 
@@ -145,6 +146,7 @@ func (e *engine) runByImage(c *yaml.RNode) bool {
 	return e.imageIs(scalar(c, "image"))
 }
 
+// imageIs tells whether image is one of e's.
 func (e *engine) imageIs(image string) bool {
 	for _, m := range e.images {
 		if strings.Contains(image, m) {
@@ -189,4 +191,9 @@ func sglangNonZeroRank(run *invocation, in *podSpec) (bool, error) {
 		return in.lwsRole == "worker", nil
 	}
 	return false, errRankUnknown(v.raw)
+}
+
+// errRankUnknown refuses a node rank inject cannot read.
+func errRankUnknown(raw string) error {
+	return fmt.Errorf("the node rank %s is set when the pod starts: one template then runs both the rank-0 node, which serves the API, and the others, which do not, and a sidecar in front of those would never be ready; give the rank-0 node a template of its own and inject that", raw)
 }

@@ -1,6 +1,8 @@
 package inject
 
 import (
+	"cmp"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -9,7 +11,7 @@ import (
 
 // findEngine finds the engine container of a pod spec: the one
 // --engine-container names, else the one that runs a known engine, else
-// one the user marked by name or port. nil without one.
+// one the user marked by its port. nil without one.
 func findEngine(ps *podSpec, opts *Options) (*found, error) {
 	containers, err := ps.node.Pipe(yaml.Lookup("containers"))
 	if err != nil || containers == nil {
@@ -27,18 +29,27 @@ func findEngine(ps *podSpec, opts *Options) (*found, error) {
 		}
 	}
 	var out *found
+	var mentioned error
 	for _, c := range elements {
 		f, err := engineIn(c, ps, opts, false)
-		if err != nil {
-			return nil, fmt.Errorf("container %q: %w", scalar(c, "name"), err)
-		}
-		if f == nil {
+		var m mention
+		switch {
+		case errors.As(err, &m):
+			// Only if no container is the engine: a helper's echo
+			// naming the engine blocks nothing.
+			mentioned = cmp.Or(mentioned, fmt.Errorf("container %q: %w", scalar(c, "name"), err))
 			continue
-		}
-		if out != nil {
+		case err != nil:
+			return nil, fmt.Errorf("container %q: %w", scalar(c, "name"), err)
+		case f == nil:
+			continue
+		case out != nil:
 			return nil, fmt.Errorf("two containers could be the engine, %q and %q: name one with --engine-container", scalar(out.c, "name"), scalar(c, "name"))
 		}
 		out = f
+	}
+	if out == nil && mentioned != nil {
+		return nil, mentioned
 	}
 	return out, nil
 }
@@ -46,9 +57,14 @@ func findEngine(ps *podSpec, opts *Options) (*found, error) {
 // engineIn tells whether c runs an engine, and how; named says the user
 // named it.
 func engineIn(c *yaml.RNode, ps *podSpec, opts *Options, named bool) (*found, error) {
+	for _, field := range []string{"command", "args"} {
+		if f := c.Field(field); f != nil && f.Value.YNode().Kind != yaml.SequenceNode && !yaml.IsMissingOrNull(f.Value) {
+			return nil, fmt.Errorf("its %s is not a list", field)
+		}
+	}
 	env := envOf(c)
-	runs, script, parseErr := runsOf(c, env)
-	f := &found{c: c, env: env, script: script}
+	runs, parseErr := runsOf(c, env)
+	f := &found{c: c, env: env}
 	for i := range engines {
 		e := &engines[i]
 		for _, run := range runs {
@@ -78,14 +94,17 @@ func engineIn(c *yaml.RNode, ps *podSpec, opts *Options, named bool) (*found, er
 	// engine's name in the text means an engine it cannot place a port
 	// in (nested in another shell's quotes, started through eval or a
 	// variable).
-	if mention := engineMention(c); mention != "" {
-		reason := "its command names " + mention + " but runs it where inject cannot place a port safely (inside another shell's quotes, through eval or a variable)"
+	if name := engineMention(c); name != "" && !named {
+		reason := "its command names " + name + " but runs it where inject cannot place a port safely (inside another shell's quotes, through eval or a variable)"
 		if parseErr != nil {
 			reason = parseErr.Error()
 		}
-		return nil, fmt.Errorf("%s: write the engine's start as a command of its own, or add the sidecar by hand", reason)
+		return nil, mention{reason + ": write the engine's start as a command of its own, or add the sidecar by hand; if this container is not the engine, name the engine's with --engine-container"}
 	}
 	if parseErr != nil {
+		if named {
+			return nil, parseErr
+		}
 		return nil, nil
 	}
 	byPort := opts.EnginePort > 0 && hasPort(c, opts.EnginePort)
@@ -95,18 +114,27 @@ func engineIn(c *yaml.RNode, ps *podSpec, opts *Options, named bool) (*found, er
 	// An engine inject does not know: the one start with a --port.
 	f.engine = &unknownEngine
 	for _, run := range runs {
-		if run.shell == nil {
-			run.args = 1
+		if run.shell == nil && len(stringsOf(c, "command")) > 0 {
+			run.args = 1 // the program's name
 		}
 		if len(run.flags(unknownEngine.portFlags)) > 0 {
 			f.runs = append(f.runs, run)
 		}
 	}
-	if len(f.runs) != 1 {
-		return nil, errNoPortFlag
+	switch len(f.runs) {
+	case 0:
+		return nil, errors.New("the engine named by --engine-container or --engine-port has no --port flag inject can rewrite: inject moves an engine it does not know only through its own --port")
+	case 1:
+		return f, nil
 	}
-	return f, nil
+	return nil, fmt.Errorf("%d commands in the container's shell line have a --port: inject cannot tell which is the engine; start it in a container of its own, or add the sidecar by hand", len(f.runs))
 }
+
+// mention is the refusal of a container that names an engine where
+// inject cannot place a port.
+type mention struct{ reason string }
+
+func (m mention) Error() string { return m.reason }
 
 // engineMention is the first engine program named anywhere in c's command
 // and args, "" for none.
@@ -120,16 +148,4 @@ func engineMention(c *yaml.RNode) string {
 		}
 	}
 	return ""
-}
-
-func stringsOf(c *yaml.RNode, field string) []string {
-	f := c.Field(field)
-	if f == nil {
-		return nil
-	}
-	var out []string
-	for _, n := range f.Value.YNode().Content {
-		out = append(out, n.Value)
-	}
-	return out
 }

@@ -55,10 +55,8 @@ var ErrOnlyWorkers = errors.New("only multi-node workers found (vllm serve --hea
 // KRM function's input, as kustomize gives an exec transformer) comes
 // back as a ResourceList.
 func Inject(in io.Reader, out io.Writer, opts Options) error {
-	for _, v := range opts.Env {
-		if slices.Contains(derived, v.Name) {
-			return fmt.Errorf("%s is set by inject from the pod (the engine's address, and where the engine moves), not by a setting", v.Name)
-		}
+	if err := opts.Validate(); err != nil {
+		return err
 	}
 	src, err := io.ReadAll(in)
 	if err != nil {
@@ -72,13 +70,24 @@ func Inject(in io.Reader, out io.Writer, opts Options) error {
 	}
 	count := map[outcome]int{}
 	for i, doc := range docs {
+		// An alias shares its anchor's nodes: an edit through one would
+		// change the other unseen. Each gets its own copy.
+		if err := doc.DeAnchor(); err != nil {
+			return fmt.Errorf("document %d: %w", i+1, err)
+		}
 		for _, ps := range podSpecsOf(doc) {
+			if opts.EngineContainer != "" && hasContainer(ps.node, opts.EngineContainer) {
+				count[named]++
+			}
 			did, err := injectPod(&ps, &opts)
 			if err != nil {
 				return fmt.Errorf("document %d (%s %q, %s): %w", i+1, doc.GetKind(), doc.GetName(), ps.path, err)
 			}
 			count[did]++
 		}
+	}
+	if opts.EngineContainer != "" && count[named] == 0 {
+		return fmt.Errorf("--engine-container %s: no pod has a container of that name", opts.EngineContainer)
 	}
 	if count[injected]+count[hadSidecar] == 0 {
 		if count[headless] > 0 {
@@ -104,9 +113,43 @@ const (
 	injected
 	hadSidecar
 	headless // a worker of a multi-node engine, with no API to stand in front of
+	named    // counts pods with the container --engine-container names
 )
 
-// injectPod adds the sidecar to a pod spec that runs an engine.
+// Validate returns every problem with the options at once.
+func (o *Options) Validate() error {
+	var errs []error
+	for _, v := range o.Env {
+		if slices.Contains(derived, v.Name) {
+			errs = append(errs, fmt.Errorf("%s is set by inject from the pod (the engine's address, and where the engine moves), not by a setting", v.Name))
+		}
+		if v.Name == "TIMING_SIDECAR_SHUTDOWN_GRACE" {
+			if d, err := time.ParseDuration(v.Value); err != nil || d < 0 {
+				errs = append(errs, fmt.Errorf("shutdown-grace %q is not a duration", v.Value))
+			}
+		}
+	}
+	if _, _, err := adminPort(o); err != nil {
+		errs = append(errs, err)
+	}
+	if o.EnginePort < 0 || o.EnginePort > 65535 {
+		errs = append(errs, fmt.Errorf("--engine-port %d is not a port", o.EnginePort))
+	}
+	return errors.Join(errs...)
+}
+
+// hasContainer tells whether a pod spec has a container named name.
+func hasContainer(pod *yaml.RNode, name string) bool {
+	for _, c := range podContainers(pod) {
+		if scalar(c, "name") == name {
+			return true
+		}
+	}
+	return false
+}
+
+// injectPod adds the sidecar to a pod spec that runs an engine: what to
+// write is decided first, then written.
 func injectPod(ps *podSpec, opts *Options) (outcome, error) {
 	pod := ps.node
 	if hasSidecar(pod) {
@@ -127,10 +170,22 @@ func injectPod(ps *podSpec, opts *Options) (outcome, error) {
 			}
 		}
 	}
-	if scalar(pod, "hostNetwork") == "true" {
+	if isTrue(scalar(pod, "hostNetwork")) {
 		return noEngine, errors.New("the engine's pod is on hostNetwork: its ports are the node's, and moving the engine's could collide with another pod's; add the sidecar by hand")
 	}
 	plan, err := planPorts(ps, f, opts)
+	if err != nil {
+		return noEngine, err
+	}
+	sidecar, err := sidecarContainer(opts, plan, ps)
+	if err != nil {
+		return noEngine, err
+	}
+	list := "initContainers"
+	if !ps.native {
+		list = "containers"
+	}
+	target, err := sequenceField(pod, list)
 	if err != nil {
 		return noEngine, err
 	}
@@ -138,26 +193,19 @@ func injectPod(ps *podSpec, opts *Options) (outcome, error) {
 	if err := verifyMoved(ps, opts, plan.engine); err != nil {
 		return noEngine, err
 	}
-	sidecar, err := sidecarContainer(opts, plan, ps)
-	if err != nil {
-		return noEngine, err
-	}
-	if err := placePorts(f.c, plan, sidecar, ps); err != nil {
+	if err := placePorts(f.c, plan, ps); err != nil {
 		return noEngine, err
 	}
 	if err := moveProbes(f.c, plan.listen, plan.listenName, plan.engine); err != nil {
 		return noEngine, err
 	}
-	list := "initContainers"
-	if !ps.native {
-		list = "containers"
-	}
-	target, err := pod.Pipe(yaml.LookupCreate(yaml.SequenceNode, list))
-	if err != nil {
-		return noEngine, err
-	}
 	if err := target.PipeE(yaml.Append(sidecar.YNode())); err != nil {
 		return noEngine, err
+	}
+	if plan.listen < 1024 && ps.native {
+		if err := unprivilegedPorts(pod, plan.listen); err != nil {
+			return noEngine, err
+		}
 	}
 	if !ps.native {
 		// KServe's runtime spec has no grace period of its own: Knative's
@@ -165,6 +213,28 @@ func injectPod(ps *podSpec, opts *Options) (outcome, error) {
 		return injected, nil
 	}
 	return injected, longEnoughGrace(pod, sidecar)
+}
+
+// unprivilegedPorts lets the sidecar, which runs as a user without
+// capabilities, bind a port below 1024 (TGI's 80): the pod's
+// net.ipv4.ip_unprivileged_port_start, a safe sysctl the kubelet allows
+// by default (Kubernetes 1.22+), unless the pod sets it already.
+func unprivilegedPorts(pod *yaml.RNode, port int) error {
+	const name = "net.ipv4.ip_unprivileged_port_start"
+	if s, _ := pod.Pipe(yaml.Lookup("securityContext", "sysctls", "[name="+name+"]")); s != nil {
+		if n, err := strconv.Atoi(scalar(s, "value")); err != nil || n > port {
+			return fmt.Errorf("the pod sets %s to %q, and the sidecar, not root, must bind the engine's port %d: lower it to %d", name, scalar(s, "value"), port, port)
+		}
+		return nil
+	}
+	sysctls, err := pod.Pipe(yaml.LookupCreate(yaml.SequenceNode, "securityContext", "sysctls"))
+	if err != nil {
+		return err
+	}
+	return sysctls.PipeE(yaml.Append(&yaml.Node{Kind: yaml.MappingNode, Content: []*yaml.Node{
+		yaml.NewScalarRNode("name").YNode(), yaml.NewScalarRNode(name).YNode(),
+		yaml.NewScalarRNode("value").YNode(), quoted("0"),
+	}}))
 }
 
 // hasSidecar tells a pod spec that has the sidecar already.
@@ -198,9 +268,9 @@ func verifyMoved(ps *podSpec, opts *Options, port int) error {
 // the one its probes and queue-proxy address, by number, and KServe's
 // Standard mode aims its Service at kserve-container's first port; both
 // reach the sidecar, which listens on it.
-func placePorts(c *yaml.RNode, plan *portPlan, sidecar *yaml.RNode, ps *podSpec) error {
+func placePorts(c *yaml.RNode, plan *portPlan, ps *podSpec) error {
 	if ps.knative {
-		if len(plan.names) > 0 || portsDeclared(ps.node) {
+		if portsDeclared(ps.node) {
 			return nil
 		}
 		// With two containers Knative wants the port declared; the
@@ -213,7 +283,7 @@ func placePorts(c *yaml.RNode, plan *portPlan, sidecar *yaml.RNode, ps *podSpec)
 	if entry == nil {
 		return nil
 	}
-	if err := entry.PipeE(yaml.SetField("containerPort", intNode(plan.engine))); err != nil {
+	if err := setInt(entry, "containerPort", plan.engine); err != nil {
 		return err
 	}
 	// A hostPort goes with the sidecar: node traffic must pass it.
@@ -222,14 +292,10 @@ func placePorts(c *yaml.RNode, plan *portPlan, sidecar *yaml.RNode, ps *podSpec)
 			return err
 		}
 	}
-	name := yaml.NewStringRNode("engine")
 	if _, taken := plan.names["engine"]; taken {
-		name = nil
-	}
-	if name == nil {
 		return entry.PipeE(yaml.Clear("name"))
 	}
-	return entry.PipeE(yaml.SetField("name", name))
+	return entry.PipeE(yaml.SetField("name", yaml.NewStringRNode("engine")))
 }
 
 // portsDeclared tells whether any container of the pod declares a port.
@@ -256,7 +322,7 @@ func moveProbes(c *yaml.RNode, old int, name string, moved int) error {
 			if v := scalar(h, "port"); v != strconv.Itoa(old) && (name == "" || v != name) {
 				continue
 			}
-			if err := h.PipeE(yaml.SetField("port", intNode(moved))); err != nil {
+			if err := setInt(h, "port", moved); err != nil {
 				return err
 			}
 		}
@@ -277,5 +343,5 @@ func longEnoughGrace(pod, sidecar *yaml.RNode) error {
 	if n, err := strconv.Atoi(scalar(pod, "terminationGracePeriodSeconds")); err == nil && n >= need {
 		return nil
 	}
-	return pod.PipeE(yaml.SetField("terminationGracePeriodSeconds", intNode(need)))
+	return setInt(pod, "terminationGracePeriodSeconds", need)
 }

@@ -15,7 +15,7 @@ import (
 // JSON.
 func isJSON(src []byte) bool {
 	trimmed := bytes.TrimLeft(src, " \t\r\n")
-	return len(trimmed) > 0 && (trimmed[0] == '{' || trimmed[0] == '[')
+	return len(trimmed) > 0 && trimmed[0] == '{'
 }
 
 // writeJSON writes each YAML document of y as JSON, keys in their order,

@@ -1,7 +1,6 @@
 package inject
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"strconv"
@@ -17,7 +16,6 @@ type found struct {
 	c      *yaml.RNode
 	env    containerEnv
 	runs   []*invocation // each start of the engine (a shell line may have several)
-	script *yaml.Node    // the shell line, nil without one
 }
 
 // A reading is one of the engine's settings as inject read it, and from
@@ -25,69 +23,117 @@ type found struct {
 type reading struct {
 	value string
 	known bool
-	from  string   // "--port 8000", "LLAMA_ARG_PORT", "vLLM's default"
-	vars  []string // the variables it was read through
+	from  string // "--port 8000", "LLAMA_ARG_PORT", "vLLM's default"
+	// fallback: read from the engine's default or its image's ENV, not
+	// from anything the manifest says.
+	fallback bool
+	// hidden is an argument of the engine's inject cannot read that may
+	// hold the setting, when no flag gave it.
+	hidden string
 	// flags: the occurrences it was read from, to be rewritten.
 	flags []flagAt
 	env   *envVar // the container's variable it was read from
 }
 
+// flagAt is an occurrence of a flag in one start of the engine.
 type flagAt struct {
 	run *invocation
 	flagValue
 }
 
-// read reads one setting: the engine's flag (the same in every start of
-// it), else the container's variable, else the image's, else the
-// default.
+// read reads one setting: the engine's flag (the last of each start, as
+// argparse and clap take it, the same in every start), else its variable
+// as the engine sees it, else its image's, else the default. hidden says
+// the engine's arguments hold what inject cannot read where the flag
+// could be.
 func (f *found) read(flags []string, envName, def, what string) (reading, error) {
 	var r reading
+	var last *flagAt
 	for _, run := range f.runs {
-		for _, v := range run.flags(flags) {
+		all := run.flags(flags)
+		for _, v := range all {
 			r.flags = append(r.flags, flagAt{run, v})
 		}
+		if len(all) == 0 {
+			continue
+		}
+		this := &flagAt{run, all[len(all)-1]}
+		if last != nil && (this.value != last.value || this.known != last.known) {
+			return r, fmt.Errorf("the engine's starts disagree on %s (%q, %q): give every start the same", what, last.raw, this.raw)
+		}
+		last = this
 	}
-	if len(r.flags) > 0 {
-		for _, run := range f.runs {
-			if len(run.flags(flags)) == 0 {
-				return r, fmt.Errorf("the engine is started more than once in its shell line, with %s on some starts only: give every start the same %s", flags[0], flags[0])
-			}
+	if last != nil {
+		if len(r.flags) > 0 && f.startsWithout(flags) {
+			return r, fmt.Errorf("the engine is started more than once in its shell line, with %s on some starts only: give every start the same %s", flags[0], flags[0])
 		}
-		last := r.flags[len(r.flags)-1]
-		for _, fl := range r.flags {
-			if fl.value != last.value || fl.known != last.known {
-				return r, fmt.Errorf("the engine's starts disagree on %s (%q, %q): give every start the same", what, fl.raw, last.raw)
-			}
-		}
-		r.value, r.known, r.vars = last.value, last.known, last.vars
+		r.value, r.known = last.value, last.known
 		r.from = flags[0] + " " + last.raw
 		if last.inline {
-			r.from = last.prefix + last.raw[min(len(last.prefix), len(last.raw)):]
+			r.from = last.raw
 		}
 		return r, nil
 	}
+	for _, run := range f.runs {
+		if h := run.hidden(); h != "" {
+			r.hidden = h
+		}
+	}
 	if envName != "" {
-		if v, defined := f.env.lookup(envName); defined {
-			r.value, r.known, r.from, r.vars = v.value, v.known, envName, []string{envName}
+		if v, defined, from := f.variable(envName); defined {
+			r.value, r.known, r.from = v.value, v.known, from
 			if v.node != nil {
 				r.env = &v
 			}
 			return r, nil
 		}
 		if v, ok := f.engine.imageEnv[envName]; ok && f.engine.imageIs(scalar(f.c, "image")) {
-			r.value, r.known, r.from = v, true, envName+" of its image"
+			r.value, r.known, r.from, r.fallback = v, true, envName+" of its image", true
 			return r, nil
 		}
 	}
-	r.value, r.known, r.from = def, true, f.engine.name+"'s default"
+	r.value, r.known, r.from, r.fallback = def, true, f.engine.name+"'s default", true
 	return r, nil
+}
+
+// startsWithout tells whether some start of the engine lacks all of flags.
+func (f *found) startsWithout(flags []string) bool {
+	for _, run := range f.runs {
+		if len(run.flags(flags)) == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// variable is name as the engine sees it: set on its own command in a
+// shell line (read), set elsewhere in the line (not read: the line may
+// or may not export it), or the container's.
+func (f *found) variable(name string) (envVar, bool, string) {
+	for _, run := range f.runs {
+		if w, ok := run.prefix[name]; ok {
+			return envVar{value: w.value, known: w.known}, true, name + " on its command line"
+		}
+		if run.assigned[name] {
+			return envVar{}, true, name + ", set by the shell line"
+		}
+	}
+	v, defined := f.env.lookup(name)
+	return v, defined, name
 }
 
 // readPort reads the engine's port setting.
 func (f *found) readPort() (reading, error) {
 	if name := f.engine.overridingPortEnv; name != "" {
-		if v, defined := f.env.lookup(name); defined && v.node != nil {
-			return reading{value: v.value, known: v.known, from: name, vars: []string{name}, env: &v}, nil
+		if v, defined, from := f.variable(name); defined {
+			r := reading{value: v.value, known: v.known, from: from}
+			if v.node == nil {
+				// Not in env, where inject could change it.
+				r.known = false
+			} else {
+				r.env = &v
+			}
+			return r, nil
 		}
 	}
 	return f.read(f.engine.portFlags, f.engine.portEnv, strconv.Itoa(f.engine.defaultPort), "its port")
@@ -99,18 +145,20 @@ func (f *found) port(opts *Options) (int, reading, error) {
 	if err != nil {
 		return 0, r, err
 	}
-	if !r.known {
+	if !r.known || r.hidden != "" {
 		if opts.EnginePort > 0 {
 			return opts.EnginePort, r, nil
+		}
+		if r.hidden != "" {
+			return 0, r, fmt.Errorf("cannot tell the engine's port: its arguments hold %s, which inject cannot read and which may set it; give the port as a flag of its own, or with --engine-port", r.hidden)
 		}
 		return 0, r, fmt.Errorf("cannot read the engine's port from %s (set from where inject cannot see): write it as a number, or give it with --engine-port", r.from)
 	}
 	n, err := strconv.Atoi(strings.TrimSpace(r.value))
 	if err != nil || n < 1 || n > 65535 {
-		return 0, r, fmt.Errorf("the engine's port %s is not a port number", r.from)
+		return 0, r, fmt.Errorf("the engine's port %s (%q) is not a port number", r.from, r.value)
 	}
-	explicit := len(r.flags) > 0 || r.env != nil
-	if opts.EnginePort > 0 && !explicit {
+	if opts.EnginePort > 0 && r.fallback {
 		// The engine's default, or its image's: the user knows better.
 		return opts.EnginePort, r, nil
 	}
@@ -192,10 +240,3 @@ func (f *found) setPort(r reading, port int) []edit {
 	}
 	return edits
 }
-
-// errRankUnknown refuses a node rank inject cannot read.
-func errRankUnknown(raw string) error {
-	return fmt.Errorf("the node rank %s is set when the pod starts: one template then runs both the rank-0 node, which serves the API, and the others, which do not, and a sidecar in front of those would never be ready; give the rank-0 node a template of its own and inject that", raw)
-}
-
-var errNoPortFlag = errors.New("the engine named by --engine-container or --engine-port has no --port flag inject can rewrite: inject moves an engine it does not know only through its own --port")

@@ -43,7 +43,7 @@ func portsOf(ps *podSpec) podPorts {
 				}
 			}
 		}
-		runs, _, _ := runsOf(c, envOf(c))
+		runs, _ := runsOf(c, envOf(c))
 		for _, run := range runs {
 			for i, w := range run.words {
 				name, value, inline := strings.Cut(w.value, "=")
@@ -66,6 +66,7 @@ func portsOf(ps *podSpec) podPorts {
 	return p
 }
 
+// use records that who holds port, the first holder kept.
 func (p podPorts) use(port int, who string) {
 	if _, ok := p.used[port]; !ok {
 		p.used[port] = who
@@ -97,6 +98,7 @@ func podContainers(pod *yaml.RNode) []*yaml.RNode {
 	return all
 }
 
+// hasPort tells whether c declares containerPort port.
 func hasPort(c *yaml.RNode, port int) bool {
 	for _, p := range containerPorts(c) {
 		if p == port {
@@ -146,24 +148,6 @@ func probePorts(c *yaml.RNode) []int {
 	return out
 }
 
-// scalar is the value of the scalar at path in n, "" if there is none.
-func scalar(n *yaml.RNode, path ...string) string {
-	v, err := n.Pipe(yaml.Lookup(path...))
-	if err != nil || v == nil || v.YNode().Kind != yaml.ScalarNode {
-		return ""
-	}
-	return v.YNode().Value
-}
-
-// intNode is an integer scalar.
-func intNode(n int) *yaml.RNode {
-	return yaml.NewRNode(&yaml.Node{Kind: yaml.ScalarNode, Tag: "!!int", Value: strconv.Itoa(n)})
-}
-
-func quoted(s string) *yaml.Node {
-	return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: s, Style: yaml.DoubleQuotedStyle}
-}
-
 // portPlan is where each part listens once the sidecar is in.
 type portPlan struct {
 	// listen is the engine's port, the sidecar's now; listenName its name
@@ -204,6 +188,9 @@ func planPorts(ps *podSpec, f *found, opts *Options) (*portPlan, error) {
 	if entry, _ := f.c.Pipe(yaml.Lookup("ports", "[containerPort="+strconv.Itoa(old)+"]")); entry != nil {
 		plan.declared, plan.listenName = true, scalar(entry, "name")
 		plan.hostPort, plan.hostIP = scalar(entry, "hostPort"), scalar(entry, "hostIP")
+	}
+	if old < 1024 && ps.knative {
+		return nil, fmt.Errorf("the engine listens on %d: the sidecar, not root, cannot bind a port below 1024 under Knative, which refuses the pod sysctl that would let it; serve the engine on a port from 1024", old)
 	}
 	used.use(old, "the engine")
 	for _, n := range f.engine.impliedPorts {
@@ -261,7 +248,7 @@ func adminPort(opts *Options) (int, bool, error) {
 // its port from where inject cannot see (its image's environment, a
 // config file), and moving it would be a guess.
 func checkDeclared(f *found, port int, r reading, opts *Options) error {
-	if len(r.flags) > 0 || r.env != nil || opts.EnginePort > 0 {
+	if !r.fallback || opts.EnginePort > 0 {
 		return nil
 	}
 	why := ""

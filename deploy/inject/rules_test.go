@@ -14,6 +14,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/kustomize/kyaml/kio"
 	"sigs.k8s.io/kustomize/kyaml/yaml"
@@ -353,15 +354,21 @@ func checkTraffic(t *testing.T, ps *podSpec, spec corev1.PodSpec, sidecar *corev
 			if p == nil {
 				continue
 			}
-			var probed int
+			var port intstr.IntOrString
 			switch {
 			case p.HTTPGet != nil:
-				probed = p.HTTPGet.Port.IntValue()
+				port = p.HTTPGet.Port
 			case p.TCPSocket != nil:
-				probed = p.TCPSocket.Port.IntValue()
+				port = p.TCPSocket.Port
 			default:
 				continue
 			}
+			// A number written as a string is a name to the API server,
+			// and no name has only digits.
+			if port.Type != intstr.Int {
+				t.Errorf("the engine's probe's port is the string %q", port.StrVal)
+			}
+			probed := port.IntValue()
 			if probed != enginePort {
 				t.Errorf("the engine's probe tests %d, the engine listens on %d", probed, enginePort)
 			}

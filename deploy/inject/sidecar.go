@@ -98,10 +98,18 @@ func sidecarPorts(c *yaml.RNode, plan *portPlan, ps *podSpec) error {
 		if _, taken := plan.names[name]; taken && name != plan.listenName {
 			name = "timing-http"
 		}
+		if _, taken := plan.names[name]; taken && name != plan.listenName {
+			name = "" // both taken: unnamed, found by number
+		}
 		if err := proxy.PipeE(yaml.SetField("name", yaml.NewStringRNode(name))); err != nil {
 			return err
 		}
-		if err := proxy.PipeE(yaml.SetField("containerPort", intNode(plan.listen))); err != nil {
+		if name == "" {
+			if err := proxy.PipeE(yaml.Clear("name")); err != nil {
+				return err
+			}
+		}
+		if err := setInt(proxy, "containerPort", plan.listen); err != nil {
 			return err
 		}
 		if plan.hostPort != "" {
@@ -119,7 +127,7 @@ func sidecarPorts(c *yaml.RNode, plan *portPlan, ps *podSpec) error {
 	if err != nil || admin == nil {
 		return err
 	}
-	return admin.PipeE(yaml.SetField("containerPort", intNode(plan.admin)))
+	return setInt(admin, "containerPort", plan.admin)
 }
 
 // underKnative fits the sidecar to Knative Serving's checks of a

@@ -20,9 +20,7 @@ type containerEnv struct {
 type envVar struct {
 	value string // as the kubelet expands it, when known
 	known bool
-	// fieldPath is its valueFrom.fieldRef's (status.podIP, ...).
-	fieldPath string
-	node      *yaml.RNode // its entry in env, to change its value
+	node  *yaml.RNode // its entry in env, to change its value
 }
 
 // envOf reads c's env in order, each value expanded as the kubelet does,
@@ -36,7 +34,7 @@ func envOf(c *yaml.RNode) containerEnv {
 	items, _ := list.Elements()
 	for _, item := range items {
 		name := scalar(item, "name")
-		v := envVar{node: item, fieldPath: scalar(item, "valueFrom", "fieldRef", "fieldPath")}
+		v := envVar{node: item}
 		if item.Field("valueFrom") == nil {
 			// A missing value is the empty string.
 			v.value, v.known = e.expand(scalar(item, "value"))
