@@ -26,6 +26,7 @@ import (
 //
 //	X-Fake-Header-Delay  ms before response headers
 //	X-Fake-TTFT          ms after headers before the first token (streams)
+//	X-Fake-Late-Headers  send a stream's headers with its first token, in one write
 //	X-Fake-ITL           ms between token events
 //	X-Fake-Tokens        token events to send (default 4)
 //	X-Fake-Per-Event     tokens per event (default 1)
@@ -271,12 +272,27 @@ func (x *fakeExchange) send(data string) {
 // stream sends an SSE stream: for chat a role event first and a finish
 // event after the tokens, then the usage if asked for, then [DONE].
 func (x *fakeExchange) stream(p fakePlan, chat, usage bool) {
+	late := x.r.Header.Get("X-Fake-Late-Headers") != ""
+	if late && !x.wait(p.ttft) {
+		return
+	}
 	x.w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
 	x.fr.HeadersSent = time.Now()
 	x.w.WriteHeader(200)
-	x.w.(http.Flusher).Flush()
-	if chat {
-		x.send(`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`)
+	role := `{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`
+	if late {
+		// Headers and the role event wait in the buffer for the first
+		// token's flush: one write, as a server that does not flush
+		// before its first chunk sends them.
+		if chat {
+			writeAll(x.w, x.fr, "data: "+role+"\n\n")
+		}
+		p.ttft = 0
+	} else {
+		x.w.(http.Flusher).Flush()
+		if chat {
+			x.send(role)
+		}
 	}
 	if !x.wait(p.ttft) {
 		return

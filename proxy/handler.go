@@ -90,6 +90,18 @@ func (p *Proxy) recoverRequest(ctx *fasthttp.RequestCtx, f *flight) {
 	}
 }
 
+// prefillerHeader is the header llm-d's endpoint picker sets on a request
+// it splits: the prefill engine that the decode pod's routing sidecar
+// sends the prefill leg to.
+const prefillerHeader = "x-prefiller-host-port"
+
+// splitDownstream tells a whole request that a router behind the sidecar
+// will split over a prefill and a decode engine: its response headers
+// come once the decode starts, so they cannot mark when the work began.
+func splitDownstream(h *fasthttp.RequestHeader, req rewrite.Request) bool {
+	return req.Leg == rewrite.LegWhole && len(h.Peek(prefillerHeader)) > 0
+}
+
 // serveMeasured handles a request to a measured endpoint: inspect, plan,
 // forward, relay. Every one is timed; the metrics object goes into the
 // response when the mode and the request ask for it.
@@ -111,6 +123,7 @@ func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight, body []byte) 
 	}
 	pl := rewrite.PlanFor(p.policy, req)
 	f.rec.Model, f.rec.Stream = req.Model, req.Stream
+	f.clock.HeadersLate = splitDownstream(&ctx.Request.Header, req)
 	f.timingHeader = req.Untouched && p.cfg.Mode != rewrite.ModeOff
 	if p.tracer != nil {
 		p.beginTrace(ctx, f, body)

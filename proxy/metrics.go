@@ -28,8 +28,7 @@ func (f *flight) markEnd(t time.Time) {
 func (f *flight) done(t time.Time, engine timing.EngineTiming) *timing.Metrics {
 	if !f.computed {
 		f.clock.Done = t
-		f.result = timing.Compute(&f.clock, f.counts(), f.streamed())
-		f.result.SetEngine(engine.WithHeaders(f.engineHeaders))
+		f.result = timing.Compute(&f.clock, f.counts(), f.streamed(), engine.WithHeaders(f.engineHeaders))
 		f.computed, f.doneClock = true, f.clock
 	}
 	return &f.result

@@ -289,7 +289,7 @@ func TestServerTiming(t *testing.T) {
 	}
 	defer conn.Close()
 	body := `{"stream":true,"include_metrics":true}`
-	io.WriteString(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTE: trailers\r\nX-Fake-ITL: 20\r\nContent-Length: "+
+	io.WriteString(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTE: trailers\r\nX-Fake-TTFT: 20\r\nX-Fake-ITL: 20\r\nContent-Length: "+
 		itoa(len(body))+"\r\n\r\n"+body)
 	sresp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 	if err != nil {

@@ -49,6 +49,9 @@ type Request struct {
 	// a stream and its response reassembled exactly: one choice, and only
 	// fields whose effect a stream reproduces (see upgradableField).
 	Upgradable bool
+	// Leg is the part of a disaggregated request the body is, as the
+	// router that split it marked it.
+	Leg Leg
 
 	// Where the members UpstreamBody edits lie, so that the common case,
 	// each key once, is edited by offsets without a second parse; and how
@@ -127,8 +130,59 @@ func (in *inspection) member(key string, keyAt int, raw string, at int) bool {
 		r.Repeated = r.Repeated || in.seenPrompt
 		in.seenPrompt = true
 		r.MultipleChoices = r.MultipleChoices || multiplePrompts(raw)
+	case "kv_transfer_params":
+		r.Leg = legOf(value)
+	case "sampling_params":
+		// vLLM's generate API carries them in its sampling parameters.
+		if r.Leg == LegWhole {
+			r.Leg = legOf(gjson.Get(raw, "extra_args.kv_transfer_params"))
+		}
 	}
 	return r.Understood
+}
+
+// Leg is the part of a disaggregated request a body is.
+type Leg uint8
+
+const (
+	// LegWhole is a request served by one engine, or a client's request
+	// before a router splits it.
+	LegWhole Leg = iota
+	// LegPrefill is what a router sends the prefill engine: the prompt, to
+	// compute its KV cache and one token (vLLM's kv_transfer_params with
+	// do_remote_decode).
+	LegPrefill
+	// LegDecode is what it then sends the decode engine, which pulls that
+	// KV cache before its first token (do_remote_prefill).
+	LegDecode
+)
+
+// String is the leg as the log, the span and the series say it.
+func (l Leg) String() string {
+	switch l {
+	case LegPrefill:
+		return "prefill"
+	case LegDecode:
+		return "decode"
+	}
+	return "whole"
+}
+
+// legOf reads vLLM's kv_transfer_params: do_remote_prefill marks the
+// decode leg (its KV is computed elsewhere), do_remote_decode the prefill
+// leg (its decode happens elsewhere).
+func legOf(params gjson.Result) Leg {
+	if !params.IsObject() {
+		return LegWhole
+	}
+	flags := gjson.GetMany(params.Raw, "do_remote_prefill", "do_remote_decode")
+	switch {
+	case flags[0].Type == gjson.True:
+		return LegDecode
+	case flags[1].Type == gjson.True:
+		return LegPrefill
+	}
+	return LegWhole
 }
 
 // result is the request as read: a repeated member or one not understood

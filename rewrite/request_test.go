@@ -378,3 +378,24 @@ func mustMarshal(t *testing.T, v any) []byte {
 	}
 	return b
 }
+
+// TestLeg: the leg a router marked a request as, at the root or in the
+// generate API's sampling parameters; anything else is a whole request.
+func TestLeg(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		want Leg
+	}{
+		{`{"model":"m","messages":[]}`, LegWhole},
+		{`{"model":"m","kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null}}`, LegPrefill},
+		{`{"model":"m","kv_transfer_params":{"do_remote_decode":false,"do_remote_prefill":true,"remote_block_ids":[1,2]}}`, LegDecode},
+		{`{"model":"m","sampling_params":{"max_tokens":1,"extra_args":{"kv_transfer_params":{"do_remote_decode":true}}}}`, LegPrefill},
+		{`{"model":"m","kv_transfer_params":{"do_remote_decode":"true"}}`, LegWhole},
+		{`{"model":"m","kv_transfer_params":null}`, LegWhole},
+		{`{"model":"m","kv_transfer_params":[{"do_remote_prefill":true}]}`, LegWhole},
+	} {
+		if got := InspectRequest([]byte(tc.body)).Leg; got != tc.want {
+			t.Errorf("%s: leg %v, want %v", tc.body, got, tc.want)
+		}
+	}
+}

@@ -284,6 +284,12 @@ func appendLine(b []byte, now time.Time, r *Record, j *judgement) []byte {
 	b = appendNumber(b, `,"time_to_first_token_ms":`, m.TimeToFirstToken)
 	b = appendNumber(b, `,"generation_time_ms":`, m.GenerationTime)
 	b = appendNumber(b, `,"queue_time_ms":`, m.QueueTime)
+	b = append(b, `,"ttft_from":`...)
+	if m.FirstTokenAfterArrival.Set {
+		b = appendString(b, m.TTFTFrom.String())
+	} else {
+		b = append(b, "null"...)
+	}
 	b = appendNumber(b, `,"mean_itl_ms":`, m.MeanITL)
 	b = appendNumber(b, `,"tokens_per_second":`, m.TokensPerSecond)
 	b = appendNumber(b, `,"e2e_latency_ms":`, m.E2ELatency)

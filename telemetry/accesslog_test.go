@@ -64,7 +64,7 @@ func slogLine(r *Record) []byte {
 		slog.String("request_id", r.ID), slog.String("method", r.Method), slog.String("path", r.Path),
 		slog.String("model", r.Model), slog.Bool("stream", r.Stream), slog.Int("status", r.Status),
 		num("time_to_first_token_ms", m.TimeToFirstToken), num("generation_time_ms", m.GenerationTime),
-		num("queue_time_ms", m.QueueTime), num("mean_itl_ms", m.MeanITL), num("tokens_per_second", m.TokensPerSecond),
+		num("queue_time_ms", m.QueueTime), ttftFrom(m), num("mean_itl_ms", m.MeanITL), num("tokens_per_second", m.TokensPerSecond),
 		num("e2e_latency_ms", m.E2ELatency), num("max_itl_ms", m.MaxITL), num("time_to_first_byte_ms", m.TimeToFirstByte), cnt("prompt_tokens", m.PromptTokens),
 		cnt("completion_tokens", m.CompletionTokens), cnt("token_events", m.TokenEvents),
 		cnt("cached_tokens", cachedTokens(m)), slog.String("cache", m.Cache.String()), num("prefill_tokens_per_second", m.PrefillTokensPerSecond),
@@ -311,4 +311,13 @@ func TestAppendMilliIsStrconvs(t *testing.T) {
 			t.Errorf("%v: %q, want null", v, got)
 		}
 	}
+}
+
+// ttftFrom is the log's ttft_from as slog writes it: the origin of a
+// stream with output, null otherwise.
+func ttftFrom(m *timing.Metrics) slog.Attr {
+	if !m.FirstTokenAfterArrival.Set {
+		return slog.Any("ttft_from", nil)
+	}
+	return slog.String("ttft_from", m.TTFTFrom.String())
 }

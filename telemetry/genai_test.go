@@ -104,10 +104,10 @@ func genaiRequests() []Record {
 	rs := slices.Clone(requests)
 	rs = append(rs,
 		Record{ID: "r7", Endpoint: EndpointMessages, Model: "claude-ish", ResponseModel: "claude-ish", Stream: true, Status: 200, Measured: true,
-			Metrics: timing.Metrics{QueueTime: num(3), TimeToFirstToken: num(40), MeanITL: num(9), E2ELatency: num(120),
+			Metrics: timing.Metrics{QueueTime: num(3), TimeToFirstToken: num(40), FirstTokenAfterArrival: num(3 + 40), MeanITL: num(9), E2ELatency: num(120),
 				PromptTokens: cnt(500), CompletionTokens: cnt(9), CachedTokens: cnt(480), Cache: timing.CacheFull}},
 		Record{ID: "r8", Endpoint: EndpointChat, Model: "llama", Stream: true, Status: 200, Measured: true, UpstreamError: ErrorInterrupted,
-			Metrics: timing.Metrics{QueueTime: num(3), TimeToFirstToken: num(40), E2ELatency: num(90), PromptTokens: cnt(5)}},
+			Metrics: timing.Metrics{QueueTime: num(3), TimeToFirstToken: num(40), FirstTokenAfterArrival: num(3 + 40), E2ELatency: num(90), PromptTokens: cnt(5)}},
 	)
 	return rs
 }
@@ -272,7 +272,7 @@ func TestGenAIFailuresAreThePrometheusFailures(t *testing.T) {
 	r, reader, reg := genaiRecorder(t, Options{MaxModels: 8, MaxTenants: 8})
 	stream := func(id string, ttft, e2e float64) Record {
 		return Record{ID: id, Endpoint: EndpointChat, Model: "llama", Stream: true, Status: 200, Measured: true,
-			Elapsed: time.Duration(e2e) * time.Millisecond, Metrics: timing.Metrics{QueueTime: num(2), TimeToFirstToken: num(ttft),
+			Elapsed: time.Duration(e2e) * time.Millisecond, Metrics: timing.Metrics{QueueTime: num(2), TimeToFirstToken: num(ttft), FirstTokenAfterArrival: num(2 + ttft),
 				MeanITL: num(10), E2ELatency: num(e2e), PromptTokens: cnt(20), CompletionTokens: cnt(9)}}
 	}
 	succeeded := []Record{stream("ok1", 40, 200), stream("ok2", 60, 300), stream("ok3", 80, 400),

@@ -102,19 +102,13 @@ type Record struct {
 // shared with vLLM's histogram and OpenTelemetry's GenAI metric. The body
 // field counts from acceptance instead, as vLLM's body field does.
 func (r *Record) timeToFirstToken() (float64, bool) {
-	q, t := r.Metrics.QueueTime, r.Metrics.TimeToFirstToken
-	if !q.Set || !t.Set {
-		return 0, false
-	}
-	return q.Value + t.Value, true
+	t := r.Metrics.FirstTokenAfterArrival
+	return t.Value, t.Set
 }
 
 // timeToFirstContent is arrival to the first content (answer) token, past
 // any reasoning.
 func (r *Record) timeToFirstContent() (float64, bool) {
-	q, t := r.Metrics.QueueTime, r.Metrics.TimeToFirstContent
-	if !q.Set || !t.Set {
-		return 0, false
-	}
-	return q.Value + t.Value, true
+	t := r.Metrics.FirstContentAfterArrival
+	return t.Value, t.Set
 }

@@ -77,6 +77,7 @@ type Recorder struct {
 	upstreamErrors                      *prometheus.CounterVec
 	clientDisconnects                   prometheus.Counter
 	clientPaced                         prometheus.Counter
+	ttftOrigin                          *prometheus.CounterVec
 	unread                              *prometheus.CounterVec
 	panics                              prometheus.Counter
 	inFlight                            prometheus.Gauge
@@ -227,6 +228,9 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 		Help: "Requests whose client left before the response was complete; the engine's request was aborted."})
 	r.clientPaced = prometheus.NewCounter(prometheus.CounterOpts{Name: "timing_sidecar_client_paced_requests_total",
 		Help: "Requests whose client held the engine back 10 ms or more in all (a stalled client, past the stream's read-ahead or with none): their tokens count, their latencies stay out of the histograms and goodput."})
+	r.ttftOrigin = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_time_to_first_token_origin_total",
+		Help: "Streams with output by where their time to first token counts from: accepted (the engine's response headers, which came before its output), engine_queue (arrival plus the engine's own queue time) or arrival (neither told when the engine started: queue time unknown)."},
+		[]string{"endpoint", "origin"})
 	r.unread = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_unread_requests_total",
 		Help: "Chat and completions requests forwarded without being read or edited, and answered without the metrics object, by reason: repeated_member (a member the sidecar reads or edits came twice), not_understood (not a JSON object, nested too deep, a field of the wrong type), no_memory (no room in --max-body-memory)."}, []string{"reason"})
 	r.panics = prometheus.NewCounter(prometheus.CounterOpts{Name: "timing_sidecar_panics_total",
@@ -267,7 +271,7 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 		r.access = newAccessLog(opts.AccessLog, opts.Log, reg, r.Panic)
 	}
 	reg.MustRegister(r.queue, r.ttft, r.ttfc, r.itl, r.maxITL, r.e2e, r.prefill, r.requests, r.promptTokens, r.outputTokens, r.cachedTokens,
-		r.upstreamErrors, r.clientDisconnects, r.clientPaced, r.unread, r.panics, r.inFlight, r.slo, r.invalidObjectives, r.engineReady, r.relayDelay, r.kernelTimestamps)
+		r.upstreamErrors, r.clientDisconnects, r.clientPaced, r.ttftOrigin, r.unread, r.panics, r.inFlight, r.slo, r.invalidObjectives, r.engineReady, r.relayDelay, r.kernelTimestamps)
 	return r
 }
 
@@ -403,6 +407,9 @@ func (r *Recorder) observe(req *Record, model, tenant string, o *genaiObservatio
 	if m.Cache != timing.CacheUnknown {
 		s.cachedTokens.Add(float64(m.CachedTokens.Value))
 		o.cached, o.hasCached = m.CachedTokens.Value, true
+	}
+	if m.FirstTokenAfterArrival.Set {
+		r.ttftOrigin.WithLabelValues(req.Endpoint, m.TTFTFrom.String()).Inc()
 	}
 	if !req.ClientPaced {
 		// A paced request's latencies are the client's pace as much as

@@ -25,11 +25,11 @@ func cnt(v int64) timing.Count    { return timing.Count{Value: v, Set: true} }
 // models, a failed request, a client that left and an unmeasured path.
 var requests = []Record{
 	{ID: "r1", Endpoint: EndpointChat, Model: "llama", Stream: true, Status: 200, Measured: true, Metrics: timing.Metrics{
-		QueueTime: num(20), TimeToFirstToken: num(80), GenerationTime: num(150), MeanITL: num(15), MaxITL: num(30),
+		QueueTime: num(20), TimeToFirstToken: num(80), FirstTokenAfterArrival: num(20 + 80), GenerationTime: num(150), MeanITL: num(15), MaxITL: num(30),
 		E2ELatency: num(260), TokensPerSecond: num(47), PromptTokens: cnt(12), CompletionTokens: cnt(11),
 		CachedTokens: cnt(0), Cache: timing.CacheNone, PrefillTokensPerSecond: num(120)}},
 	{ID: "r2", Endpoint: EndpointChat, Model: "llama", Stream: true, Status: 200, Measured: true, Metrics: timing.Metrics{
-		QueueTime: num(5), TimeToFirstToken: num(1500), GenerationTime: num(4000), MeanITL: num(40), MaxITL: num(900),
+		QueueTime: num(5), TimeToFirstToken: num(1500), FirstTokenAfterArrival: num(5 + 1500), GenerationTime: num(4000), MeanITL: num(40), MaxITL: num(900),
 		E2ELatency: num(5510), PromptTokens: cnt(900), CompletionTokens: cnt(101),
 		CachedTokens: cnt(880), Cache: timing.CachePartial, PrefillTokensPerSecond: num(20 / 1.505)}},
 	{ID: "r3", Endpoint: EndpointCompletions, Model: "qwen", Status: 200, Measured: true, Metrics: timing.Metrics{

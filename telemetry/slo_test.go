@@ -17,7 +17,7 @@ func TestJudge(t *testing.T) {
 	ms := time.Millisecond
 	stream := func(queue, ttft, itl, e2e float64, tokens int64) Record {
 		return Record{Endpoint: EndpointChat, Stream: true, Status: 200, Measured: true, Metrics: timing.Metrics{
-			QueueTime: num(queue), TimeToFirstToken: num(ttft), MeanITL: num(itl), E2ELatency: num(e2e), CompletionTokens: cnt(tokens)}}
+			QueueTime: num(queue), TimeToFirstToken: num(ttft), FirstTokenAfterArrival: num(queue + ttft), MeanITL: num(itl), E2ELatency: num(e2e), CompletionTokens: cnt(tokens)}}
 	}
 	oneToken := stream(10, 50, 0, 70, 1)
 	oneToken.Metrics.MeanITL = timing.Number{}
@@ -82,7 +82,7 @@ func TestGoodputIsCountedAndLogged(t *testing.T) {
 		{queue: 200, invalid: ObjectiveTTFT | ObjectiveITL},
 	} {
 		rec := Record{Endpoint: EndpointChat, Model: "m", Tenant: "acme", Stream: true, Status: 200, Measured: true,
-			Metrics: timing.Metrics{QueueTime: num(tc.queue), TimeToFirstToken: num(50)}, Asked: tc.asked, AskedInvalid: tc.invalid}
+			Metrics: timing.Metrics{QueueTime: num(tc.queue), TimeToFirstToken: num(50), FirstTokenAfterArrival: num(tc.queue + 50)}, Asked: tc.asked, AskedInvalid: tc.invalid}
 		r.Begin()
 		r.Finish(&rec)
 	}

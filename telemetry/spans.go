@@ -203,6 +203,9 @@ func appendMetrics(a []attribute.KeyValue, m *timing.Metrics) []attribute.KeyVal
 	num(attrPrefix+"time_to_first_token_ms", m.TimeToFirstToken)
 	num(attrPrefix+"generation_time_ms", m.GenerationTime)
 	num(attrPrefix+"queue_time_ms", m.QueueTime)
+	if m.FirstTokenAfterArrival.Set {
+		a = append(a, attribute.String(attrPrefix+"ttft_from", m.TTFTFrom.String()))
+	}
 	num(attrPrefix+"mean_itl_ms", m.MeanITL)
 	num(attrPrefix+"tokens_per_second", m.TokensPerSecond)
 	num(attrPrefix+"e2e_latency_ms", m.E2ELatency)

@@ -254,8 +254,7 @@ func reasoningRecord() Record {
 	clock.MarkOutput(after(400), timing.OutputContent)
 	m := timing.Compute(&clock, timing.Usage{PromptTokens: timing.Count{Value: 12, Set: true},
 		CompletionTokens: timing.Count{Value: 30, Set: true}, ReasoningTokens: timing.Count{Value: 10, Set: true},
-		CachedTokens: timing.Count{Value: 8, Set: true}}, true)
-	m.SetEngine(timing.EngineTiming{Reported: true, Source: "vllm", Total: timing.Number{Value: 380, Set: true},
+		CachedTokens: timing.Count{Value: 8, Set: true}}, true, timing.EngineTiming{Reported: true, Source: "vllm", Total: timing.Number{Value: 380, Set: true},
 		QueueTime: timing.Number{Value: 15, Set: true}})
 	return Record{ID: "req-1", Method: "POST", Path: "/v1/chat/completions", Endpoint: EndpointChat, Model: "qwen3",
 		Tenant: "acme", Stream: true, Status: 200, Measured: true, Metrics: m,

@@ -10,8 +10,13 @@ type Clock struct {
 	// (the external twin of the engine's "queued").
 	Arrival time.Time
 	// Accepted is when the upstream's status line and headers arrived
-	// (the external twin of the engine's "scheduled").
+	// (the external twin of the engine's "scheduled", where the upstream
+	// sends its headers before its work: see HeadersLead).
 	Accepted time.Time
+	// HeadersLate says the upstream's headers cannot mark when it started
+	// the request whatever they lead by: a router in front of it splits
+	// the request over two engines and answers once the second starts.
+	HeadersLate bool
 	// FirstToken is when the first event carrying generated output arrived.
 	FirstToken time.Time
 	// LastToken is when the latest event carrying generated output arrived.

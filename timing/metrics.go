@@ -78,11 +78,11 @@ func (u Usage) Prompt() Count {
 // Metrics is the per-request metrics object. The first five fields mirror
 // vLLM's --enable-per-request-metrics with the sidecar's external marks.
 type Metrics struct {
-	TimeToFirstToken Number // first token − accepted (streams)
+	TimeToFirstToken Number // first token − the origin (streams)
 	GenerationTime   Number // last token − first token (streams)
-	QueueTime        Number // accepted − arrival (streams)
+	QueueTime        Number // the origin − arrival (streams); null from arrival
 	MeanITL          Number // generation time / (tokens − 1), tokens as perTokenCount picks (streams)
-	TokensPerSecond  Number // tokens / (last token − accepted), or completion tokens / e2e when not streamed
+	TokensPerSecond  Number // tokens / (last token − the origin), or completion tokens / e2e when not streamed
 	E2ELatency       Number // done − arrival
 	MaxITL           Number // largest gap between consecutive token events (streams)
 	PromptTokens     Count
@@ -90,9 +90,22 @@ type Metrics struct {
 	// TokenEvents is set when completion_tokens is fewer than the token
 	// events: MeanITL and TokensPerSecond are then over this many events.
 	TokenEvents Count
+	// TTFTFrom is the origin TimeToFirstToken is measured from, where
+	// QueueTime ends (see origin). Not part of the JSON object, whose top
+	// level stays numbers, as a client loop reading vLLM's expects: there
+	// a null queue_time_ms beside a time_to_first_token_ms says the TTFT
+	// counts from arrival, and a queue_time_ms equal to the engine's says
+	// it is the engine's. The log, the span and /metrics name it.
+	TTFTFrom Origin
+	// FirstTokenAfterArrival and FirstContentAfterArrival are the first
+	// token and the first content (not reasoning) event − arrival, for
+	// streams: the client's TTFT, whatever the origin. Not part of the
+	// JSON object.
+	FirstTokenAfterArrival, FirstContentAfterArrival Number
 	// TimeToFirstContent is the first content (not reasoning) event −
-	// accepted, for streams; not part of the JSON object, where the split
-	// holds it for reasoning streams, and TimeToFirstToken for the others.
+	// the origin, for streams; not part of the JSON object, where the
+	// split holds it for reasoning streams, and TimeToFirstToken for the
+	// others.
 	TimeToFirstContent Number
 	// Split divides the output into reasoning and content, for a stream
 	// that carried reasoning (Split.Present).
@@ -116,6 +129,68 @@ type Metrics struct {
 	// (prompt − cached) over the prefill interval (see prefill), for
 	// streams whose engine reports its cached tokens.
 	PrefillTokensPerSecond Number
+}
+
+// Origin is the mark a stream's time to first token is measured from,
+// and its queue time measured to: the engine's start of work, as well as
+// the sidecar can tell it.
+type Origin uint8
+
+const (
+	// FromAccepted: the upstream's response headers, which came at least
+	// HeadersLead before its first output.
+	FromAccepted Origin = iota
+	// FromEngineQueue: arrival plus the queue time the engine reports,
+	// when its headers cannot mark its start.
+	FromEngineQueue
+	// FromArrival: the client's request; when neither the headers nor
+	// the engine tell when the engine started, the split between waiting
+	// and prefill is not observable and queue_time_ms is null.
+	FromArrival
+)
+
+// String is the origin as the object, the log and the span say it.
+func (o Origin) String() string {
+	switch o {
+	case FromEngineQueue:
+		return "engine_queue"
+	case FromArrival:
+		return "arrival"
+	}
+	return "accepted"
+}
+
+// HeadersLead is the least the upstream's headers must arrive before its
+// first output to mark when it started the request. Headers written with
+// the first output (a server that does not flush before its first chunk,
+// a router that answers once the decode starts) arrive in the same read
+// or microseconds before it; an engine's prefill takes milliseconds.
+const HeadersLead = time.Millisecond
+
+// origin chooses the mark the time to first token counts from: the
+// upstream's headers when they came HeadersLead or more before its first
+// output, were not sent by a router splitting the request, and give no
+// TTFT shorter than the engine's own; else arrival plus the engine's own
+// queue time, when it reports one; else arrival. Each choice's TTFT is at
+// least the engine's: the sidecar's arrival-to-first-token interval holds
+// the engine's queue and TTFT.
+func origin(c *Clock, e EngineTiming) (Origin, time.Time) {
+	if !c.HeadersLate && !c.Accepted.IsZero() {
+		lead, ok := interval(c.Accepted, c.FirstToken)
+		switch {
+		case c.tokenEvents == 0:
+			return FromAccepted, c.Accepted
+		case ok && lead >= HeadersLead && !(e.TimeToFirstToken.Set && ms(lead) < e.TimeToFirstToken.Value):
+			return FromAccepted, c.Accepted
+		}
+	}
+	if q := e.QueueTime; q.Set && q.Value >= 0 && !c.Arrival.IsZero() {
+		base := c.Arrival.Add(time.Duration(q.Value * float64(time.Millisecond)))
+		if c.tokenEvents == 0 || !base.After(c.FirstToken) {
+			return FromEngineQueue, base
+		}
+	}
+	return FromArrival, c.Arrival
 }
 
 // CacheClass is how much of a prompt the engine's prefix cache served.
@@ -176,10 +251,10 @@ func cacheClass(prompt, cached Count) CacheClass {
 func (m *Metrics) prefill() {
 	m.Cache = cacheClass(m.PromptTokens, m.CachedTokens)
 	m.PrefillTokensPerSecond = Number{}
-	if m.Cache == CacheUnknown || !m.QueueTime.Set || !m.TimeToFirstToken.Set {
+	if m.Cache == CacheUnknown || !m.FirstTokenAfterArrival.Set {
 		return
 	}
-	ms := m.QueueTime.Value + m.TimeToFirstToken.Value
+	ms := m.FirstTokenAfterArrival.Value
 	if q := m.Engine.QueueTime; q.Set && q.Value < ms {
 		ms -= q.Value
 	}
@@ -199,7 +274,7 @@ type OutputSplit struct {
 // SplitPart is one kind of output's figures.
 type SplitPart struct {
 	TokenCount       Count
-	TimeToFirstToken Number // first of the kind − accepted
+	TimeToFirstToken Number // first of the kind − the origin
 	GenerationTime   Number // last of the kind − first of the kind
 	MeanITL          Number // generation time / (tokens − 1), tokens as perTokenCount picks
 	TokensPerSecond  Number // tokens / generation time
@@ -210,14 +285,14 @@ type SplitPart struct {
 
 // splitPart computes one part from its marks and token count, by the rule
 // the top-level figures follow (perTokenCount).
-func splitPart(accepted time.Time, s Span, count Count) SplitPart {
+func splitPart(from time.Time, s Span, count Count) SplitPart {
 	p := SplitPart{TokenCount: count}
 	if s.events == 0 {
 		// No event of this kind: no tokens, whatever else is unknown.
 		p.TokenCount = Count{0, true}
 		return p
 	}
-	p.TimeToFirstToken = number(span(accepted, s.First))
+	p.TimeToFirstToken = number(span(from, s.First))
 	p.GenerationTime = number(span(s.First, s.Last))
 	n, fromEvents := perTokenCount(count, s.events)
 	if fromEvents {
@@ -324,39 +399,50 @@ func (e EngineTiming) WithHeaders(h EngineTiming) EngineTiming {
 	return e
 }
 
-// SetEngine records the engine's report and the overhead it implies.
-func (m *Metrics) SetEngine(e EngineTiming) {
-	m.Engine = e
-	if e.Reported && e.Total.Set && m.E2ELatency.Set {
-		m.Overhead = Number{m.E2ELatency.Value - e.Total.Value, true}
-	}
-	m.prefill()
-}
-
-// Compute derives the metrics from a clock and the engine's usage.
+// Compute derives the metrics from a clock, the engine's usage and the
+// engine's own report of its timing (e, when the response carried one).
 // streamed says whether the response was an event stream: a non-streaming
 // response shows nothing before it is complete, so the stream-only fields
 // stay null. A request's metrics are computed once, when it is done; what
 // carries them and its record get the same value.
-func Compute(c *Clock, u Usage, streamed bool) Metrics {
+func Compute(c *Clock, u Usage, streamed bool, e EngineTiming) Metrics {
 	var m Metrics
+	m.Engine = e
 	m.E2ELatency = number(span(c.Arrival, c.Done))
 	m.TimeToFirstByte = number(span(c.Arrival, c.Accepted))
+	if e.Reported && e.Total.Set && m.E2ELatency.Set {
+		m.Overhead = Number{m.E2ELatency.Value - e.Total.Value, true}
+	}
 	if streamed {
-		m.QueueTime = number(span(c.Arrival, c.Accepted))
+		var from time.Time
+		m.TTFTFrom, from = origin(c, e)
+		if m.TTFTFrom != FromArrival {
+			m.QueueTime = number(span(c.Arrival, from))
+		}
 		if c.tokenEvents > 0 {
-			m.TimeToFirstToken = number(span(c.Accepted, c.FirstToken))
+			m.TimeToFirstToken = number(span(from, c.FirstToken))
 			m.GenerationTime = number(span(c.FirstToken, c.LastToken))
+			m.TimeToFirstContent = number(span(from, c.Content.First))
+			m.FirstTokenAfterArrival = number(span(c.Arrival, c.FirstToken))
+			m.FirstContentAfterArrival = number(span(c.Arrival, c.Content.First))
 		}
 		if c.tokenEvents > 1 {
 			m.MaxITL = Number{ms(c.maxGap), true}
 		}
-		if c.tokenEvents > 0 {
-			m.TimeToFirstContent = number(span(c.Accepted, c.Content.First))
-		}
 	}
 	m.count(c, u, streamed)
 	return m
+}
+
+// from is the origin's mark on c, as Compute chose it.
+func (m *Metrics) from(c *Clock) time.Time {
+	switch m.TTFTFrom {
+	case FromEngineQueue:
+		return c.Arrival.Add(time.Duration(m.Engine.QueueTime.Value * float64(time.Millisecond)))
+	case FromArrival:
+		return c.Arrival
+	}
+	return c.Accepted
 }
 
 // CountLate completes metrics computed before the engine's usage came (a
@@ -397,8 +483,8 @@ func (m *Metrics) countTokens(c *Clock, u Usage, streamed bool) {
 			content = Count{tokens.Value - u.ReasoningTokens.Value, true}
 		}
 		m.Split = OutputSplit{Present: true,
-			Reasoning: splitPart(c.Accepted, c.Reasoning, u.ReasoningTokens),
-			Content:   splitPart(c.Accepted, c.Content, content)}
+			Reasoning: splitPart(m.from(c), c.Reasoning, u.ReasoningTokens),
+			Content:   splitPart(m.from(c), c.Content, content)}
 	}
 	n, fromEvents := perTokenCount(tokens, c.tokenEvents)
 	if fromEvents {
@@ -410,7 +496,7 @@ func (m *Metrics) countTokens(c *Clock, u Usage, streamed bool) {
 	if gen, ok := interval(c.FirstToken, c.LastToken); ok {
 		m.MeanITL = meanITL(gen, n.Value)
 	}
-	if decode, ok := interval(c.Accepted, c.LastToken); ok {
+	if decode, ok := interval(m.from(c), c.LastToken); ok {
 		m.TokensPerSecond = perSecond(n.Value, decode)
 	}
 }

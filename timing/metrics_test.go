@@ -165,7 +165,7 @@ func TestCompute(t *testing.T) {
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := Compute(tt.clock, tt.usage, tt.streamed)
+			got := Compute(tt.clock, tt.usage, tt.streamed, EngineTiming{})
 			if !closeEnough(got, tt.want) {
 				t.Errorf("Compute =\n%+v\nwant\n%+v", got, tt.want)
 			}
@@ -186,7 +186,7 @@ func closeEnough(a, b Metrics) bool {
 }
 
 func TestAppendJSON(t *testing.T) {
-	m := Compute(streamClock(10, []float64{60.0005, 80}, 90), Usage{PromptTokens: count(12), CompletionTokens: Count{}}, true)
+	m := Compute(streamClock(10, []float64{60.0005, 80}, 90), Usage{PromptTokens: count(12), CompletionTokens: Count{}}, true, EngineTiming{})
 	got := string(m.AppendJSON(nil))
 	want := `{"time_to_first_token_ms":50.001,"generation_time_ms":20.000,"queue_time_ms":10.000,` +
 		`"mean_itl_ms":null,"tokens_per_second":null,"e2e_latency_ms":90.000,"max_itl_ms":20.000,` +
@@ -200,7 +200,7 @@ func TestAppendJSON(t *testing.T) {
 }
 
 func TestAppendJSONAllocatesNothing(t *testing.T) {
-	m := Compute(streamClock(10, []float64{60, 80}, 90), Usage{PromptTokens: count(12), CompletionTokens: count(2)}, true)
+	m := Compute(streamClock(10, []float64{60, 80}, 90), Usage{PromptTokens: count(12), CompletionTokens: count(2)}, true, EngineTiming{})
 	buf := make([]byte, 0, 512)
 	if allocs := testing.AllocsPerRun(100, func() { buf = m.AppendJSON(buf[:0]) }); allocs != 0 {
 		t.Fatalf("AppendJSON allocates %v times per call, want 0", allocs)
@@ -251,7 +251,7 @@ func TestOutputSplit(t *testing.T) {
 			SplitPart{TimeToFirstToken: n(20), GenerationTime: n(10)}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			m := Compute(tt.clock, tt.usage, true)
+			m := Compute(tt.clock, tt.usage, true, EngineTiming{})
 			if m.Split.Present != tt.present || !near(m.Split.Reasoning, tt.reasoning) || !near(m.Split.Content, tt.content) {
 				t.Fatalf("split %+v", m.Split)
 			}
@@ -276,8 +276,7 @@ func near(got, want SplitPart) bool {
 // A figure with no JSON encoding goes out as null, so the object stays
 // JSON whatever an engine reported.
 func TestAppendJSONWritesNonFiniteAsNull(t *testing.T) {
-	var m Metrics
-	m.SetEngine(EngineTiming{Reported: true, Source: "vllm", QueueTime: Number{Value: math.Inf(1), Set: true}, MeanITL: Number{Value: math.NaN(), Set: true}})
+	m := Metrics{Engine: EngineTiming{Reported: true, Source: "vllm", QueueTime: Number{Value: math.Inf(1), Set: true}, MeanITL: Number{Value: math.NaN(), Set: true}}}
 	got := m.AppendJSON(nil)
 	var out struct {
 		Engine map[string]any `json:"engine"`
@@ -297,12 +296,12 @@ func TestCountLateEqualsCountsKnownInTime(t *testing.T) {
 	c.MarkOutput(at(90), OutputContent)
 	u := Usage{PromptTokens: Count{7, true}, CompletionTokens: Count{9, true}, ReasoningTokens: Count{3, true}}
 	for _, streamed := range []bool{true, false} {
-		late := Compute(c, Usage{}, streamed)
+		late := Compute(c, Usage{}, streamed, EngineTiming{})
 		if late.CompletionTokens.Set || late.TokensPerSecond.Set {
 			t.Fatalf("counts before the usage came: %+v", late)
 		}
 		late.CountLate(c, u, streamed)
-		if want := Compute(c, u, streamed); late != want {
+		if want := Compute(c, u, streamed, EngineTiming{}); late != want {
 			t.Errorf("streamed %v: late counts give\n%+v\nwant\n%+v", streamed, late, want)
 		}
 	}
@@ -333,7 +332,7 @@ func TestMeanITLAtMostMaxITL(t *testing.T) {
 		{"uneven gaps, completion_tokens 2", streamClock(10, []float64{20, 21, 24, 29, 36}, 40), 2},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			m := Compute(tt.clock, Usage{CompletionTokens: count(tt.tokens)}, true)
+			m := Compute(tt.clock, Usage{CompletionTokens: count(tt.tokens)}, true, EngineTiming{})
 			if !m.MeanITL.Set || !m.MaxITL.Set || m.MeanITL.Value > m.MaxITL.Value {
 				t.Errorf("mean_itl_ms %+v, max_itl_ms %+v: want both, the mean at most the max", m.MeanITL, m.MaxITL)
 			}
@@ -363,9 +362,9 @@ func TestCountLateReplacesEarlierFigures(t *testing.T) {
 			Usage{CompletionTokens: count(6), ReasoningTokens: count(2)}, Usage{CompletionTokens: count(6)}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			got := Compute(tt.clock, tt.early, true)
+			got := Compute(tt.clock, tt.early, true, EngineTiming{})
 			got.CountLate(tt.clock, tt.late, true)
-			if want := Compute(tt.clock, tt.late, true); got != want {
+			if want := Compute(tt.clock, tt.late, true, EngineTiming{}); got != want {
 				t.Errorf("late counts give\n%+v\nwant\n%+v", got, want)
 			}
 		})
@@ -379,7 +378,7 @@ func TestAppendJSONSaysWhichCount(t *testing.T) {
 	c.MarkOutput(at(20), OutputReasoning)
 	c.MarkOutput(at(30), OutputReasoning)
 	c.MarkOutput(at(40), OutputContent)
-	m := Compute(c, Usage{PromptTokens: count(5), CompletionTokens: count(2), ReasoningTokens: count(1)}, true)
+	m := Compute(c, Usage{PromptTokens: count(5), CompletionTokens: count(2), ReasoningTokens: count(1)}, true, EngineTiming{})
 	got := string(m.AppendJSON(nil))
 	want := `{"time_to_first_token_ms":10.000,"generation_time_ms":20.000,"queue_time_ms":10.000,` +
 		`"mean_itl_ms":10.000,"tokens_per_second":100.000,"e2e_latency_ms":100.000,"max_itl_ms":10.000,` +
@@ -463,7 +462,7 @@ func fuzzClock(gaps, kinds []byte, unit time.Duration, accepted int16) *Clock {
 //   - counts that come late give what they would have given in time.
 func checkPerToken(t *testing.T, c *Clock, u Usage, streamed bool) {
 	t.Helper()
-	k := perTokenCheck{t: t, c: c, u: u, streamed: streamed, m: Compute(c, u, streamed)}
+	k := perTokenCheck{t: t, c: c, u: u, streamed: streamed, m: Compute(c, u, streamed, EngineTiming{})}
 	k.figuresFinite()
 	k.meanNotAboveMax()
 	k.topLevel()
@@ -515,7 +514,7 @@ func (k *perTokenCheck) topLevel() {
 	k.t.Helper()
 	m, c := k.m, k.c
 	if k.streamed {
-		decode := number(span(c.Accepted, c.LastToken))
+		decode := number(span(m.from(c), c.LastToken))
 		if c.tokenEvents == 0 {
 			decode = Number{}
 		}
@@ -614,7 +613,7 @@ func (k *perTokenCheck) encoded() {
 func (k *perTokenCheck) countedLate() {
 	k.t.Helper()
 	for _, early := range []Usage{{}, {CompletionTokens: count(k.u.CompletionTokens.Value/2 + 3), ReasoningTokens: count(1)}} {
-		late := Compute(k.c, early, k.streamed)
+		late := Compute(k.c, early, k.streamed, EngineTiming{})
 		late.CountLate(k.c, k.u, k.streamed)
 		if late != k.m {
 			k.fail("counted late after %+v:\n%+v", early, late)
@@ -636,7 +635,7 @@ func TestMarkAndComputeAllocateNothing(t *testing.T) {
 	c.Done = now
 	u := Usage{CompletionTokens: count(3), ReasoningTokens: count(1)}
 	var m Metrics
-	if allocs := testing.AllocsPerRun(100, func() { m = Compute(c, u, true); m.CountLate(c, u, true) }); allocs != 0 {
+	if allocs := testing.AllocsPerRun(100, func() { m = Compute(c, u, true, EngineTiming{}); m.CountLate(c, u, true) }); allocs != 0 {
 		t.Fatalf("Compute allocates %v times per call, want 0", allocs)
 	}
 	if !m.TokenEvents.Set {
@@ -674,8 +673,7 @@ func TestPrefillAndCacheClass(t *testing.T) {
 		{"Anthropic's shape counts the whole prompt", Usage{PromptTokens: count(100), CachedTokens: count(990), CacheWriteTokens: count(10), CacheApart: true},
 			EngineTiming{}, true, CachePartial, Number{110 / 0.110, true}},
 	} {
-		m := Compute(clock(), tc.usage, tc.streamed)
-		m.SetEngine(tc.engine)
+		m := Compute(clock(), tc.usage, tc.streamed, tc.engine)
 		if m.Cache != tc.class {
 			t.Errorf("%s: class %v, want %v", tc.name, m.Cache, tc.class)
 		}
@@ -683,8 +681,7 @@ func TestPrefillAndCacheClass(t *testing.T) {
 			t.Errorf("%s: prefill %+v, want %+v", tc.name, got, tc.prefill)
 		}
 		// Late counts give what the counts in time would have given.
-		late := Compute(clock(), Usage{}, tc.streamed)
-		late.SetEngine(tc.engine)
+		late := Compute(clock(), Usage{}, tc.streamed, tc.engine)
 		late.CountLate(clock(), tc.usage, tc.streamed)
 		if late.Cache != m.Cache || late.PrefillTokensPerSecond != m.PrefillTokensPerSecond {
 			t.Errorf("%s: late counts gave %v %+v, in time %v %+v", tc.name, late.Cache, late.PrefillTokensPerSecond, m.Cache, m.PrefillTokensPerSecond)
@@ -710,8 +707,8 @@ func TestEngineHeadersCompleteTheBody(t *testing.T) {
 	if got := body.WithHeaders(EngineTiming{}); got != body {
 		t.Errorf("body alone: %+v", got)
 	}
-	m := Metrics{E2ELatency: n(80)}
-	m.SetEngine(got)
+	t0 := time.Unix(0, 0)
+	m := Compute(&Clock{Arrival: t0, Accepted: t0, Done: t0.Add(80 * time.Millisecond)}, Usage{}, false, got)
 	if m.Overhead != n(5) {
 		t.Errorf("overhead %+v, want e2e − the headers' total", m.Overhead)
 	}
