@@ -380,9 +380,9 @@ func TestAdminEndpointsAndAccessLog(t *testing.T) {
 		return resp.StatusCode, string(b)
 	}
 	if code, body := get("/metrics"); code != 200 || !contains(body,
-		`timing_sidecar_requests_total{endpoint="chat_completions",model="emulated",status="200",stream="true"} 1`,
-		`timing_sidecar_generation_tokens_total{endpoint="chat_completions",model="emulated"} 16`,
-		`timing_sidecar_time_to_first_token_seconds_count{cache="unknown",endpoint="chat_completions",model="emulated"} 1`) {
+		`timing_sidecar_requests_total{endpoint="chat_completions",leg="whole",model="emulated",status="200",stream="true"} 1`,
+		`timing_sidecar_generation_tokens_total{endpoint="chat_completions",leg="whole",model="emulated"} 16`,
+		`timing_sidecar_time_to_first_token_seconds_count{cache="unknown",endpoint="chat_completions",leg="whole",model="emulated"} 1`) {
 		t.Errorf("/metrics %d:\n%s", code, body)
 	}
 	deadline := time.Now().Add(5 * time.Second)

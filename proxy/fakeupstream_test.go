@@ -27,6 +27,7 @@ import (
 //	X-Fake-Header-Delay  ms before response headers
 //	X-Fake-TTFT          ms after headers before the first token (streams)
 //	X-Fake-Late-Headers  send a stream's headers with its first token, in one write
+//	X-Fake-Cached        report this many cached prompt tokens in usage
 //	X-Fake-ITL           ms between token events
 //	X-Fake-Tokens        token events to send (default 4)
 //	X-Fake-Per-Event     tokens per event (default 1)
@@ -153,6 +154,7 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 		ttft:     headerMillis(r.Header, "X-Fake-TTFT", 0),
 		itl:      headerMillis(r.Header, "X-Fake-ITL", 0),
 		cut:      headerInt(r.Header, "X-Fake-Cut-After", -1),
+		cached:   headerInt(r.Header, "X-Fake-Cached", -1),
 	}
 	if !req.Stream {
 		x.answer(plan)
@@ -199,11 +201,16 @@ type fakePlan struct {
 	ttft     time.Duration // X-Fake-TTFT
 	itl      time.Duration // X-Fake-ITL
 	cut      int           // X-Fake-Cut-After; -1 for never
+	cached   int           // X-Fake-Cached; -1 for no report
 }
 
 // usage is the usage object the engine reports for the plan.
 func (p fakePlan) usage() string {
-	return fmt.Sprintf(`"usage":{"prompt_tokens":7,"total_tokens":%d,"completion_tokens":%d}`, 7+p.events*p.perEvent, p.events*p.perEvent)
+	cached := ""
+	if p.cached >= 0 {
+		cached = fmt.Sprintf(`,"prompt_tokens_details":{"cached_tokens":%d}`, p.cached)
+	}
+	return fmt.Sprintf(`"usage":{"prompt_tokens":7,"total_tokens":%d,"completion_tokens":%d%s}`, 7+p.events*p.perEvent, p.events*p.perEvent, cached)
 }
 
 // fakeExchange is one response the engine is writing.

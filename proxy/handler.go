@@ -124,6 +124,7 @@ func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight, body []byte) 
 	pl := rewrite.PlanFor(p.policy, req)
 	f.rec.Model, f.rec.Stream = req.Model, req.Stream
 	f.clock.HeadersLate = splitDownstream(&ctx.Request.Header, req)
+	f.rec.Leg = req.Leg.String()
 	f.timingHeader = req.Untouched && p.cfg.Mode != rewrite.ModeOff
 	if p.tracer != nil {
 		p.beginTrace(ctx, f, body)

@@ -6,6 +6,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/timing-sidecar/timing-sidecar/rewrite"
+	"github.com/timing-sidecar/timing-sidecar/telemetry"
 	"github.com/timing-sidecar/timing-sidecar/timing"
 )
 
@@ -40,6 +41,12 @@ func (f *flight) counts() timing.Usage {
 	u := f.usage
 	if !u.CachedTokens.Set {
 		u.CachedTokens = f.headerCached
+	}
+	if f.rec.Leg == telemetry.LegDecode {
+		// A decode leg's cached tokens count the KV pulled from the
+		// prefill engine with its own prefix cache's: not a cache hit
+		// the sidecar can tell apart.
+		u.CachedTokens = timing.Count{}
 	}
 	return u
 }

@@ -277,6 +277,8 @@ func appendLine(b []byte, now time.Time, r *Record, j *judgement) []byte {
 	b = appendString(b, r.Path)
 	b = append(b, `,"model":`...)
 	b = appendString(b, r.Model)
+	b = append(b, `,"leg":`...)
+	b = appendString(b, legOf(r))
 	b = append(b, `,"stream":`...)
 	b = strconv.AppendBool(b, r.Stream)
 	b = append(b, `,"status":`...)

@@ -62,7 +62,7 @@ func slogLine(r *Record) []byte {
 	}
 	slog.New(slog.NewJSONHandler(&buf, nil)).LogAttrs(context.Background(), slog.LevelInfo, "request",
 		slog.String("request_id", r.ID), slog.String("method", r.Method), slog.String("path", r.Path),
-		slog.String("model", r.Model), slog.Bool("stream", r.Stream), slog.Int("status", r.Status),
+		slog.String("model", r.Model), slog.String("leg", legOf(r)), slog.Bool("stream", r.Stream), slog.Int("status", r.Status),
 		num("time_to_first_token_ms", m.TimeToFirstToken), num("generation_time_ms", m.GenerationTime),
 		num("queue_time_ms", m.QueueTime), ttftFrom(m), num("mean_itl_ms", m.MeanITL), num("tokens_per_second", m.TokensPerSecond),
 		num("e2e_latency_ms", m.E2ELatency), num("max_itl_ms", m.MaxITL), num("time_to_first_byte_ms", m.TimeToFirstByte), cnt("prompt_tokens", m.PromptTokens),

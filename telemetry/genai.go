@@ -110,7 +110,7 @@ type GenAIMetrics struct {
 
 // genaiKey is a series' labels, bounded as the Prometheus labels are.
 type genaiKey struct {
-	endpoint, model, responseModel, errorType, tenant string
+	endpoint, model, responseModel, errorType, tenant, leg string
 }
 
 // genaiSeries is the options that record to one label set, by token type
@@ -209,6 +209,7 @@ func (g *GenAIMetrics) seriesFor(k genaiKey, tenantAttr bool) *genaiSeries {
 	if tenantAttr {
 		a = append(a, attrTenant.String(k.tenant))
 	}
+	a = append(a, attrLeg.String(k.leg))
 	with := func(extra ...attribute.KeyValue) []metric.RecordOption {
 		return []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(append(append([]attribute.KeyValue(nil), a...), extra...)...))}
 	}
@@ -272,7 +273,7 @@ type genaiObservation struct {
 	input, output, cached          int64
 	hasInput, hasOutput, hasCached bool
 	endpoint, model, responseModel string
-	errorType, tenant              string
+	errorType, tenant, leg         string
 }
 
 // record records one request's observation.
@@ -280,7 +281,7 @@ func (g *GenAIMetrics) record(o *genaiObservation, tenantAttr bool) {
 	if g == nil {
 		return
 	}
-	s := g.seriesFor(genaiKey{o.endpoint, o.model, o.responseModel, o.errorType, o.tenant}, tenantAttr)
+	s := g.seriesFor(genaiKey{o.endpoint, o.model, o.responseModel, o.errorType, o.tenant, o.leg}, tenantAttr)
 	ctx := context.Background()
 	if o.hasTTFT {
 		g.ttft.Record(ctx, o.ttft, s.latency...)

@@ -51,7 +51,10 @@ type Record struct {
 	// read it (traced requests, or with the GenAI metrics on).
 	ResponseModel string
 	Tenant        string
-	Stream        bool
+	// Leg is LegPrefill or LegDecode for one leg of a request a router
+	// split over two engines; empty is LegWhole.
+	Leg    string
+	Stream bool
 	// Status is the HTTP status sent, or StatusClientGone.
 	Status int
 	// Measured says Metrics holds this request's figures.
@@ -111,4 +114,23 @@ func (r *Record) timeToFirstToken() (float64, bool) {
 func (r *Record) timeToFirstContent() (float64, bool) {
 	t := r.Metrics.FirstContentAfterArrival
 	return t.Value, t.Set
+}
+
+// The legs of a request, as the leg label, the log and the span say them:
+// a request served whole, or the prefill or the decode leg of one a
+// router split over two engines (rewrite.Leg's names).
+const (
+	LegWhole   = "whole"
+	LegPrefill = "prefill"
+	LegDecode  = "decode"
+)
+
+// legOf is r's leg, LegWhole when unset; any other value counts as whole,
+// so the label stays bounded.
+func legOf(r *Record) string {
+	switch r.Leg {
+	case LegPrefill, LegDecode:
+		return r.Leg
+	}
+	return LegWhole
 }

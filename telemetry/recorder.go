@@ -97,13 +97,13 @@ type Recorder struct {
 }
 
 // seriesKey names a modelSeries; tenant is empty without the tenant label.
-type seriesKey struct{ endpoint, model, tenant string }
+type seriesKey struct{ endpoint, model, leg, tenant string }
 
 // requestKey is the label set of timing_sidecar_requests_total.
 type requestKey struct {
-	endpoint, model, tenant string
-	status                  int
-	stream                  bool
+	endpoint, model, leg, tenant string
+	status                       int
+	stream                       bool
 }
 
 type modelSeries struct {
@@ -113,7 +113,7 @@ type modelSeries struct {
 	// most deployments see one or two classes.
 	ttft [timing.CacheClasses]atomic.Pointer[prometheus.Observer]
 	// labels are the series' own, for the TTFT histograms made later.
-	endpoint, model string
+	endpoint, model, leg string
 }
 
 // ttftOf returns the TTFT histogram of cache class c.
@@ -121,34 +121,35 @@ func (r *Recorder) ttftOf(s *modelSeries, c timing.CacheClass) prometheus.Observ
 	if o := s.ttft[c].Load(); o != nil {
 		return *o
 	}
-	o := r.ttft.WithLabelValues(s.endpoint, s.model, c.String())
+	o := r.ttft.WithLabelValues(s.endpoint, s.model, s.leg, c.String())
 	s.ttft[c].CompareAndSwap(nil, &o)
 	return *s.ttft[c].Load()
 }
 
 // seriesFor returns the series of a measured request; tenant is ignored
 // without the tenant label.
-func (r *Recorder) seriesFor(endpoint, model, tenant string) *modelSeries {
+func (r *Recorder) seriesFor(endpoint, model, leg, tenant string) *modelSeries {
 	if !r.tenantLabel {
 		tenant = ""
 	}
-	k := seriesKey{endpoint, model, tenant}
+	k := seriesKey{endpoint, model, leg, tenant}
 	if s, ok := r.series.Load(k); ok {
 		return s.(*modelSeries)
 	}
-	counted := []string{endpoint, model}
+	counted := []string{endpoint, model, leg}
 	if r.tenantLabel {
 		counted = append(counted, tenant)
 	}
 	s := &modelSeries{
 		endpoint:     endpoint,
 		model:        model,
-		queue:        r.queue.WithLabelValues(endpoint, model),
-		ttfc:         r.ttfc.WithLabelValues(endpoint, model),
-		itl:          r.itl.WithLabelValues(endpoint, model),
-		maxITL:       r.maxITL.WithLabelValues(endpoint, model),
-		e2e:          r.e2e.WithLabelValues(endpoint, model),
-		prefill:      r.prefill.WithLabelValues(endpoint, model),
+		leg:          leg,
+		queue:        r.queue.WithLabelValues(endpoint, model, leg),
+		ttfc:         r.ttfc.WithLabelValues(endpoint, model, leg),
+		itl:          r.itl.WithLabelValues(endpoint, model, leg),
+		maxITL:       r.maxITL.WithLabelValues(endpoint, model, leg),
+		e2e:          r.e2e.WithLabelValues(endpoint, model, leg),
+		prefill:      r.prefill.WithLabelValues(endpoint, model, leg),
 		promptTokens: r.promptTokens.WithLabelValues(counted...),
 		outputTokens: r.outputTokens.WithLabelValues(counted...),
 		cachedTokens: r.cachedTokens.WithLabelValues(counted...),
@@ -165,7 +166,7 @@ func (r *Recorder) requestCounter(k requestKey) prometheus.Counter {
 	if c, ok := r.counters.Load(k); ok {
 		return c.(prometheus.Counter)
 	}
-	labels := []string{k.endpoint, strconv.FormatBool(k.stream), strconv.Itoa(k.status), k.model}
+	labels := []string{k.endpoint, strconv.FormatBool(k.stream), strconv.Itoa(k.status), k.model, k.leg}
 	if r.tenantLabel {
 		labels = append(labels, k.tenant)
 	}
@@ -183,9 +184,11 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 		genai:       opts.GenAI,
 		objectives:  opts.Objectives,
 	}
-	perModel := []string{"endpoint", "model"}
-	counted := []string{"endpoint", "model"}
-	requestLabels := []string{"endpoint", "stream", "status", "model"}
+	// leg: whole, or the prefill or decode leg of a request a router
+	// split over two engines (see LegOf).
+	perModel := []string{"endpoint", "model", "leg"}
+	counted := []string{"endpoint", "model", "leg"}
+	requestLabels := []string{"endpoint", "stream", "status", "model", "leg"}
 	if r.tenantLabel {
 		counted = append(counted, "tenant")
 		requestLabels = append(requestLabels, "tenant")
@@ -239,7 +242,7 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 		Help: "Requests being handled now."})
 	r.slo = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_slo_requests_total",
 		Help: "Requests judged against their latency objectives: result met or missed; objectives flags (--slo-ttft, --slo-itl, --slo-e2e) or request (at least one from the request's own headers, --slo-ttft-header, --slo-itl-header). met / (met + missed) is goodput."},
-		append([]string{"endpoint", "model", "result", "objectives"}, counted[2:]...))
+		append([]string{"endpoint", "model", "leg", "result", "objectives"}, counted[3:]...))
 	r.invalidObjectives = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_invalid_objectives_total",
 		Help: "Requests whose objective header (ttft or itl) held no usable objective (not a positive number of milliseconds up to an hour): judged by the flags instead."},
 		[]string{"objective"})
@@ -324,7 +327,8 @@ func (r *Recorder) Finish(req *Record) {
 	served := req.Status >= 200 && req.Status < 300
 	model := r.models.value(req.Model, served)
 	tenant := r.tenants.value(req.Tenant, served)
-	r.requestCounter(requestKey{req.Endpoint, model, tenant, req.Status, req.Stream}).Inc()
+	leg := legOf(req)
+	r.requestCounter(requestKey{req.Endpoint, model, leg, tenant, req.Status, req.Stream}).Inc()
 	if req.UpstreamError != "" {
 		r.upstreamErrors.WithLabelValues(req.UpstreamError).Inc()
 	}
@@ -359,11 +363,11 @@ func (r *Recorder) Finish(req *Record) {
 			other = Met
 		}
 		if r.tenantLabel {
-			r.slo.WithLabelValues(req.Endpoint, model, j.verdict.String(), j.source, tenant).Inc()
-			r.slo.WithLabelValues(req.Endpoint, model, other.String(), j.source, tenant)
+			r.slo.WithLabelValues(req.Endpoint, model, leg, j.verdict.String(), j.source, tenant).Inc()
+			r.slo.WithLabelValues(req.Endpoint, model, leg, other.String(), j.source, tenant)
 		} else {
-			r.slo.WithLabelValues(req.Endpoint, model, j.verdict.String(), j.source).Inc()
-			r.slo.WithLabelValues(req.Endpoint, model, other.String(), j.source)
+			r.slo.WithLabelValues(req.Endpoint, model, leg, j.verdict.String(), j.source).Inc()
+			r.slo.WithLabelValues(req.Endpoint, model, leg, other.String(), j.source)
 		}
 	}
 	if r.access != nil {
@@ -395,7 +399,7 @@ func (r *Recorder) judge(req *Record) judgement {
 // one reading, so the two agree.
 func (r *Recorder) observe(req *Record, model, tenant string, o *genaiObservation) {
 	m := &req.Metrics
-	s := r.seriesFor(req.Endpoint, model, tenant)
+	s := r.seriesFor(req.Endpoint, model, legOf(req), tenant)
 	if c := m.PromptTokens; c.Set {
 		s.promptTokens.Add(float64(c.Value))
 		o.input, o.hasInput = c.Value, true
@@ -442,7 +446,7 @@ func (r *Recorder) observeGenAI(req *Record, model, tenant string, o *genaiObser
 	if req.Endpoint == EndpointOther {
 		return // not a GenAI operation
 	}
-	o.endpoint, o.model, o.errorType = req.Endpoint, model, errorType(req)
+	o.endpoint, o.model, o.errorType, o.leg = req.Endpoint, model, errorType(req), legOf(req)
 	if r.tenantLabel {
 		o.tenant = tenant
 	}

@@ -87,18 +87,18 @@ func TestCachedSeriesKeepTheirLabels(t *testing.T) {
 	want := `
 # HELP timing_sidecar_prompt_tokens_total Prompt tokens, from the engine's usage.
 # TYPE timing_sidecar_prompt_tokens_total counter
-timing_sidecar_prompt_tokens_total{endpoint="chat_completions",model="m",tenant="a"} 16
-timing_sidecar_prompt_tokens_total{endpoint="chat_completions",model="m",tenant="b"} 7
+timing_sidecar_prompt_tokens_total{endpoint="chat_completions",leg="whole",model="m",tenant="a"} 16
+timing_sidecar_prompt_tokens_total{endpoint="chat_completions",leg="whole",model="m",tenant="b"} 7
 # HELP timing_sidecar_generation_tokens_total Generated tokens, from the engine's usage.
 # TYPE timing_sidecar_generation_tokens_total counter
-timing_sidecar_generation_tokens_total{endpoint="chat_completions",model="m",tenant="a"} 22
-timing_sidecar_generation_tokens_total{endpoint="chat_completions",model="m",tenant="b"} 11
+timing_sidecar_generation_tokens_total{endpoint="chat_completions",leg="whole",model="m",tenant="a"} 22
+timing_sidecar_generation_tokens_total{endpoint="chat_completions",leg="whole",model="m",tenant="b"} 11
 # HELP timing_sidecar_requests_total Requests handled, by endpoint, streaming, status (499: the client left first) and model.
 # TYPE timing_sidecar_requests_total counter
-timing_sidecar_requests_total{endpoint="chat_completions",model="m",status="200",stream="false",tenant="a"} 1
-timing_sidecar_requests_total{endpoint="chat_completions",model="m",status="200",stream="true",tenant="a"} 2
-timing_sidecar_requests_total{endpoint="chat_completions",model="m",status="200",stream="true",tenant="b"} 1
-timing_sidecar_requests_total{endpoint="chat_completions",model="m",status="502",stream="true",tenant="a"} 1
+timing_sidecar_requests_total{endpoint="chat_completions",leg="whole",model="m",status="200",stream="false",tenant="a"} 1
+timing_sidecar_requests_total{endpoint="chat_completions",leg="whole",model="m",status="200",stream="true",tenant="a"} 2
+timing_sidecar_requests_total{endpoint="chat_completions",leg="whole",model="m",status="200",stream="true",tenant="b"} 1
+timing_sidecar_requests_total{endpoint="chat_completions",leg="whole",model="m",status="502",stream="true",tenant="a"} 1
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "timing_sidecar_prompt_tokens_total",
 		"timing_sidecar_generation_tokens_total", "timing_sidecar_requests_total"); err != nil {
@@ -119,9 +119,9 @@ func TestLabelsAreBounded(t *testing.T) {
 	want := `
 # HELP timing_sidecar_requests_total Requests handled, by endpoint, streaming, status (499: the client left first) and model.
 # TYPE timing_sidecar_requests_total counter
-timing_sidecar_requests_total{endpoint="chat_completions",model="a",status="200",stream="false",tenant="t-a"} 2
-timing_sidecar_requests_total{endpoint="chat_completions",model="b",status="200",stream="false",tenant="other"} 1
-timing_sidecar_requests_total{endpoint="chat_completions",model="other",status="200",stream="false",tenant="other"} 2
+timing_sidecar_requests_total{endpoint="chat_completions",leg="whole",model="a",status="200",stream="false",tenant="t-a"} 2
+timing_sidecar_requests_total{endpoint="chat_completions",leg="whole",model="b",status="200",stream="false",tenant="other"} 1
+timing_sidecar_requests_total{endpoint="chat_completions",leg="whole",model="other",status="200",stream="false",tenant="other"} 2
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "timing_sidecar_requests_total"); err != nil {
 		t.Fatal(err)
@@ -180,7 +180,7 @@ func TestClientPacedRequestsAreCountedApart(t *testing.T) {
 	if got := testutil.ToFloat64(r.clientPaced); got != 1 {
 		t.Errorf("client-paced requests %v, want 1", got)
 	}
-	if got := testutil.ToFloat64(r.seriesFor(EndpointChat, "m", "").outputTokens); got != 10 {
+	if got := testutil.ToFloat64(r.seriesFor(EndpointChat, "m", LegWhole, "").outputTokens); got != 10 {
 		t.Errorf("generated tokens %v, want both requests' 10", got)
 	}
 	if got := histogramCount(t, reg, "timing_sidecar_e2e_request_latency_seconds"); got != 1 {
@@ -189,7 +189,7 @@ func TestClientPacedRequestsAreCountedApart(t *testing.T) {
 	if n := testutil.CollectAndCount(r.slo); n != 2 {
 		t.Errorf("%d goodput series, want met and missed (at 0)", n)
 	}
-	if got := testutil.ToFloat64(r.slo.WithLabelValues(EndpointChat, "m", "met", ObjectivesFlags)); got != 1 {
+	if got := testutil.ToFloat64(r.slo.WithLabelValues(EndpointChat, "m", LegWhole, "met", ObjectivesFlags)); got != 1 {
 		t.Errorf("goodput counted %v met, want 1 (the paced request undecided)", got)
 	}
 	if !strings.Contains(log.String(), `"client_stall_ms":9,`) || !strings.Contains(log.String(), `"client_stall_ms":8000,`) {

@@ -133,6 +133,9 @@ func (o Objectives) Judge(r *Record) (Verdict, string) {
 	if v, missed, decided := o.judgeOutright(r); decided {
 		return v, missed
 	}
+	if o = o.forLeg(legOf(r)); !o.Set() {
+		return Undecided, ""
+	}
 	var t tally
 	ttft, ok := r.timeToFirstToken()
 	t.check(missedTTFT, o.TTFT, ttft, ok)
@@ -150,6 +153,20 @@ func (o Objectives) Judge(r *Record) (Verdict, string) {
 		return Undecided, ""
 	}
 	return Met, ""
+}
+
+// forLeg is the objectives a leg of a split request can be judged on: a
+// prefill leg's one token and its end are not the client's, a decode
+// leg's first token comes after a prefill it did not see; its pace of
+// tokens is the client's.
+func (o Objectives) forLeg(leg string) Objectives {
+	switch leg {
+	case LegPrefill:
+		return Objectives{}
+	case LegDecode:
+		return Objectives{ITL: o.ITL}
+	}
+	return o
 }
 
 // judgeOutright decides the requests whose verdict does not rest on

@@ -87,7 +87,7 @@ func TestGoodputIsCountedAndLogged(t *testing.T) {
 		r.Finish(&rec)
 	}
 	count := func(result, source string) float64 {
-		return testutil.ToFloat64(r.slo.WithLabelValues(EndpointChat, "m", result, source, "acme"))
+		return testutil.ToFloat64(r.slo.WithLabelValues(EndpointChat, "m", LegWhole, result, source, "acme"))
 	}
 	if met, missed := count("met", ObjectivesFlags), count("missed", ObjectivesFlags); met != 2 || missed != 2 {
 		t.Errorf("by the flags: met %v, missed %v; want 2, 2", met, missed)
@@ -160,6 +160,33 @@ func TestParseAskedObjective(t *testing.T) {
 		got, ok := ParseAskedObjective([]byte(tc.in))
 		if got != tc.want || ok != tc.ok {
 			t.Errorf("%q: %v %v, want %v %v", tc.in, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+// TestJudgeByLeg: a leg of a split request is judged only on what it can
+// be: a decode leg on its pace of tokens (its first token follows a
+// prefill it did not see, its end is not the client's), a prefill leg on
+// nothing but failure.
+func TestJudgeByLeg(t *testing.T) {
+	o := Objectives{TTFT: 100 * time.Millisecond, ITL: 20 * time.Millisecond, E2E: time.Second}
+	leg := func(leg string, ttft, itl, e2e float64, status int) *Record {
+		return &Record{Endpoint: EndpointChat, Leg: leg, Stream: true, Status: status, Measured: true, Metrics: timing.Metrics{
+			TimeToFirstToken: num(ttft), FirstTokenAfterArrival: num(ttft), MeanITL: num(itl), E2ELatency: num(e2e), CompletionTokens: cnt(8)}}
+	}
+	for _, tc := range []struct {
+		name string
+		r    *Record
+		want Verdict
+	}{
+		{"a decode leg slow to its first token, on pace", leg(LegDecode, 900, 10, 2000, 200), Met},
+		{"a decode leg off pace", leg(LegDecode, 50, 40, 500, 200), Missed},
+		{"a prefill leg, however long", leg(LegPrefill, 900, 0, 2000, 200), Undecided},
+		{"a prefill leg that failed", leg(LegPrefill, 0, 0, 10, 503), Missed},
+		{"a whole request slow to its first token", leg(LegWhole, 900, 10, 2000, 200), Missed},
+	} {
+		if got, _ := o.Judge(tc.r); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }

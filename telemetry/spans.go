@@ -60,6 +60,7 @@ const (
 	vllmRequestID    = attribute.Key("gen_ai.request.id")
 	attrTenant       = attribute.Key(attrPrefix + "tenant")
 	attrStream       = attribute.Key(attrPrefix + "stream")
+	attrLeg          = attribute.Key(attrPrefix + "leg")
 	attrClientGone   = attribute.Key(attrPrefix + "client_gone")
 	attrUpstreamErr  = attribute.Key(attrPrefix + "upstream_error")
 	attrCache        = attribute.Key(attrPrefix + "cache")
@@ -119,7 +120,7 @@ func common(a []attribute.KeyValue, r *Record) []attribute.KeyValue {
 // it and as it ended, and every figure of its metrics object.
 func serverAttributes(a []attribute.KeyValue, r *Record) []attribute.KeyValue {
 	a = common(a, r)
-	a = append(a, semconv.URLPath(r.Path), vllmRequestID.String(r.ID), attrStream.Bool(r.Stream))
+	a = append(a, semconv.URLPath(r.Path), vllmRequestID.String(r.ID), attrStream.Bool(r.Stream), attrLeg.String(legOf(r)))
 	if tr := &r.Trace; tr.Address != "" {
 		a = append(a, semconv.ServerAddress(clean(tr.Address))) // the client's Host header
 		if tr.Port > 0 {

@@ -1,0 +1,69 @@
+package proxy
+
+import (
+	"encoding/json"
+	"io"
+	"testing"
+)
+
+// TestLegs: a request a router split over two engines is labelled with
+// its leg, read from the kv_transfer_params the router added, in the
+// access log and the series; a decode leg's cached tokens, which count
+// the KV pulled from the prefill engine, are no prefix-cache hit.
+func TestLegs(t *testing.T) {
+	engine := newFakeEngine(t)
+	var accessLog syncBuffer
+	p, base := startSidecar(t, engine.URL(), nil, &accessLog)
+	for _, tc := range []struct{ leg, body string }{
+		{"whole", `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[]}`},
+		{"prefill", `{"model":"m","max_tokens":1,"messages":[],"kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false}}`},
+		{"decode", `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[],"kv_transfer_params":{"do_remote_decode":false,"do_remote_prefill":true,"remote_block_ids":[1]}}`},
+	} {
+		resp := post(t, base+"/v1/chat/completions", tc.body, map[string]string{"X-Fake-Cached": "2", "X-Request-Id": tc.leg})
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		<-engine.next(t).Finished
+	}
+	p.telemetry.Flush()
+	seen := map[string]bool{}
+	for _, line := range accessLog.lines() {
+		var l struct {
+			ID    string `json:"request_id"`
+			Leg   string `json:"leg"`
+			Cache string `json:"cache"`
+		}
+		if err := json.Unmarshal([]byte(line), &l); err != nil || l.ID == "" {
+			continue
+		}
+		seen[l.ID] = true
+		if l.Leg != l.ID {
+			t.Errorf("request %s logged as leg %q", l.ID, l.Leg)
+		}
+		if want := map[string]string{"whole": "partial", "prefill": "partial", "decode": "unknown"}[l.ID]; l.Cache != want {
+			t.Errorf("leg %s: cache %q, want %q", l.ID, l.Cache, want)
+		}
+	}
+	if len(seen) != 3 {
+		t.Fatalf("access log lines for %v, want the three legs", seen)
+	}
+	families, err := p.registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	counted := map[string]float64{}
+	for _, mf := range families {
+		if mf.GetName() != "timing_sidecar_requests_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "leg" {
+					counted[l.GetValue()] += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	if counted["whole"] != 1 || counted["prefill"] != 1 || counted["decode"] != 1 {
+		t.Errorf("requests_total by leg %v, want one each", counted)
+	}
+}
