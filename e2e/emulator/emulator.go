@@ -32,6 +32,9 @@ type Timing struct {
 	// OutputTokens is the tokens per choice when the request sets no
 	// max_tokens.
 	OutputTokens int
+	// KVTransfer is a decode leg's wait before its first token, pulling
+	// the KV cache the prefill engine computed (in place of TTFT).
+	KVTransfer time.Duration
 }
 
 // Per-request overrides and fault injection, as request headers.
@@ -47,6 +50,8 @@ const (
 	HeaderStamp          = "X-Emulator-Stamp"            // "1": each token event's text is " @<send time, Unix ns>"
 	HeaderOutput         = "X-Emulator-Output"           // what the response holds: see OutputText and the others
 	HeaderCachedTokens   = "X-Emulator-Cached-Tokens"    // prompt tokens the prefix cache serves (all but the last at most); TTFT shrinks to the rest's share
+	HeaderKVTransfer     = "X-Emulator-KV-Transfer"      // duration: a decode leg's KV pull before its first token
+	HeaderLateHeaders    = "X-Emulator-Late-Headers"     // "1": a stream's headers go out with its first token
 )
 
 // Config configures a Server.
@@ -80,6 +85,11 @@ type Config struct {
 	// responses carry the engine's own timing and token counts as
 	// x-vllm-* headers.
 	RequestStatsHeaders bool
+	// LateHeaders sends a stream's response headers with its first token,
+	// in one write, as a server that does not flush before its first
+	// chunk does (llm-d's simulator, a routing proxy answering once the
+	// decode starts).
+	LateHeaders bool
 	// MaxModelLen is the emulated context length, as vLLM's
 	// --max-model-len: a request whose prompt and max_tokens exceed it
 	// gets vLLM's 400. Zero means DefaultMaxModelLen.

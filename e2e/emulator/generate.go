@@ -28,6 +28,13 @@ type request struct {
 	Logprobs            json.RawMessage `json:"logprobs"` // chat: a boolean; completions: how many alternatives
 	TopLogprobs         int             `json:"top_logprobs"`
 	IncludeMetrics      LaxBool         `json:"include_metrics"`
+	// KVTransferParams is vLLM's disaggregated prefill: a prefill leg
+	// (do_remote_decode) answers with the KV's whereabouts, a decode leg
+	// (do_remote_prefill) pulls it before its first token.
+	KVTransferParams *struct {
+		DoRemoteDecode  bool `json:"do_remote_decode"`
+		DoRemotePrefill bool `json:"do_remote_prefill"`
+	} `json:"kv_transfer_params"`
 }
 
 // knownFields are the request fields a strict server accepts.
@@ -40,6 +47,7 @@ var knownFields = map[string]bool{
 	// Messages' and Responses' own.
 	"system": true, "stop_sequences": true, "top_k": true, "metadata": true,
 	"input": true, "instructions": true, "max_output_tokens": true,
+	"kv_transfer_params": true,
 }
 
 // words is the emulated model's vocabulary: one word is one token.
@@ -72,6 +80,9 @@ type generation struct {
 	// completionTop (completions) are how many alternatives.
 	logprobs                   bool
 	topLogprobs, completionTop int
+	// holdFlush keeps written events in the buffer: a stream's headers
+	// and opening wait for its first token (lateHeaders).
+	holdFlush bool
 }
 
 func (s *Server) generate(w http.ResponseWriter, r *http.Request) {
@@ -105,6 +116,9 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	g.e.rec.Stream = bool(g.req.Stream)
+	if p := g.req.KVTransferParams; p != nil && p.DoRemotePrefill {
+		g.timing.TTFT = g.timing.KVTransfer // the prompt's KV is pulled, not computed
+	}
 	switch {
 	case g.api == apiMessages && bool(g.req.Stream):
 		g.streamTyped(g.messagesEvents())
@@ -184,7 +198,7 @@ func (g *generation) timingFor(h http.Header) (Timing, error) {
 	for _, d := range []struct {
 		header string
 		dst    *time.Duration
-	}{{HeaderHeaderDelay, &t.HeaderDelay}, {HeaderTTFT, &t.TTFT}, {HeaderITL, &t.ITL}} {
+	}{{HeaderHeaderDelay, &t.HeaderDelay}, {HeaderTTFT, &t.TTFT}, {HeaderITL, &t.ITL}, {HeaderKVTransfer, &t.KVTransfer}} {
 		if v := h.Get(d.header); v != "" {
 			parsed, err := time.ParseDuration(v)
 			if err != nil {
@@ -488,7 +502,8 @@ func (g *generation) unary() {
 	})
 	g.statsHeaders(scheduled, first, last, total)
 	writeJSON(g.w, http.StatusOK, completion{ID: id, Object: object, Created: g.s.created, Model: g.s.cfg.Model,
-		Choices: choices, Usage: g.usage(total), Metrics: g.engineMetrics(scheduled, first, last, g.tokens)})
+		Choices: choices, Usage: g.usage(total), Metrics: g.engineMetrics(scheduled, first, last, g.tokens),
+		KVTransferParams: g.kvHandOver()})
 }
 
 // message is the non-streaming chat message with the output of steps.
@@ -646,4 +661,20 @@ func specDecodingOf(tokens int, form string) *specDecoding {
 		}
 	}
 	return s
+}
+
+// kvHandOver is a prefill leg's kv_transfer_params, as vLLM's NIXL
+// connector returns them: where the decode engine pulls the KV from.
+// nil for any other request.
+func (g *generation) kvHandOver() json.RawMessage {
+	if p := g.req.KVTransferParams; p == nil || !p.DoRemoteDecode {
+		return nil
+	}
+	return json.RawMessage(`{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[1,2,3],` +
+		`"remote_engine_id":"emulated-prefill","remote_host":"127.0.0.1","remote_port":5600,"tp_size":1}`)
+}
+
+// lateHeaders: this stream's headers go out with its first token.
+func (g *generation) lateHeaders() bool {
+	return g.s.cfg.LateHeaders || g.r.Header.Get(HeaderLateHeaders) == "1"
 }

@@ -14,7 +14,13 @@ import (
 // when it is due and written before the next is made: a client that does
 // not read blocks the write (TCP backpressure), and so its generation.
 func (g *generation) stream() {
-	if !g.wait(g.timing.HeaderDelay) {
+	late := g.lateHeaders()
+	wait, ttft := g.timing.HeaderDelay, g.timing.TTFT
+	if late {
+		// The headers wait for the first token, and go with it.
+		wait, ttft = wait+ttft, 0
+	}
+	if !g.wait(wait) {
 		return
 	}
 	flusher := g.w.(http.Flusher)
@@ -23,10 +29,15 @@ func (g *generation) stream() {
 	h.Set("Cache-Control", "no-cache")
 	g.mark(func(r *Record) { r.Status, r.HeadersSent = http.StatusOK, time.Now() })
 	g.w.WriteHeader(http.StatusOK)
-	flusher.Flush()
+	// Late, the headers and the opening chunks stay in the buffer until
+	// the first token's flush: one write.
+	g.holdFlush = late
+	if !late {
+		flusher.Flush()
+	}
 
 	cs := g.newChunkStream(flusher)
-	if !cs.sendOpening() || !g.wait(g.timing.TTFT) || !cs.sendTokens() {
+	if !cs.sendOpening() || !g.wait(ttft) || !cs.sendTokens() {
 		return
 	}
 	if g.includeUsage() && !cs.sendUsage() {
@@ -98,6 +109,7 @@ func (cs *chunkStream) sendTokens() bool {
 		}
 		st := steps.next()
 		last := !steps.more()
+		g.holdFlush = false
 		began := time.Now() // before the step's first byte: see Record
 		if !cs.sendStep(&st, last) {
 			return false
@@ -264,7 +276,9 @@ func (g *generation) event(data []byte, f http.Flusher) bool {
 		g.noteGone()
 		return false
 	}
-	f.Flush()
+	if !g.holdFlush {
+		f.Flush()
+	}
 	if g.r.Context().Err() != nil {
 		g.noteGone()
 		return false

@@ -107,6 +107,7 @@ type completion struct {
 	Usage             usage           `json:"usage"`
 	PromptLogprobs    *struct{}       `json:"prompt_logprobs,omitempty"`
 	Metrics           json.RawMessage `json:"metrics,omitempty"`
+	KVTransferParams  json.RawMessage `json:"kv_transfer_params,omitempty"`
 }
 
 // apiError is vLLM's error body, also sent as an in-stream error event.
