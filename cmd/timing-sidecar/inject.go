@@ -25,6 +25,8 @@ func injectCommand() *cli.Command {
 				Usage: "Name of the engine's container: the one to take among several candidates, or an engine not known by its command (vllm serve, vLLM's OpenAI entrypoint, SGLang's launch_server, llama-server, text-generation-launcher, KServe's huggingfaceserver), moved through its own --port."},
 			&cli.IntFlag{Name: "engine-port", EnvVars: env("inject-engine-port"),
 				Usage: "The engine's port where inject cannot read it (a value from a Secret, a default the image changes); for an engine not known by its command, the containerPort that marks its container. Routers and gateways on it are left alone."},
+			&cli.StringFlag{Name: "placement", EnvVars: env("inject-placement"), Value: inject.PlacementFront,
+				Usage: "Where the sidecar goes in a pod whose engine llm-d's routing sidecar fronts: front (before the routing sidecar, where the client's whole request and TTFT pass; when it serves plain HTTP) or engine (between it and the engine: the decode leg)."},
 			&cli.StringSliceFlag{Name: "set", EnvVars: env("inject-set"),
 				Usage: "A setting of the sidecar, NAME=VALUE with NAME one of its flags (per-request-metrics=always, slo-ttft=2s, admin-listen=:9200): written as its env var. listen and upstream are the engine's, read from the pod. Repeat for several."},
 		},
@@ -38,7 +40,7 @@ func injectCommand() *cli.Command {
 				return err
 			}
 			return inject.Inject(in, c.App.Writer, inject.Options{Image: c.String("image"),
-				EngineContainer: c.String("engine-container"), EnginePort: c.Int("engine-port"), Env: settings})
+				EngineContainer: c.String("engine-container"), EnginePort: c.Int("engine-port"), Placement: c.String("placement"), Env: settings})
 		},
 	}
 }

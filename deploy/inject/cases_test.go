@@ -535,3 +535,36 @@ func TestOddInputs(t *testing.T) {
 		refused(t, tc.name, tc.in, tc.opts, tc.want)
 	}
 }
+
+// TestPlacement: in an llm-d decode pod, the sidecar goes in front of a
+// plain-HTTP routing sidecar by default, where the client's whole request
+// passes and its TTFT is the client's; between it and the engine on
+// request, or when the routing sidecar serves TLS (its default), which a
+// sidecar in front could not relay.
+func TestPlacement(t *testing.T) {
+	pod := func(secure string) string {
+		return podWith("initContainers:\n  - name: routing-proxy\n    image: ghcr.io/llm-d/llm-d-routing-sidecar:v0.3.0\n    args: [--port=8000, --vllm-port=8200, --connector=nixlv2" + secure + "]\n    ports: [{containerPort: 8000}]\n    restartPolicy: Always\n" +
+			"containers:\n  - name: vllm\n    command: [vllm, serve, m, --port, \"8200\"]\n    ports: [{containerPort: 8200}]\n")
+	}
+	for _, tc := range []struct {
+		name, in            string
+		opts                Options
+		listen, upstream    string
+		router, engineWords string
+	}{
+		{"plain HTTP, by default in front", pod(", --secure-proxy=false"), Options{}, ":8000", "http://127.0.0.1:18000", "--port=18000 --vllm-port=8200 --connector=nixlv2 --secure-proxy=false", "vllm serve m --port 8200"},
+		{"plain HTTP, asked beside the engine", pod(", --secure-proxy=false"), Options{Placement: PlacementEngine}, ":8200", "http://127.0.0.1:18200", "--port=8000 --vllm-port=8200 --connector=nixlv2 --secure-proxy=false", "vllm serve m --port 18200"},
+		{"TLS, beside the engine", pod(""), Options{}, ":8200", "http://127.0.0.1:18200", "--port=8000 --vllm-port=8200 --connector=nixlv2", "vllm serve m --port 18200"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, _ := injectPodOK(t, tc.in, tc.opts)
+			env := sidecarEnv(p.Spec)
+			router, engine := container(p.Spec, "routing-proxy"), container(p.Spec, "vllm")
+			if env["TIMING_SIDECAR_LISTEN"] != tc.listen || env["TIMING_SIDECAR_UPSTREAM"] != tc.upstream ||
+				strings.Join(router.Args, " ") != tc.router || strings.Join(engine.Command, " ") != tc.engineWords {
+				t.Errorf("listen %q upstream %q; router %q; engine %q", env["TIMING_SIDECAR_LISTEN"], env["TIMING_SIDECAR_UPSTREAM"], router.Args, engine.Command)
+			}
+		})
+	}
+	refused(t, "an unknown placement", pod(""), Options{Placement: "middle"}, `placement "middle"`)
+}

@@ -35,6 +35,8 @@ type engine struct {
 	defaultHost  string // "" is every interface
 	// worker tells a node of a multi-node engine that serves no API.
 	worker func(run *invocation, in *podSpec) (bool, error)
+	// movedName names its moved port ("engine" when empty).
+	movedName string
 }
 
 var engines = []engine{
@@ -106,6 +108,19 @@ var engines = []engine{
 		impliedPorts: []int{8081}, // --grpc_port
 		defaultPort:  8080,
 	},
+}
+
+// routingSidecar is llm-d's routing sidecar (pd-sidecar) in a decode pod:
+// it sends a split request's prefill leg to a prefill pod, then the
+// decode leg to the engine behind it (--vllm-port). The sidecar stands in
+// front of it, where the client's whole request passes, when it serves
+// plain HTTP (--secure-proxy=false; its default is TLS).
+var routingSidecar = engine{
+	name:        "llm-d's routing sidecar",
+	images:      []string{"llm-d-routing-sidecar"},
+	portFlags:   []string{"--port", "-port"},
+	defaultPort: 8000,
+	movedName:   "routing",
 }
 
 // routers are programs that serve an engine's API in front of engines

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"sigs.k8s.io/kustomize/kyaml/yaml"
@@ -148,4 +149,61 @@ func engineMention(c *yaml.RNode) string {
 		}
 	}
 	return ""
+}
+
+// Placements of the sidecar in a pod where a routing sidecar fronts the
+// engine.
+const (
+	// PlacementFront puts it in front of the routing sidecar: it sees the
+	// client's whole request, and its TTFT is the client's.
+	PlacementFront = "front"
+	// PlacementEngine puts it between the routing sidecar and the engine:
+	// it sees the decode leg.
+	PlacementEngine = "engine"
+)
+
+// frontOf is what the sidecar stands in front of in a pod spec: the
+// engine, or, with PlacementFront, a plain-HTTP llm-d routing sidecar in
+// front of that engine.
+func frontOf(ps *podSpec, opts *Options) (*found, error) {
+	f, err := findEngine(ps, opts)
+	if err != nil || f == nil || opts.Placement == PlacementEngine {
+		return f, err
+	}
+	port, _, err := f.port(opts)
+	if err != nil {
+		return f, nil // the engine's own refusal comes when it is placed
+	}
+	for _, c := range podContainers(ps.node) {
+		if !routingSidecar.imageIs(scalar(c, "image")) {
+			continue
+		}
+		env := envOf(c)
+		runs, err := runsOf(c, env)
+		if err != nil || len(runs) != 1 || runs[0].shell != nil {
+			continue
+		}
+		run := runs[0]
+		if len(stringsOf(c, "command")) > 0 {
+			run.args = 1
+		}
+		r := &found{engine: &routingSidecar, c: c, env: env, runs: runs}
+		if !plainHTTP(run) || !fronts(run, port) {
+			continue
+		}
+		return r, nil
+	}
+	return f, nil
+}
+
+// plainHTTP tells a routing sidecar started with --secure-proxy=false.
+func plainHTTP(run *invocation) bool {
+	v, ok := run.flag([]string{"--secure-proxy", "-secure-proxy"})
+	return ok && v.known && v.value == "false"
+}
+
+// fronts tells a routing sidecar that relays to the engine on port.
+func fronts(run *invocation, port int) bool {
+	v, ok := run.flag([]string{"--vllm-port", "-vllm-port"})
+	return ok && v.known && v.value == strconv.Itoa(port)
 }

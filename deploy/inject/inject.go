@@ -2,6 +2,7 @@ package inject
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -22,6 +23,10 @@ type Options struct {
 	// or by a containerPort, beside those known by their command.
 	EngineContainer string
 	EnginePort      int
+	// Placement is where the sidecar goes in a pod whose engine an llm-d
+	// routing sidecar fronts: PlacementFront (the default) or
+	// PlacementEngine.
+	Placement string
 	// Env is the sidecar's settings, as its environment variables.
 	Env []EnvVar
 }
@@ -132,6 +137,9 @@ func (o *Options) Validate() error {
 	if _, _, err := adminPort(o); err != nil {
 		errs = append(errs, err)
 	}
+	if o.Placement != "" && o.Placement != PlacementFront && o.Placement != PlacementEngine {
+		errs = append(errs, fmt.Errorf("placement %q: want %s or %s", o.Placement, PlacementFront, PlacementEngine))
+	}
 	if o.EnginePort < 0 || o.EnginePort > 65535 {
 		errs = append(errs, fmt.Errorf("--engine-port %d is not a port", o.EnginePort))
 	}
@@ -155,7 +163,7 @@ func injectPod(ps *podSpec, opts *Options) (outcome, error) {
 	if hasSidecar(pod) {
 		return hadSidecar, nil
 	}
-	f, err := findEngine(ps, opts)
+	f, err := frontOf(ps, opts)
 	if err != nil || f == nil {
 		return noEngine, err
 	}
@@ -193,7 +201,7 @@ func injectPod(ps *podSpec, opts *Options) (outcome, error) {
 	if err := verifyMoved(ps, opts, plan.engine); err != nil {
 		return noEngine, err
 	}
-	if err := placePorts(f.c, plan, ps); err != nil {
+	if err := placePorts(f.c, cmp.Or(f.engine.movedName, "engine"), plan, ps); err != nil {
 		return noEngine, err
 	}
 	if err := moveProbes(f.c, plan.listen, plan.listenName, plan.engine); err != nil {
@@ -251,7 +259,7 @@ func hasSidecar(pod *yaml.RNode) bool {
 // that each edit landed where it was meant to: the engine now listens on
 // port.
 func verifyMoved(ps *podSpec, opts *Options, port int) error {
-	f, err := findEngine(ps, opts)
+	f, err := frontOf(ps, opts)
 	if err == nil && f != nil {
 		var r reading
 		r, err = f.readPort()
@@ -268,7 +276,7 @@ func verifyMoved(ps *podSpec, opts *Options, port int) error {
 // the one its probes and queue-proxy address, by number, and KServe's
 // Standard mode aims its Service at kserve-container's first port; both
 // reach the sidecar, which listens on it.
-func placePorts(c *yaml.RNode, plan *portPlan, ps *podSpec) error {
+func placePorts(c *yaml.RNode, name string, plan *portPlan, ps *podSpec) error {
 	if ps.knative {
 		if portsDeclared(ps.node) {
 			return nil
@@ -292,10 +300,10 @@ func placePorts(c *yaml.RNode, plan *portPlan, ps *podSpec) error {
 			return err
 		}
 	}
-	if _, taken := plan.names["engine"]; taken {
+	if _, taken := plan.names[name]; taken {
 		return entry.PipeE(yaml.Clear("name"))
 	}
-	return entry.PipeE(yaml.SetField("name", yaml.NewStringRNode("engine")))
+	return entry.PipeE(yaml.SetField("name", yaml.NewStringRNode(name)))
 }
 
 // portsDeclared tells whether any container of the pod declares a port.

@@ -320,7 +320,7 @@ func checkTraffic(t *testing.T, ps *podSpec, spec corev1.PodSpec, sidecar *corev
 			}
 		}
 	}
-	f, err := findEngine(ps, &Options{EngineContainer: name})
+	f, err := frontOf(ps, &Options{EngineContainer: name, Placement: opts.Placement})
 	if err != nil || f == nil {
 		t.Fatalf("no engine beside the sidecar: %v", err)
 	}
@@ -346,7 +346,7 @@ func checkTraffic(t *testing.T, ps *podSpec, spec corev1.PodSpec, sidecar *corev
 			t.Errorf("the sidecar declares port %d and listens on %d", p.ContainerPort, port)
 		}
 	}
-	for _, c := range spec.Containers {
+	for _, c := range allContainers(spec) {
 		if c.Name != scalar(f.c, "name") {
 			continue
 		}
