@@ -19,23 +19,31 @@ import (
 // within causal bounds, never near zero; each sidecar labels its leg.
 // Once with a decode engine that sends its headers before pulling the KV,
 // as vLLM does, once with one that sends them with its first token, as
-// llm-d's simulator does.
+// llm-d's simulator does. The three sidecars' spans form one trace,
+// parented as the request flowed.
 func TestDisaggregatedServing(t *testing.T) {
+	c := startCollector(t)
 	for _, late := range []bool{false, true} {
 		name := map[bool]string{false: "decode headers before the KV pull", true: "decode headers with the first token"}[late]
 		t.Run(name, func(t *testing.T) {
 			prefill := startEngine(t, emulator.Config{Timing: emulator.Timing{TTFT: 150 * time.Millisecond, ITL: 5 * time.Millisecond, TokensPerEvent: 1, OutputTokens: 8}})
 			decode := startEngine(t, emulator.Config{LateHeaders: late,
 				Timing: emulator.Timing{KVTransfer: 50 * time.Millisecond, ITL: 5 * time.Millisecond, TokensPerEvent: 1, OutputTokens: 8}})
-			prefillSide := startSidecar(t, []string{"--upstream", prefill.URL()})
-			decodeSide := startSidecar(t, []string{"--upstream", decode.URL()})
+			traced := func(service string) []string {
+				return []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http://" + c.grpc, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=grpc",
+					"OTEL_SERVICE_NAME=" + service, "OTEL_BSP_SCHEDULE_DELAY=50"}
+			}
+			prefillSide := startSidecar(t, []string{"--upstream", prefill.URL()}, traced("prefill")...)
+			decodeSide := startSidecar(t, []string{"--upstream", decode.URL()}, traced("decode")...)
 			router := startRouter(t, decodeSide.base)
-			clientSide := startSidecar(t, []string{"--upstream", router})
+			clientSide := startSidecar(t, []string{"--upstream", router}, traced("client")...)
 
 			body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true},"include_metrics":true}`
 			req, _ := http.NewRequest(http.MethodPost, clientSide.base+"/v1/chat/completions", strings.NewReader(body))
 			req.Header.Set(prefillerHeader, strings.TrimPrefix(prefillSide.base, "http://"))
 			req.Header.Set("X-Request-Id", "split")
+			traceID, parentID := randomHex(16), randomHex(8)
+			req.Header.Set("Traceparent", "00-"+traceID+"-"+parentID+"-01")
 			start := time.Now()
 			resp, err := http.DefaultClient.Do(req)
 			if err != nil {
@@ -91,6 +99,7 @@ func TestDisaggregatedServing(t *testing.T) {
 				t.Logf("%s sidecar: %v path %v status %v leg %v, ttft_from %v, time_to_first_token_ms %v, queue_time_ms %v, e2e_latency_ms %v", name, l["msg"], l["path"], l["status"],
 					l["leg"], l["ttft_from"], l["time_to_first_token_ms"], l["queue_time_ms"], l["e2e_latency_ms"])
 			}
+			checkOneTrace(t, c.awaitTrace(t, traceID, 6), parentID)
 		})
 	}
 }
@@ -113,6 +122,38 @@ func accessLine(t *testing.T, s *sidecar, path string) map[string]any {
 		case <-time.After(5 * time.Second):
 			t.Fatalf("no access-log line for %s", path)
 			return nil
+		}
+	}
+}
+
+// checkOneTrace checks that a split request's spans are one trace: the
+// client-facing sidecar's SERVER span under the client's, and each leg's
+// SERVER span under the client-facing sidecar's CLIENT span, whose
+// context the router copied to both legs; each SERVER span names its leg.
+func checkOneTrace(t *testing.T, tr []otlpSpan, parentID string) {
+	t.Helper()
+	server, client := map[string]otlpSpan{}, map[string]otlpSpan{}
+	for _, s := range tr {
+		service, _ := s.Resource["service.name"].(string)
+		switch s.Kind {
+		case spanKindServer:
+			server[service] = s
+		case spanKindClient:
+			client[service] = s
+		}
+	}
+	if len(server) != 3 || len(client) != 3 {
+		t.Fatalf("the trace has SERVER spans of %d sidecars and CLIENT spans of %d, want 3 each", len(server), len(client))
+	}
+	if server["client"].parent() != parentID {
+		t.Errorf("the client-facing SERVER span's parent %s, want the client's %s", server["client"].parent(), parentID)
+	}
+	for service, leg := range map[string]string{"client": "whole", "decode": "decode", "prefill": "prefill"} {
+		if service != "client" && server[service].parent() != client["client"].SpanID {
+			t.Errorf("the %s leg's SERVER span's parent %s, want the client-facing CLIENT span %s", service, server[service].parent(), client["client"].SpanID)
+		}
+		if got := server[service].tag("timing_sidecar.leg"); got != leg {
+			t.Errorf("the %s sidecar's SERVER span says leg %v, want %s", service, got, leg)
 		}
 	}
 }
