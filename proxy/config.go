@@ -169,6 +169,10 @@ type Config struct {
 	UpgradeNonStreaming bool
 	// MaxModelLabels bounds the distinct "model" label values.
 	MaxModelLabels int
+	// DisaggregationLeg is the leg the engine serves of requests SGLang's
+	// router splits (rewrite.Request.Bootstrapped): "prefill", "decode",
+	// or empty for an engine that serves whole requests.
+	DisaggregationLeg string
 	// TenantHeader names the request header that carries the tenant.
 	TenantHeader string
 	// TenantLabel adds the tenant as a label to the request and token
@@ -262,7 +266,7 @@ func (c *Config) Validate() error {
 			c.Metrics.Check(),
 		},
 		c.readinessProblems(),
-		[]error{c.shutdownProblem(), c.tenantProblem(), c.upstreamProblem(), c.modeProblem()},
+		[]error{c.shutdownProblem(), c.tenantProblem(), c.upstreamProblem(), c.modeProblem(), c.legProblem()},
 		c.durationProblems(),
 		c.tlsProblems(),
 		[]error{c.connectTimeoutProblem()},
@@ -400,4 +404,13 @@ func (c *Config) sizeProblems() []error {
 func cpuRequestError(s string) error {
 	_, err := ParseCPU(s)
 	return err
+}
+
+// legProblem refuses a disaggregation leg other than prefill or decode.
+func (c *Config) legProblem() error {
+	switch c.DisaggregationLeg {
+	case "", "prefill", "decode":
+		return nil
+	}
+	return fmt.Errorf("disaggregation leg %q: want prefill, decode or empty", c.DisaggregationLeg)
 }

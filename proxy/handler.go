@@ -125,6 +125,9 @@ func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight, body []byte) 
 	f.rec.Model, f.rec.Stream = req.Model, req.Stream
 	f.clock.HeadersLate = splitDownstream(&ctx.Request.Header, req)
 	f.rec.Leg = req.Leg.String()
+	if req.Leg == rewrite.LegWhole && req.Bootstrapped && p.cfg.DisaggregationLeg != "" {
+		f.rec.Leg = p.cfg.DisaggregationLeg
+	}
 	f.timingHeader = req.Untouched && p.cfg.Mode != rewrite.ModeOff
 	if p.tracer != nil {
 		p.beginTrace(ctx, f, body)

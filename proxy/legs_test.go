@@ -67,3 +67,37 @@ func TestLegs(t *testing.T) {
 		t.Errorf("requests_total by leg %v, want one each", counted)
 	}
 }
+
+// TestSGLangLegs: a request SGLang's router split (bootstrap_room) is the
+// leg the configured engine serves; without the setting, whole.
+func TestSGLangLegs(t *testing.T) {
+	engine := newFakeEngine(t)
+	for _, leg := range []string{"", "prefill", "decode"} {
+		var accessLog syncBuffer
+		p, base := startSidecar(t, engine.URL(), func(c *Config) { c.DisaggregationLeg = leg }, &accessLog)
+		resp := post(t, base+"/v1/chat/completions", `{"model":"m","messages":[],"bootstrap_host":"10.0.0.9","bootstrap_room":12345}`, nil)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		<-engine.next(t).Finished
+		p.telemetry.Flush()
+		want := leg
+		if want == "" {
+			want = "whole"
+		}
+		found := false
+		for _, line := range accessLog.lines() {
+			var l struct {
+				Path, Leg string
+			}
+			if json.Unmarshal([]byte(line), &l) == nil && l.Path == "/v1/chat/completions" {
+				found = true
+				if l.Leg != want {
+					t.Errorf("disaggregation leg %q: logged %q, want %q", leg, l.Leg, want)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("disaggregation leg %q: no access-log line", leg)
+		}
+	}
+}

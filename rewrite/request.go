@@ -52,6 +52,10 @@ type Request struct {
 	// Leg is the part of a disaggregated request the body is, as the
 	// router that split it marked it.
 	Leg Leg
+	// Bootstrapped says SGLang's router split the request: it sends the
+	// same body, with bootstrap_host and bootstrap_room, to a prefill and
+	// a decode server, so which leg it is depends on the server.
+	Bootstrapped bool
 
 	// Where the members UpstreamBody edits lie, so that the common case,
 	// each key once, is edited by offsets without a second parse; and how
@@ -132,6 +136,8 @@ func (in *inspection) member(key string, keyAt int, raw string, at int) bool {
 		r.MultipleChoices = r.MultipleChoices || multiplePrompts(raw)
 	case "kv_transfer_params":
 		r.Leg = legOf(value)
+	case "bootstrap_room", "bootstrap_host":
+		r.Bootstrapped = r.Bootstrapped || value.Type != gjson.Null
 	case "sampling_params":
 		// vLLM's generate API carries them in its sampling parameters.
 		if r.Leg == LegWhole {

@@ -399,3 +399,18 @@ func TestLeg(t *testing.T) {
 		}
 	}
 }
+
+// TestBootstrapped: SGLang's router marks a split request with its
+// bootstrap fields.
+func TestBootstrapped(t *testing.T) {
+	for body, want := range map[string]bool{
+		`{"model":"m","bootstrap_host":"10.0.0.9","bootstrap_port":8998,"bootstrap_room":42}`: true,
+		`{"model":"m","bootstrap_room":42}`:                                                   true,
+		`{"model":"m","bootstrap_room":null}`:                                                 false,
+		`{"model":"m"}`:                                                                       false,
+	} {
+		if got := InspectRequest([]byte(body)).Bootstrapped; got != want {
+			t.Errorf("%s: bootstrapped %v, want %v", body, got, want)
+		}
+	}
+}

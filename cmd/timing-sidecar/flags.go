@@ -74,6 +74,8 @@ func serveFlags() []cli.Flag {
 			Usage: "Send non-streaming chat and completions requests to the engine as streams and reassemble the response, so they get queue time, time to first token and inter-token latency too. Only requests whose response a stream reproduces exactly are upgraded (see the README). Default off."},
 		&cli.IntFlag{Name: "max-model-labels", EnvVars: env("max-model-labels"), Value: proxy.DefaultMaxModelLabels,
 			Usage: `Distinct "model" label values kept in Prometheus series; further models count as "other".`},
+		&cli.StringFlag{Name: "disaggregation-leg", EnvVars: env("disaggregation-leg"),
+			Usage: "The leg the engine serves of requests SGLang's router splits over a prefill and a decode server (their bootstrap_room): prefill or decode, as the engine's --disaggregation-mode; inject sets it. Empty: such requests count as whole."},
 		&cli.StringFlag{Name: "tenant-header", EnvVars: env("tenant-header"),
 			Usage: "Request header that names the tenant (e.g. X-Tenant-Id), logged in the access log. Empty: no tenant."},
 		&cli.BoolFlag{Name: "tenant-label", EnvVars: env("tenant-label"),

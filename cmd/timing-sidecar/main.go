@@ -85,6 +85,7 @@ func configFrom(c *cli.Context) proxy.Config {
 		ForwardIncludeMetrics:  c.Bool("forward-include-metrics"),
 		MaxModelLabels:         c.Int("max-model-labels"),
 		TenantHeader:           c.String("tenant-header"),
+		DisaggregationLeg:      c.String("disaggregation-leg"),
 		TenantLabel:            c.Bool("tenant-label"),
 		MaxTenantLabels:        c.Int("max-tenant-labels"),
 		ReadinessProbe:         c.String("readiness-probe"),

@@ -568,3 +568,14 @@ func TestPlacement(t *testing.T) {
 	}
 	refused(t, "an unknown placement", pod(""), Options{Placement: "middle"}, `placement "middle"`)
 }
+
+// TestSGLangLegs: an SGLang server of a disaggregated deployment serves
+// one leg of every request its router splits; the sidecar is told which.
+func TestSGLangLegs(t *testing.T) {
+	for mode, want := range map[string]string{"prefill": "prefill", "decode": "decode", "null": ""} {
+		p, _ := injectPodOK(t, podWith("containers:\n  - name: e\n    command: [python3, -m, sglang.launch_server, --model-path, m, --host, 0.0.0.0, --disaggregation-mode, "+mode+"]\n"), Options{})
+		if got := sidecarEnv(p.Spec)["TIMING_SIDECAR_DISAGGREGATION_LEG"]; got != want {
+			t.Errorf("--disaggregation-mode %s: the sidecar's leg %q, want %q", mode, got, want)
+		}
+	}
+}

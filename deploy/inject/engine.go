@@ -37,6 +37,10 @@ type engine struct {
 	worker func(run *invocation, in *podSpec) (bool, error)
 	// movedName names its moved port ("engine" when empty).
 	movedName string
+	// legFlag is its option saying which leg of split requests it serves
+	// (prefill or decode), passed to the sidecar as its disaggregation
+	// leg.
+	legFlag string
 }
 
 var engines = []engine{
@@ -61,6 +65,7 @@ var engines = []engine{
 		defaultPort: 30000,
 		defaultHost: "127.0.0.1",
 		worker:      sglangNonZeroRank,
+		legFlag:     "--disaggregation-mode",
 	},
 	{
 		// llama.cpp: common/arg.cpp (--host, LLAMA_ARG_HOST, 127.0.0.1;

@@ -240,3 +240,17 @@ func (f *found) setPort(r reading, port int) []edit {
 	}
 	return edits
 }
+
+// leg is the leg of split requests the engine serves, as its legFlag
+// says it: prefill or decode, else "".
+func (f *found) leg() string {
+	if f.engine.legFlag == "" {
+		return ""
+	}
+	for _, run := range f.runs {
+		if v, ok := run.flag([]string{f.engine.legFlag}); ok && v.known && (v.value == "prefill" || v.value == "decode") {
+			return v.value
+		}
+	}
+	return ""
+}

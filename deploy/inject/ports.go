@@ -166,6 +166,8 @@ type portPlan struct {
 	admin    int
 	adminSet bool
 	names    map[string]string // the pod's port names, and whose
+	// leg is the leg of split requests the engine serves, "" for none.
+	leg string
 }
 
 // planPorts reads where the engine listens and chooses the ports the
@@ -184,7 +186,7 @@ func planPorts(ps *podSpec, f *found, opts *Options) (*portPlan, error) {
 		return nil, err
 	}
 	used := portsOf(ps)
-	plan := &portPlan{listen: old, engineReading: r, addr: addr, names: used.names}
+	plan := &portPlan{listen: old, engineReading: r, addr: addr, names: used.names, leg: f.leg()}
 	if entry, _ := f.c.Pipe(yaml.Lookup("ports", "[containerPort="+strconv.Itoa(old)+"]")); entry != nil {
 		plan.declared, plan.listenName = true, scalar(entry, "name")
 		plan.hostPort, plan.hostIP = scalar(entry, "hostPort"), scalar(entry, "hostIP")

@@ -62,6 +62,9 @@ func sidecarContainer(opts *Options, plan *portPlan, ps *podSpec) (*yaml.RNode, 
 	if !plan.adminSet && plan.admin != AdminPort {
 		settings = append(settings, EnvVar{"TIMING_SIDECAR_ADMIN_LISTEN", ":" + strconv.Itoa(plan.admin)})
 	}
+	if plan.leg != "" {
+		settings = append(settings, EnvVar{"TIMING_SIDECAR_DISAGGREGATION_LEG", plan.leg})
+	}
 	for _, s := range append(settings, opts.Env...) {
 		if err := setEnv(c, s); err != nil {
 			return nil, err
