@@ -2,9 +2,7 @@ package proxy
 
 import (
 	"fmt"
-	"io"
 	"testing"
-	"time"
 )
 
 // TestTTFTOrigin: where a stream's TTFT counts from, through the proxy.
@@ -33,16 +31,7 @@ func TestTTFTOrigin(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.headers["X-Fake-Header-Delay"], tc.headers["X-Fake-TTFT"], tc.headers["X-Fake-Tokens"] = "20", "40", "3"
 			body := `{"model":"m","stream":true,"include_metrics":true,"stream_options":{"include_usage":true},` + tc.members + `}`
-			start := time.Now()
-			resp := post(t, base+"/v1/chat/completions", body, tc.headers)
-			headers := time.Now()
-			defer resp.Body.Close()
-			events, err := readEvents(t, resp.Body)
-			if err != io.EOF {
-				t.Fatalf("stream ended with %v", err)
-			}
-			fr := engine.next(t)
-			<-fr.Finished
+			start, headers, events, fr := timedStream(t, engine, base+"/v1/chat/completions", body, tc.headers)
 			m := metricsOf(t, events[len(events)-2].data)
 			arrival := span{start, fr.Received}
 			first := span{fr.TokenSent[0], received(t, events, fmt.Sprintf(" t%d", 0))}

@@ -178,19 +178,10 @@ func TestStreamMetricsMatchTheEngine(t *testing.T) {
 		{"completions, three tokens per event", "/v1/completions", 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			start := time.Now()
-			resp := post(t, base+tc.path, `{"model":"m","stream":true,"include_metrics":true,"stream_options":{"include_usage":true},"prompt":"x","messages":[]}`, map[string]string{
+			start, headers, events, fr := timedStream(t, engine, base+tc.path, `{"model":"m","stream":true,"include_metrics":true,"stream_options":{"include_usage":true},"prompt":"x","messages":[]}`, map[string]string{
 				"X-Fake-Header-Delay": "30", "X-Fake-TTFT": "40", "X-Fake-ITL": "20", "X-Fake-Tokens": "5",
 				"X-Fake-Per-Event": strconv.Itoa(tc.perEvent),
 			})
-			headers := time.Now()
-			defer resp.Body.Close()
-			events, err := readEvents(t, resp.Body)
-			if err != io.EOF {
-				t.Fatalf("stream ended with %v", err)
-			}
-			fr := engine.next(t)
-			<-fr.Finished
 			if strings.Contains(string(fr.Body), "include_metrics") {
 				t.Errorf("include_metrics reached the engine: %s", fr.Body)
 			}

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -129,4 +130,22 @@ func hasText(data string, keys ...string) bool {
 		}
 	}
 	return false
+}
+
+// timedStream posts a stream and reads it to its end, stamping when the
+// client began and when it had the response headers, and returns the
+// engine's record once the engine has finished the request.
+func timedStream(t *testing.T, engine *fakeEngine, url, body string, headers map[string]string) (start, gotHeaders time.Time, events []sseEvent, fr *fakeRequest) {
+	t.Helper()
+	start = time.Now()
+	resp := post(t, url, body, headers)
+	gotHeaders = time.Now()
+	defer resp.Body.Close()
+	events, err := readEvents(t, resp.Body)
+	if err != io.EOF {
+		t.Fatalf("stream ended with %v", err)
+	}
+	fr = engine.next(t)
+	<-fr.Finished
+	return start, gotHeaders, events, fr
 }
