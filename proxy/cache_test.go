@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/timing-sidecar/timing-sidecar/e2e/emulator"
+	"github.com/timing-sidecar/timing-sidecar/rewrite"
 )
 
 // TestPromptCacheIsAttributed: an engine that reports its cached prompt
@@ -238,5 +239,56 @@ func TestEngineTimingHeaders(t *testing.T) {
 				t.Errorf("access log %v", l)
 			}
 		})
+	}
+}
+
+// TestTGITimingHeaders: an engine that reports its timing in TGI's
+// headers gets it into metrics.engine under the body's names (queue,
+// inference, total), its total in the overhead; the same names without
+// TGI's x-compute-type are another server's, and left alone.
+func TestTGITimingHeaders(t *testing.T) {
+	engine := startEmulator(t, emulator.Config{TGIHeaders: true,
+		Timing: emulator.Timing{HeaderDelay: 20 * time.Millisecond, TTFT: 30 * time.Millisecond, ITL: 10 * time.Millisecond, OutputTokens: 4}})
+	base := startProxy(t, engine.URL(), nil)
+	resp := post(t, base+"/v1/chat/completions", `{"model":"m","include_metrics":true,"messages":[{"role":"user","content":"a b"}]}`, nil)
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var doc struct {
+		Metrics struct {
+			E2E      float64        `json:"e2e_latency_ms"`
+			Overhead *float64       `json:"overhead_ms"`
+			Engine   map[string]any `json:"engine"`
+		} `json:"metrics"`
+	}
+	if err := json.Unmarshal(got, &doc); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("%d %s: %v", resp.StatusCode, got, err)
+	}
+	e := doc.Metrics.Engine
+	for field, h := range map[string]string{"queue_time_ms": "x-queue-time", "inference_time_ms": "x-inference-time", "total_ms": "x-total-time"} {
+		want, _ := strconv.ParseFloat(resp.Header.Get(h), 64)
+		if v, ok := e[field].(float64); !ok || v != want {
+			t.Errorf("engine.%s = %v, %s says %v", field, e[field], h, want)
+		}
+	}
+	if e["source"] != "tgi" || e["time_to_first_token_ms"] != nil || e["mean_itl_ms"] != nil {
+		t.Errorf("engine %v", e)
+	}
+	if q := e["queue_time_ms"]; q == nil || q.(float64) < 20 {
+		t.Errorf("engine.queue_time_ms %v under the 20 ms the engine waited", q)
+	}
+	if doc.Metrics.Overhead == nil {
+		t.Error("no overhead_ms beside the engine's total")
+	}
+
+	// Without x-compute-type the same names are not TGI's.
+	var h rewrite.TGIHeaders
+	h.Header([]byte("x-queue-time"), []byte("12"))
+	h.Header([]byte("X-Total-Time"), []byte("40"))
+	if _, ok := h.Timing(); ok {
+		t.Error("timing headers without x-compute-type read as TGI's")
+	}
+	h.Header([]byte("X-Compute-Type"), []byte("gpu"))
+	if e, ok := h.Timing(); !ok || e.QueueTime.Value != 12 || e.Total.Value != 40 || e.Source != "tgi" {
+		t.Errorf("TGI's headers read as %+v", e)
 	}
 }

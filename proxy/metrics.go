@@ -53,8 +53,13 @@ func (f *flight) counts() timing.Usage {
 
 // readEngineHeaders reads the engine's timing headers, if it sent any.
 func (f *flight) readEngineHeaders(h *fasthttp.ResponseHeader) {
+	var tgi rewrite.TGIHeaders
 	for k, v := range h.All() {
 		rewrite.EngineHeader(&f.engineHeaders, &f.headerCached, k, v)
+		tgi.Header(k, v)
+	}
+	if e, ok := tgi.Timing(); ok && !f.engineHeaders.Reported {
+		f.engineHeaders = e
 	}
 }
 

@@ -140,3 +140,52 @@ func EngineHeader(e *timing.EngineTiming, cached *timing.Count, name, value []by
 	*dst = timing.Number{Value: v, Set: true}
 	e.Reported, e.Source = true, "vllm"
 }
+
+// TGIHeaders reads the timing headers Hugging Face's TGI puts on its
+// non-streaming answers (router/src/server.rs: whole milliseconds). Their
+// names are generic, so they count only beside TGI's own x-compute-type:
+//
+//	x-queue-time      queue_time_ms (queued to the batch's start)
+//	x-inference-time  inference_time_ms (start to the last token)
+//	x-total-time      total_ms (arrival in the router to the end, validation included)
+//
+// x-time-per-token is not vLLM's mean_itl_ms (it divides the inference
+// time, prefill included, by the tokens), so it is left out.
+type TGIHeaders struct {
+	timing timing.EngineTiming
+	tgi    bool
+}
+
+// Header reads one response header.
+func (t *TGIHeaders) Header(name, value []byte) {
+	var dst *timing.Number
+	switch {
+	case bytes.EqualFold(name, []byte("x-compute-type")):
+		t.tgi = true
+		return
+	case bytes.EqualFold(name, []byte("x-queue-time")):
+		dst = &t.timing.QueueTime
+	case bytes.EqualFold(name, []byte("x-inference-time")):
+		dst = &t.timing.InferenceTime
+	case bytes.EqualFold(name, []byte("x-total-time")):
+		dst = &t.timing.Total
+	default:
+		return
+	}
+	v, err := strconv.ParseFloat(string(bytes.TrimSpace(value)), 64)
+	if err != nil || !(v >= 0) || math.IsInf(v, 1) {
+		return
+	}
+	*dst = timing.Number{Value: v, Set: true}
+	t.timing.Reported = true
+}
+
+// Timing is the engine's timing the headers reported, ok only for TGI's.
+func (t *TGIHeaders) Timing() (timing.EngineTiming, bool) {
+	if !t.tgi || !t.timing.Reported {
+		return timing.EngineTiming{}, false
+	}
+	e := t.timing
+	e.Source = "tgi"
+	return e, true
+}

@@ -85,6 +85,10 @@ type Config struct {
 	// responses carry the engine's own timing and token counts as
 	// x-vllm-* headers.
 	RequestStatsHeaders bool
+	// TGIHeaders plays Hugging Face's TGI: non-streaming answers carry
+	// its timing headers (x-compute-type, x-total-time, x-queue-time,
+	// x-inference-time, x-time-per-token and the others; whole ms).
+	TGIHeaders bool
 	// LateHeaders sends a stream's response headers with its first token,
 	// in one write, as a server that does not flush before its first
 	// chunk does (llm-d's simulator, a routing proxy answering once the

@@ -584,6 +584,7 @@ func decodeString(raw []byte) string {
 // milliseconds with two decimals, from its marks, the total running to
 // now, as the headers go out.
 func (g *generation) statsHeaders(scheduled, first, last time.Time, completion int) {
+	g.tgiHeaders(scheduled, last, completion)
 	if !g.s.cfg.RequestStatsHeaders {
 		return
 	}
@@ -677,4 +678,25 @@ func (g *generation) kvHandOver() json.RawMessage {
 // lateHeaders: this stream's headers go out with its first token.
 func (g *generation) lateHeaders() bool {
 	return g.s.cfg.LateHeaders || g.r.Header.Get(HeaderLateHeaders) == "1"
+}
+
+// tgiHeaders sets TGI's timing headers, as its router does: whole
+// milliseconds, x-compute-time in seconds.
+func (g *generation) tgiHeaders(scheduled, last time.Time, completion int) {
+	if !g.s.cfg.TGIHeaders {
+		return
+	}
+	h := g.w.Header()
+	ms := func(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
+	total := time.Since(g.e.rec.Received)
+	inference := last.Sub(scheduled)
+	h.Set("x-compute-type", "gpu+optimized")
+	h.Set("x-compute-time", strconv.FormatFloat(total.Seconds(), 'f', -1, 64))
+	h.Set("x-total-time", ms(total))
+	h.Set("x-validation-time", "0")
+	h.Set("x-queue-time", ms(scheduled.Sub(g.e.rec.Received)))
+	h.Set("x-inference-time", ms(inference))
+	h.Set("x-time-per-token", ms(inference/time.Duration(max(completion, 1))))
+	h.Set("x-prompt-tokens", strconv.Itoa(g.prompt))
+	h.Set("x-generated-tokens", strconv.Itoa(completion))
 }
