@@ -83,6 +83,9 @@ type flight struct {
 	// cut, for a stream: Shutdown cut it at the grace's end (set from
 	// its goroutine; one per stream, see startStream).
 	cut *atomic.Bool
+	// kvPulled: the answer comes from a decode engine, which counts the
+	// KV it pulled from a prefill engine among its cached tokens.
+	kvPulled bool
 }
 
 var requestIDHeader = []byte("X-Request-Id")

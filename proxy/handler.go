@@ -92,14 +92,17 @@ func (p *Proxy) recoverRequest(ctx *fasthttp.RequestCtx, f *flight) {
 
 // prefillerHeader is the header llm-d's endpoint picker sets on a request
 // it splits: the prefill engine that the decode pod's routing sidecar
-// sends the prefill leg to.
-const prefillerHeader = "x-prefiller-host-port"
+// sends the prefill leg to; oldPrefillerHeader is its earlier name.
+const (
+	prefillerHeader    = "x-prefiller-host-port"
+	oldPrefillerHeader = "x-prefiller-url"
+)
 
 // splitDownstream tells a whole request that a router behind the sidecar
 // will split over a prefill and a decode engine: its response headers
 // come once the decode starts, so they cannot mark when the work began.
 func splitDownstream(h *fasthttp.RequestHeader, req rewrite.Request) bool {
-	return req.Leg == rewrite.LegWhole && len(h.Peek(prefillerHeader)) > 0
+	return req.Leg == rewrite.LegWhole && !req.Bootstrapped && (len(h.Peek(prefillerHeader)) > 0 || len(h.Peek(oldPrefillerHeader)) > 0)
 }
 
 // serveMeasured handles a request to a measured endpoint: inspect, plan,
@@ -124,10 +127,14 @@ func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight, body []byte) 
 	pl := rewrite.PlanFor(p.policy, req)
 	f.rec.Model, f.rec.Stream = req.Model, req.Stream
 	f.clock.HeadersLate = splitDownstream(&ctx.Request.Header, req)
-	f.rec.Leg = req.Leg.String()
-	if req.Leg == rewrite.LegWhole && req.Bootstrapped && p.cfg.DisaggregationLeg != "" {
-		f.rec.Leg = p.cfg.DisaggregationLeg
+	leg := req.Leg
+	if leg == rewrite.LegWhole && req.Bootstrapped {
+		leg = p.bootstrapLeg
 	}
+	f.rec.Leg = leg.String()
+	// The answer comes from a decode engine, whose usage counts the KV it
+	// pulled as cached: a decode leg, or a request split behind.
+	f.kvPulled = leg == rewrite.LegDecode || f.clock.HeadersLate
 	f.timingHeader = req.Untouched && p.cfg.Mode != rewrite.ModeOff
 	if p.tracer != nil {
 		p.beginTrace(ctx, f, body)

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"cmp"
 	"encoding/json"
 	"io"
 	"testing"
@@ -14,12 +15,15 @@ func TestLegs(t *testing.T) {
 	engine := newFakeEngine(t)
 	var accessLog syncBuffer
 	p, base := startSidecar(t, engine.URL(), nil, &accessLog)
-	for _, tc := range []struct{ leg, body string }{
+	for _, tc := range []struct{ id, body string }{
 		{"whole", `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[]}`},
 		{"prefill", `{"model":"m","max_tokens":1,"messages":[],"kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false}}`},
 		{"decode", `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[],"kv_transfer_params":{"do_remote_decode":false,"do_remote_prefill":true,"remote_block_ids":[1]}}`},
+		// A whole request a router behind splits: the answer is a decode
+		// engine's.
+		{"split", `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[]}`},
 	} {
-		resp := post(t, base+"/v1/chat/completions", tc.body, map[string]string{"X-Fake-Cached": "2", "X-Request-Id": tc.leg})
+		resp := post(t, base+"/v1/chat/completions", tc.body, map[string]string{"X-Fake-Cached": "2", "X-Request-Id": tc.id, prefillerHeader: map[bool]string{true: "10.0.0.7:8000"}[tc.id == "split"]})
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 		<-engine.next(t).Finished
@@ -36,15 +40,15 @@ func TestLegs(t *testing.T) {
 			continue
 		}
 		seen[l.ID] = true
-		if l.Leg != l.ID {
+		if want := map[string]string{"split": "whole"}[l.ID]; l.Leg != cmp.Or(want, l.ID) {
 			t.Errorf("request %s logged as leg %q", l.ID, l.Leg)
 		}
-		if want := map[string]string{"whole": "partial", "prefill": "partial", "decode": "unknown"}[l.ID]; l.Cache != want {
+		if want := map[string]string{"whole": "partial", "prefill": "partial", "decode": "unknown", "split": "unknown"}[l.ID]; l.Cache != want {
 			t.Errorf("leg %s: cache %q, want %q", l.ID, l.Cache, want)
 		}
 	}
-	if len(seen) != 3 {
-		t.Fatalf("access log lines for %v, want the three legs", seen)
+	if len(seen) != 4 {
+		t.Fatalf("access log lines for %v, want the four requests", seen)
 	}
 	families, err := p.registry.Gather()
 	if err != nil {
@@ -63,7 +67,7 @@ func TestLegs(t *testing.T) {
 			}
 		}
 	}
-	if counted["whole"] != 1 || counted["prefill"] != 1 || counted["decode"] != 1 {
+	if counted["whole"] != 2 || counted["prefill"] != 1 || counted["decode"] != 1 {
 		t.Errorf("requests_total by leg %v, want one each", counted)
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/timing-sidecar/timing-sidecar/rewrite"
-	"github.com/timing-sidecar/timing-sidecar/telemetry"
 	"github.com/timing-sidecar/timing-sidecar/timing"
 )
 
@@ -42,8 +41,8 @@ func (f *flight) counts() timing.Usage {
 	if !u.CachedTokens.Set {
 		u.CachedTokens = f.headerCached
 	}
-	if f.rec.Leg == telemetry.LegDecode {
-		// A decode leg's cached tokens count the KV pulled from the
+	if f.kvPulled {
+		// A decode engine's cached tokens count the KV it pulled from the
 		// prefill engine with its own prefix cache's: not a cache hit
 		// the sidecar can tell apart.
 		u.CachedTokens = timing.Count{}

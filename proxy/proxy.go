@@ -31,13 +31,16 @@ import (
 type Proxy struct {
 	cfg Config
 	// policy is the part of cfg a request's plan is made from.
-	policy    rewrite.Policy
-	log       *slog.Logger
-	up        *upstream.Client
-	server    *fasthttp.Server
-	pools     *pools
-	registry  *prometheus.Registry
-	telemetry *telemetry.Recorder
+	policy rewrite.Policy
+	// bootstrapLeg is the leg the engine serves of SGLang-split
+	// requests (cfg.DisaggregationLeg).
+	bootstrapLeg rewrite.Leg
+	log          *slog.Logger
+	up           *upstream.Client
+	server       *fasthttp.Server
+	pools        *pools
+	registry     *prometheus.Registry
+	telemetry    *telemetry.Recorder
 	// tracer is nil when tracing is off, genai when the OTLP GenAI
 	// metrics are.
 	tracer *telemetry.Tracer
@@ -89,7 +92,7 @@ func New(cfg Config, log *slog.Logger, accessLog io.Writer) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{cfg: cfg, policy: cfg.policy(), log: log, up: up, pools: newPools(cfg.MaxEventSize), registry: telemetry.NewRegistry(), stop: make(chan struct{}), streams: newStreamSet(),
+	p := &Proxy{cfg: cfg, policy: cfg.policy(), bootstrapLeg: rewrite.LegNamed(cfg.DisaggregationLeg), log: log, up: up, pools: newPools(cfg.MaxEventSize), registry: telemetry.NewRegistry(), stop: make(chan struct{}), streams: newStreamSet(),
 		bodies: membudget.New(cfg.MaxBodyMemory), tls: serveTLS}
 	opts := telemetry.Options{MaxModels: cfg.MaxModelLabels, TenantLabel: cfg.TenantLabel, MaxTenants: cfg.MaxTenantLabels,
 		Objectives:       telemetry.Objectives{TTFT: cfg.SLOTTFT, ITL: cfg.SLOITL, E2E: cfg.SLOE2E},

@@ -174,6 +174,17 @@ func (l Leg) String() string {
 	return "whole"
 }
 
+// LegNamed is the leg String names, LegWhole for any other name.
+func LegNamed(s string) Leg {
+	switch s {
+	case "prefill":
+		return LegPrefill
+	case "decode":
+		return LegDecode
+	}
+	return LegWhole
+}
+
 // legOf reads vLLM's kv_transfer_params: do_remote_prefill marks the
 // decode leg (its KV is computed elsewhere), do_remote_decode the prefill
 // leg (its decode happens elsewhere).

@@ -103,7 +103,7 @@ type Record struct {
 
 // timeToFirstToken is arrival to first token: the Prometheus definition,
 // shared with vLLM's histogram and OpenTelemetry's GenAI metric. The body
-// field counts from acceptance instead, as vLLM's body field does.
+// field counts from its origin (timing.Origin), as vLLM's from scheduling.
 func (r *Record) timeToFirstToken() (float64, bool) {
 	t := r.Metrics.FirstTokenAfterArrival
 	return t.Value, t.Set

@@ -185,7 +185,7 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 		objectives:  opts.Objectives,
 	}
 	// leg: whole, or the prefill or decode leg of a request a router
-	// split over two engines (see LegOf).
+	// split over two engines (see legOf).
 	perModel := []string{"endpoint", "model", "leg"}
 	counted := []string{"endpoint", "model", "leg"}
 	requestLabels := []string{"endpoint", "stream", "status", "model", "leg"}

@@ -130,10 +130,12 @@ func (o Objectives) Judge(r *Record) (Verdict, string) {
 	if !o.Set() {
 		return Undecided, ""
 	}
-	if v, missed, decided := o.judgeOutright(r); decided {
+	// A leg is held to what it can miss; a failure fails any leg.
+	leg := o.forLeg(legOf(r))
+	if v, missed, decided := leg.judgeOutright(r); decided {
 		return v, missed
 	}
-	if o = o.forLeg(legOf(r)); !o.Set() {
+	if o = leg; !o.Set() {
 		return Undecided, ""
 	}
 	var t tally

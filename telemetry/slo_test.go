@@ -184,6 +184,11 @@ func TestJudgeByLeg(t *testing.T) {
 		{"a prefill leg, however long", leg(LegPrefill, 900, 0, 2000, 200), Undecided},
 		{"a prefill leg that failed", leg(LegPrefill, 0, 0, 10, 503), Missed},
 		{"a whole request slow to its first token", leg(LegWhole, 900, 10, 2000, 200), Missed},
+		{"a decode leg its router gave up on before a first token", func() *Record {
+			r := leg(LegDecode, 0, 0, 0, StatusClientGone)
+			r.Metrics, r.ClientGone, r.Elapsed = timing.Metrics{}, true, 5*time.Second
+			return r
+		}(), Undecided},
 	} {
 		if got, _ := o.Judge(tc.r); got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)

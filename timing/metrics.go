@@ -184,10 +184,17 @@ func origin(c *Clock, e EngineTiming) (Origin, time.Time) {
 			return FromAccepted, c.Accepted
 		}
 	}
-	if q := e.QueueTime; q.Set && q.Value >= 0 && !c.Arrival.IsZero() {
-		base := c.Arrival.Add(time.Duration(q.Value * float64(time.Millisecond)))
-		if c.tokenEvents == 0 || !base.After(c.FirstToken) {
-			return FromEngineQueue, base
+	// Behind a splitting router the report is the decode engine's, whose
+	// queue began after the prefill: no mark of the request's start.
+	if q := e.QueueTime; q.Set && q.Value >= 0 && !c.HeadersLate && !c.Arrival.IsZero() {
+		// Compared in ms before any conversion: an engine's figure can be
+		// past what a Duration holds.
+		end := c.FirstToken
+		if c.tokenEvents == 0 {
+			end = c.Done
+		}
+		if within, ok := span(c.Arrival, end); ok && q.Value <= within {
+			return FromEngineQueue, c.Arrival.Add(time.Duration(q.Value * float64(time.Millisecond)))
 		}
 	}
 	return FromArrival, c.Arrival
@@ -352,7 +359,7 @@ func perSecond(n int64, d time.Duration) Number {
 // engines read).
 type EngineTiming struct {
 	Reported         bool   // the response carried a report
-	Source           string // where it came from: "vllm" or "llama.cpp"
+	Source           string // where it came from: "vllm", "tgi" or "llama.cpp"
 	QueueTime        Number
 	TimeToFirstToken Number
 	GenerationTime   Number

@@ -32,6 +32,9 @@ func TestOrigin(t *testing.T) {
 		{"headers that agree with the engine's TTFT", streamClock(40, []float64{60, 80}, 90), EngineTiming{Reported: true, TimeToFirstToken: n(18)}, FromAccepted, n(40), n(20), n(60)},
 		{"no output: the headers' queue", streamClock(60, nil, 90), EngineTiming{}, FromAccepted, n(60), Number{}, Number{}},
 		{"no output behind a splitting router", late(streamClock(60, nil, 90)), EngineTiming{}, FromArrival, Number{}, Number{}, Number{}},
+		{"behind a splitting router the engine's queue is the decode's", late(streamClock(60, []float64{60, 80}, 90)), EngineTiming{Reported: true, QueueTime: n(15)}, FromArrival, Number{}, n(60), n(60)},
+		{"an engine queue past any duration", streamClock(60, []float64{60, 80}, 90), EngineTiming{Reported: true, QueueTime: n(1e13)}, FromArrival, Number{}, n(60), n(60)},
+		{"no output, an engine queue past the end", streamClock(60, nil, 90), EngineTiming{Reported: true, QueueTime: n(1e9)}, FromAccepted, n(60), Number{}, Number{}},
 	} {
 		m := Compute(tc.clock, Usage{CompletionTokens: count(2)}, true, tc.engine)
 		if m.TTFTFrom != tc.from || !near3(m.QueueTime, tc.queue) || !near3(m.TimeToFirstToken, tc.ttft) || !near3(m.FirstTokenAfterArrival, tc.afterStart) {

@@ -29,8 +29,12 @@ const UID = "timing-sidecar"
 // variables (labels a Kubernetes scrape adds; a value of ".*" also matches
 // a series without them), and the model.
 const (
-	pods   = `namespace=~"$namespace", pod=~"$pod"`
-	models = pods + `, model=~"$model"`
+	pods = `namespace=~"$namespace", pod=~"$pod"`
+	// models selects the client-facing series: a leg of a request split
+	// over two engines counts in its own series, and the whole request
+	// once at the sidecar in front (series without leg are older
+	// sidecars').
+	models = pods + `, model=~"$model", leg!~"prefill|decode"`
 	// sidecarOnly keeps the process series of sidecar targets only: the
 	// pod's other targets (vLLM's own /metrics) have the same names.
 	sidecarOnly = ` and on (namespace, pod, instance, job) timing_sidecar_in_flight_requests`

@@ -555,6 +555,9 @@ func TestPlacement(t *testing.T) {
 		{"plain HTTP, by default in front", pod(", --secure-proxy=false"), Options{}, ":8000", "http://127.0.0.1:18000", "--port=18000 --vllm-port=8200 --connector=nixlv2 --secure-proxy=false", "vllm serve m --port 8200"},
 		{"plain HTTP, asked beside the engine", pod(", --secure-proxy=false"), Options{Placement: PlacementEngine}, ":8200", "http://127.0.0.1:18200", "--port=8000 --vllm-port=8200 --connector=nixlv2 --secure-proxy=false", "vllm serve m --port 18200"},
 		{"TLS, beside the engine", pod(""), Options{}, ":8200", "http://127.0.0.1:18200", "--port=8000 --vllm-port=8200 --connector=nixlv2", "vllm serve m --port 18200"},
+		// Go's flag package takes a boolean's value only after "=".
+		{"--secure-proxy false as two words is TLS", pod(", --secure-proxy, \"false\""), Options{}, ":8200", "http://127.0.0.1:18200", "--port=8000 --vllm-port=8200 --connector=nixlv2 --secure-proxy false", "vllm serve m --port 18200"},
+		{"--secure-proxy=0 is plain HTTP", pod(", --secure-proxy=0"), Options{}, ":8000", "http://127.0.0.1:18000", "--port=18000 --vllm-port=8200 --connector=nixlv2 --secure-proxy=0", "vllm serve m --port 8200"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, _ := injectPodOK(t, tc.in, tc.opts)

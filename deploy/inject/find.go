@@ -197,9 +197,15 @@ func frontOf(ps *podSpec, opts *Options) (*found, error) {
 }
 
 // plainHTTP tells a routing sidecar started with --secure-proxy=false.
+// It parses flags with Go's flag package, where a boolean takes a value
+// only after "=": "--secure-proxy false" is TLS on, and ends the flags.
 func plainHTTP(run *invocation) bool {
 	v, ok := run.flag([]string{"--secure-proxy", "-secure-proxy"})
-	return ok && v.known && v.value == "false"
+	if !ok || !v.known || !v.inline {
+		return false
+	}
+	on, err := strconv.ParseBool(v.value)
+	return err == nil && !on
 }
 
 // fronts tells a routing sidecar that relays to the engine on port.
