@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -189,26 +190,12 @@ func TestEngineTimingHeaders(t *testing.T) {
 			p, base := startSidecar(t, engine.URL(), func(c *Config) { c.ForwardIncludeMetrics = tc.bodyReport }, &log)
 			body := `{"model":"m","include_metrics":true,"messages":[{"role":"user","content":"a b c d e f"}]}`
 			resp := post(t, base+"/v1/chat/completions", body, map[string]string{emulator.HeaderCachedTokens: "4"})
-			got, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != 200 {
-				t.Fatalf("%d %s", resp.StatusCode, got)
-			}
+			doc := engineReportOf(t, resp)
 			for _, h := range []string{"x-vllm-total-time", "x-vllm-queue-time", "x-vllm-prefill-time", "x-vllm-decode-time",
 				"x-vllm-inference-time", "x-vllm-time-per-output-token", "x-vllm-prompt-tokens", "x-vllm-completion-tokens", "x-vllm-cached-tokens"} {
 				if resp.Header.Get(h) == "" {
 					t.Errorf("%s did not reach the client", h)
 				}
-			}
-			var doc struct {
-				Metrics struct {
-					E2E      float64        `json:"e2e_latency_ms"`
-					Overhead *float64       `json:"overhead_ms"`
-					Engine   map[string]any `json:"engine"`
-				} `json:"metrics"`
-			}
-			if err := json.Unmarshal(got, &doc); err != nil {
-				t.Fatal(err)
 			}
 			header := func(name string) float64 {
 				v, err := strconv.ParseFloat(resp.Header.Get(name), 64)
@@ -251,18 +238,7 @@ func TestTGITimingHeaders(t *testing.T) {
 		Timing: emulator.Timing{HeaderDelay: 20 * time.Millisecond, TTFT: 30 * time.Millisecond, ITL: 10 * time.Millisecond, OutputTokens: 4}})
 	base := startProxy(t, engine.URL(), nil)
 	resp := post(t, base+"/v1/chat/completions", `{"model":"m","include_metrics":true,"messages":[{"role":"user","content":"a b"}]}`, nil)
-	got, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	var doc struct {
-		Metrics struct {
-			E2E      float64        `json:"e2e_latency_ms"`
-			Overhead *float64       `json:"overhead_ms"`
-			Engine   map[string]any `json:"engine"`
-		} `json:"metrics"`
-	}
-	if err := json.Unmarshal(got, &doc); err != nil || resp.StatusCode != 200 {
-		t.Fatalf("%d %s: %v", resp.StatusCode, got, err)
-	}
+	doc := engineReportOf(t, resp)
 	e := doc.Metrics.Engine
 	for field, h := range map[string]string{"queue_time_ms": "x-queue-time", "inference_time_ms": "x-inference-time", "total_ms": "x-total-time"} {
 		want, _ := strconv.ParseFloat(resp.Header.Get(h), 64)
@@ -291,4 +267,26 @@ func TestTGITimingHeaders(t *testing.T) {
 	if e, ok := h.Timing(); !ok || e.QueueTime.Value != 12 || e.Total.Value != 40 || e.Source != "tgi" {
 		t.Errorf("TGI's headers read as %+v", e)
 	}
+}
+
+// engineReport is what a non-streaming answer's metrics say of the
+// engine's own report.
+type engineReport struct {
+	Metrics struct {
+		E2E      float64        `json:"e2e_latency_ms"`
+		Overhead *float64       `json:"overhead_ms"`
+		Engine   map[string]any `json:"engine"`
+	} `json:"metrics"`
+}
+
+// engineReportOf reads a 200 non-streaming answer's engine report.
+func engineReportOf(t *testing.T, resp *http.Response) engineReport {
+	t.Helper()
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var doc engineReport
+	if err := json.Unmarshal(got, &doc); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("%d %s: %v", resp.StatusCode, got, err)
+	}
+	return doc
 }

@@ -405,7 +405,7 @@ func TestPodStarts(t *testing.T) {
 		}
 	}
 	user := imageUser(t)
-	template, err := sidecarContainer(&Options{}, &portPlan{listen: 8000, engine: 18000, admin: AdminPort, declared: true}, &podSpec{native: true})
+	template, err := sidecarContainer(&Options{}, &portPlan{listen: 8000, engine: 18000, admin: AdminPort, declared: true}, &podSpec{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -160,7 +160,7 @@ func hasContainer(pod *yaml.RNode, name string) bool {
 // write is decided first, then written.
 func injectPod(ps *podSpec, opts *Options) (outcome, error) {
 	pod := ps.node
-	if hasSidecar(pod) {
+	if hasContainer(pod, Name) {
 		return hadSidecar, nil
 	}
 	f, err := frontOf(ps, opts)
@@ -190,7 +190,7 @@ func injectPod(ps *podSpec, opts *Options) (outcome, error) {
 		return noEngine, err
 	}
 	list := "initContainers"
-	if !ps.native {
+	if ps.knative {
 		list = "containers"
 	}
 	target, err := sequenceField(pod, list)
@@ -210,12 +210,12 @@ func injectPod(ps *podSpec, opts *Options) (outcome, error) {
 	if err := target.PipeE(yaml.Append(sidecar.YNode())); err != nil {
 		return noEngine, err
 	}
-	if plan.listen < 1024 && ps.native {
+	if plan.listen < 1024 && !ps.knative {
 		if err := unprivilegedPorts(pod, plan.listen); err != nil {
 			return noEngine, err
 		}
 	}
-	if !ps.native {
+	if ps.knative {
 		// KServe's runtime spec has no grace period of its own: Knative's
 		// (or the InferenceService's) applies.
 		return injected, nil
@@ -243,16 +243,6 @@ func unprivilegedPorts(pod *yaml.RNode, port int) error {
 		yaml.NewScalarRNode("name").YNode(), yaml.NewScalarRNode(name).YNode(),
 		yaml.NewScalarRNode("value").YNode(), quoted("0"),
 	}}))
-}
-
-// hasSidecar tells a pod spec that has the sidecar already.
-func hasSidecar(pod *yaml.RNode) bool {
-	for _, c := range podContainers(pod) {
-		if scalar(c, "name") == Name {
-			return true
-		}
-	}
-	return false
 }
 
 // verifyMoved reads the engine again from what inject wrote, as a check

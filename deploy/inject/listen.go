@@ -64,7 +64,7 @@ func (f *found) read(flags []string, envName, def, what string) (reading, error)
 		last = this
 	}
 	if last != nil {
-		if len(r.flags) > 0 && f.startsWithout(flags) {
+		if f.startsWithout(flags) {
 			return r, fmt.Errorf("the engine is started more than once in its shell line, with %s on some starts only: give every start the same %s", flags[0], flags[0])
 		}
 		r.value, r.known = last.value, last.known

@@ -9,18 +9,17 @@ import (
 )
 
 // podSpec is one pod spec in a document: where it is, for errors, and
-// whether the sidecar can go in as a native sidecar.
+// whose rules it obeys.
 type podSpec struct {
 	node *yaml.RNode
 	path string
-	// native: the sidecar goes in as an init container with restartPolicy
-	// Always (Kubernetes 1.29+), started before the engine and stopped
-	// after it. KServe's runtimes take containers only, so there it is a
-	// container beside the engine.
-	native bool
 	// knative: the pod obeys Knative Serving's rules (KServe, whose
 	// default mode is Knative, and Knative Services): one port in all,
-	// no probes on a container without it, no downward API in env.
+	// no probes on a container without it, no downward API in env, no
+	// init containers, so the sidecar is a container beside the engine.
+	// Elsewhere it is a native sidecar: an init container with
+	// restartPolicy Always (Kubernetes 1.29+), started before the engine
+	// and stopped after it.
 	knative bool
 	// lwsRole is "leader" or "worker" in a LeaderWorkerSet's templates.
 	lwsRole string
@@ -99,7 +98,6 @@ func podSpecsOf(doc *yaml.RNode) []podSpec {
 			continue
 		}
 		ps := podSpec{node: n, path: strings.Join(path, "."), knative: obeysKnative(doc)}
-		ps.native = !ps.knative
 		switch {
 		case kind == "LeaderWorkerSet" && slices.Contains(path, "leaderTemplate"), strings.HasPrefix(kind, "LLMInferenceService") && !slices.Contains(path, "worker"):
 			ps.lwsRole = "leader"

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"regexp"
 	"slices"
@@ -302,8 +303,9 @@ func checkTraffic(t *testing.T, ps *podSpec, spec corev1.PodSpec, sidecar *corev
 	for _, e := range sidecar.Env {
 		env[e.Name] = e.Value
 	}
-	host, port, err := splitHostPort(env["TIMING_SIDECAR_LISTEN"])
-	if err != nil {
+	host, p, err := net.SplitHostPort(env["TIMING_SIDECAR_LISTEN"])
+	port, perr := strconv.Atoi(p)
+	if err != nil || perr != nil {
 		t.Fatalf("TIMING_SIDECAR_LISTEN %q", env["TIMING_SIDECAR_LISTEN"])
 	}
 	m := regexp.MustCompile(`^http://(127\.0\.0\.1|\[::1\]):(\d+)$`).FindStringSubmatch(env["TIMING_SIDECAR_UPSTREAM"])
@@ -381,16 +383,6 @@ func scopeName(s scope) string {
 		return "loopback"
 	}
 	return "every interface"
-}
-
-// splitHostPort splits ":8000" and "127.0.0.1:8000".
-func splitHostPort(s string) (string, int, error) {
-	i := strings.LastIndexByte(s, ':')
-	if i < 0 {
-		return "", 0, fmt.Errorf("no port")
-	}
-	n, err := strconv.Atoi(s[i+1:])
-	return s[:i], n, err
 }
 
 // yamlString is a node's YAML, for messages.

@@ -41,7 +41,7 @@ func sidecarContainer(opts *Options, plan *portPlan, ps *podSpec) (*yaml.RNode, 
 			return nil, err
 		}
 	}
-	if !ps.native {
+	if ps.knative {
 		if err := c.PipeE(yaml.Clear("restartPolicy")); err != nil {
 			return nil, err
 		}
@@ -104,13 +104,12 @@ func sidecarPorts(c *yaml.RNode, plan *portPlan, ps *podSpec) error {
 		if _, taken := plan.names[name]; taken && name != plan.listenName {
 			name = "" // both taken: unnamed, found by number
 		}
-		if err := proxy.PipeE(yaml.SetField("name", yaml.NewStringRNode(name))); err != nil {
-			return err
-		}
+		var set yaml.Filter = yaml.SetField("name", yaml.NewStringRNode(name))
 		if name == "" {
-			if err := proxy.PipeE(yaml.Clear("name")); err != nil {
-				return err
-			}
+			set = yaml.Clear("name")
+		}
+		if err := proxy.PipeE(set); err != nil {
+			return err
 		}
 		if err := setInt(proxy, "containerPort", plan.listen); err != nil {
 			return err
