@@ -364,7 +364,9 @@ func TestEngineStoppingShortOfItsLength(t *testing.T) {
 		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"+`{"id":"x","choices":[],"object":"list",`)
 		c.Close()
 	})
-	base := startProxy(t, engine.URL(), nil)
+	// Opt-in: a request without include_metrics gets none, so its body
+	// passes through as it comes.
+	base := startProxy(t, engine.URL(), func(c *Config) { c.Mode = rewrite.ModeOptIn })
 	t.Run("passed through: what arrived, then a failure", func(t *testing.T) {
 		for _, send := range []func() (*http.Response, error){
 			func() (*http.Response, error) { return client.Get(base + "/v1/models") },

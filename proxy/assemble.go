@@ -86,8 +86,11 @@ func (p *Proxy) relayAssembled(ctx *fasthttp.RequestCtx, f *flight, x *upstream.
 		defer p.pools.release(mb)
 		mb.B = f.metricsJSON(mb.B[:0], done, engine)
 		m := f.done(done, engine) // a body's end is the request's
-		mb.B = rewrite.AppendEngineMembers(mb.B, r.engineMetrics)
-		if withMetrics, ok := rewrite.InspectBody(body).WithMetrics(body, mb.B); ok {
+		// Merged with the engine's object from the events, after ours in
+		// the same buffer.
+		n := len(mb.B)
+		mb.B = rewrite.AppendMergedMetrics(mb.B, mb.B[:n], r.engineMetrics)
+		if withMetrics, ok := rewrite.InspectBody(body).WithMetrics(body, mb.B[n:]); ok {
 			body = withMetrics
 			var b [serverTimingSize]byte
 			addServerTiming(&ctx.Response.Header, m.AppendServerTiming(b[:0]))
@@ -134,6 +137,7 @@ func (p *Proxy) assemble(events *rewrite.EventReader, a *rewrite.Assembly, f *fl
 		case rewrite.EventToken:
 			f.clock.MarkOutput(x.Received(), ev.Output)
 		}
+		f.clock.CountOutput(ev.CompletionCount(), ev.Kind == rewrite.EventToken)
 		if ev.Kind == rewrite.EventUsage || ev.UsageOnChoices {
 			f.addUsage(ev.Usage)
 			takeEngineReport(ev, &engine, engineMetrics)

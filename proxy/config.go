@@ -17,7 +17,7 @@ import (
 // policy is what a request's plan is made from.
 func (c *Config) policy() rewrite.Policy {
 	return rewrite.Policy{Mode: c.Mode, UpgradeNonStreaming: c.UpgradeNonStreaming,
-		ForwardIncludeMetrics: c.ForwardIncludeMetrics, InjectUsage: c.InjectUsage}
+		ForwardIncludeMetrics: c.ForwardIncludeMetrics, InjectUsage: c.InjectUsage, ForceUsage: c.ForceIncludeUsage}
 }
 
 // Defaults. They are safe for multi-minute streams: nothing bounds the
@@ -25,7 +25,7 @@ func (c *Config) policy() rewrite.Policy {
 const (
 	DefaultListen                 = ":8001"
 	DefaultUpstream               = "http://127.0.0.1:8000"
-	DefaultMode                   = rewrite.ModeOptIn
+	DefaultMode                   = rewrite.ModeVLLM
 	DefaultUpstreamConnectTimeout = 5 * time.Second
 	// Zero: a non-streaming generation is silent until it is done, and may
 	// take many minutes; the client's own timeout decides, and the sidecar
@@ -158,9 +158,11 @@ type Config struct {
 	// InjectUsage asks the engine for usage on streams whose client did
 	// not, and removes that usage event before it reaches the client.
 	InjectUsage bool
-	// ForwardIncludeMetrics leaves include_metrics in the request for an
-	// engine that computes its own (vLLM with --enable-per-request-metrics);
-	// its report then appears as metrics.engine beside the sidecar's.
+	// ForceIncludeUsage gives every stream's client the usage event, as
+	// vLLM's --enable-force-include-usage does.
+	ForceIncludeUsage bool
+	// ForwardIncludeMetrics leaves include_metrics in the request, for an
+	// engine build that reads it (released vLLM ignores it).
 	ForwardIncludeMetrics bool
 	// UpgradeNonStreaming sends an eligible non-streaming chat or
 	// completions request to the engine as a stream, measures it as one
@@ -325,10 +327,10 @@ func (c *Config) upstreamProblem() error {
 
 func (c *Config) modeProblem() error {
 	switch c.Mode {
-	case rewrite.ModeOff, rewrite.ModeOptIn, rewrite.ModeAlways:
+	case rewrite.ModeOff, rewrite.ModeVLLM, rewrite.ModeOptIn, rewrite.ModeAlways:
 		return nil
 	}
-	return fmt.Errorf("per-request metrics mode %q: want off, opt-in or always", c.Mode)
+	return fmt.Errorf("per-request metrics mode %q: want off, vllm, opt-in or always", c.Mode)
 }
 
 // durationProblems checks the timeouts, where 0 means none.

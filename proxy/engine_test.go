@@ -13,19 +13,26 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/timing-sidecar/timing-sidecar/e2e/emulator"
+	"github.com/timing-sidecar/timing-sidecar/rewrite"
 )
 
+// TestVLLMsOwnMetricsBesideOurs: in front of vLLM with
+// --enable-per-request-metrics, the client of mode vllm gets the engine's
+// object with every member where the engine put it (a client written for
+// vLLM reads vLLM's figures), the sidecar's figures beside them, those
+// whose names the engine uses under timing_sidecar, and no "engine"
+// repeating what is already there.
 func TestVLLMsOwnMetricsBesideOurs(t *testing.T) {
 	engine := startEmulator(t, emulator.Config{PerRequestMetrics: true, Strict: true,
 		Timing: emulator.Timing{HeaderDelay: 20 * time.Millisecond, TTFT: 30 * time.Millisecond, ITL: 20 * time.Millisecond, OutputTokens: 4}})
-	forwarding := startProxy(t, engine.URL(), func(c *Config) { c.ForwardIncludeMetrics = true })
+	base := startProxy(t, engine.URL(), nil)
 	const msgs = `"messages":[{"role":"user","content":"hi"}]`
 	for _, tt := range []struct{ name, body string }{
-		{"stream", `{"model":"m","stream":true,"include_metrics":true,` + msgs + `}`},
-		{"non-streaming", `{"model":"m","include_metrics":true,` + msgs + `}`},
+		{"stream", `{"model":"m","stream":true,"stream_options":{"include_usage":true},` + msgs + `}`},
+		{"non-streaming", `{"model":"m",` + msgs + `}`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			resp := post(t, forwarding+"/v1/chat/completions", tt.body, nil)
+			resp := post(t, base+"/v1/chat/completions", tt.body, nil)
 			raw, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			doc := string(raw)
@@ -41,29 +48,40 @@ func TestVLLMsOwnMetricsBesideOurs(t *testing.T) {
 				t.Fatal(err)
 			}
 			m := metricsOf(t, doc)
-			if m["engine.time_to_first_token_ms"] == nil || m["overhead_ms"] == nil || m["engine.total_ms"] == nil {
-				t.Fatalf("no engine report beside ours: %s", doc)
+			if m["timing_sidecar.tokens_per_second"] == nil || m["engine.total_ms"] != nil || m["overhead_ms"] == nil || m["e2e_latency_ms"] == nil {
+				t.Fatalf("not the engine's object with ours beside it: %s", doc)
 			}
 			if tt.name == "stream" {
-				// The engine's own figures, mapped: its scheduling lies
+				// The top level is the engine's own: its scheduling lies
 				// between receiving the request and sending headers.
-				within(t, m, "engine.queue_time_ms", 0, ms(rec.HeadersSent.Sub(rec.Received)))
-				within(t, m, "engine.time_to_first_token_ms", ms(rec.FirstToken.Sub(rec.HeadersSent)), ms(rec.FirstToken.Sub(rec.Received)))
+				within(t, m, "queue_time_ms", 0, ms(rec.HeadersSent.Sub(rec.Received)))
+				within(t, m, "time_to_first_token_ms", ms(rec.FirstToken.Sub(rec.HeadersSent)), ms(rec.FirstToken.Sub(rec.Received)))
+				// The sidecar's, apart: from its own marks.
+				within(t, m, "timing_sidecar.time_to_first_token_ms", ms(rec.FirstToken.Sub(rec.HeadersSent)), *m["e2e_latency_ms"])
+			} else if m["time_to_first_token_ms"] == nil || !gjson.Get(doc, "metrics.timing_sidecar.time_to_first_token_ms").Exists() {
+				// The engine saw its first token; the sidecar, not streamed, did not.
+				t.Errorf("non-streaming: %s", doc)
 			}
 			// Our e2e holds the engine's whole time and a little more.
-			if o := *m["overhead_ms"]; o < -1 || o > 50 || math.Abs(*m["e2e_latency_ms"]-*m["engine.total_ms"]-o) > 0.002 {
-				t.Errorf("overhead_ms %v with e2e %v and engine total %v", o, *m["e2e_latency_ms"], *m["engine.total_ms"])
+			total := *m["queue_time_ms"] + *m["time_to_first_token_ms"] + *m["generation_time_ms"]
+			if o := *m["overhead_ms"]; o < -1 || o > 50 || math.Abs(*m["e2e_latency_ms"]-total-o) > 0.002 {
+				t.Errorf("overhead_ms %v with e2e %v and engine total %v", o, *m["e2e_latency_ms"], total)
 			}
 		})
 	}
-	// Without forwarding, the engine is not asked (a strict one would refuse
-	// the field) and there is nothing beside ours.
-	plain := startProxy(t, engine.URL(), nil)
-	resp := post(t, plain+"/v1/chat/completions", `{"model":"m","include_metrics":true,`+msgs+`}`, nil)
+	// Where vLLM gives none, neither does mode vllm: a stream whose client
+	// asked no usage; in a body of several choices, null.
+	resp := post(t, base+"/v1/chat/completions", `{"model":"m","stream":true,`+msgs+`}`, nil)
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if m := metricsOf(t, string(body)); resp.StatusCode != 200 || m["engine.total_ms"] != nil || m["overhead_ms"] != nil {
-		t.Fatalf("%d %s", resp.StatusCode, body)
+	if resp.StatusCode != 200 || strings.Contains(string(body), `"metrics"`) || strings.Contains(string(body), `"choices":[]`) {
+		t.Fatalf("a stream without usage: %d %s", resp.StatusCode, body)
+	}
+	resp = post(t, base+"/v1/chat/completions", `{"model":"m","n":2,`+msgs+`}`, nil)
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if m := gjson.GetBytes(body, "metrics"); resp.StatusCode != 200 || m.Type != gjson.Null || !m.Exists() {
+		t.Fatalf("several choices: %d %s", resp.StatusCode, body)
 	}
 }
 
@@ -96,8 +114,8 @@ func TestLlamaCppTimingsBesideOurs(t *testing.T) {
 // namespace (speculative_decoding since 0.28, alone or beside its timing).
 // For streams (usage asked or not) and non-streaming bodies, opted in or
 // not, with or without --forward-include-metrics, what the engine put
-// there arrives unchanged beside the sidecar's figures, and an object
-// without the engine's timing gets no "engine" member.
+// there arrives unchanged, member by member, beside the sidecar's figures;
+// never an "engine" member repeating it.
 func TestEnginesOwnMetricsMembersStay(t *testing.T) {
 	const spec = `{"mean_acceptance_length":1.23,"draft_acceptance_rate":0.077,"acceptance_histogram":[39,1,0,3],"num_spec_steps":43,"num_accepted_draft_tokens":10,"num_draft_tokens":129,"num_spec_tokens":3}`
 	for _, engineMetrics := range []string{
@@ -116,7 +134,7 @@ func TestEnginesOwnMetricsMembersStay(t *testing.T) {
 			io.WriteString(c, sseHead+chunk(roleEvent)+chunk(tokenEvent("a"))+chunk(shapeEvent(0, `{}`, "", "stop", ""))+chunk(usageWithMetrics)+chunk("data: [DONE]\n\n")+"0\r\n\r\n")
 		})
 		for _, forward := range []bool{false, true} {
-			base := startProxy(t, engine.URL(), func(c *Config) { c.ForwardIncludeMetrics = forward })
+			base := startProxy(t, engine.URL(), func(c *Config) { c.ForwardIncludeMetrics, c.Mode = forward, rewrite.ModeOptIn })
 			for _, tc := range []struct{ name, req, stream string }{
 				{"non-streaming", `{"include_metrics":true}`, ""},
 				{"stream, usage asked", `{"stream":true,"stream_options":{"include_usage":true},"include_metrics":true}`, "1"},
@@ -136,8 +154,16 @@ func TestEnginesOwnMetricsMembersStay(t *testing.T) {
 				if m.Get("speculative_decoding").Raw != spec {
 					t.Errorf("%s, forward %v, timed %v: speculative_decoding %q in %s", tc.name, forward, timed, m.Get("speculative_decoding").Raw, got)
 				}
-				if m.Get("engine").Exists() != (timed && !strings.Contains(tc.name, "not opted in")) {
-					t.Errorf("%s, forward %v, timed %v: engine member %s", tc.name, forward, timed, m.Get("engine").Raw)
+				optedIn := !strings.Contains(tc.name, "not opted in")
+				switch {
+				case !optedIn && m.Raw != engineMetrics:
+					t.Errorf("%s, forward %v: the engine's object changed: %s", tc.name, forward, m.Raw)
+				case m.Get("engine").Exists():
+					t.Errorf("%s, forward %v, timed %v: an engine member repeats the engine's: %s", tc.name, forward, timed, m.Raw)
+				case optedIn && timed && (m.Get("time_to_first_token_ms").Raw != "12.5" || m.Get("timing_sidecar.e2e_latency_ms").Exists() || !m.Get("timing_sidecar.time_to_first_token_ms").Exists()):
+					t.Errorf("%s, forward %v: not the engine's figures with ours beside them: %s", tc.name, forward, m.Raw)
+				case optedIn && !timed && (m.Get("timing_sidecar").Exists() || !m.Get("time_to_first_token_ms").Exists()):
+					t.Errorf("%s, forward %v: ours not on top beside speculative_decoding: %s", tc.name, forward, m.Raw)
 				}
 			}
 		}
@@ -168,7 +194,8 @@ func TestSpeculativeDecodingInTheRecord(t *testing.T) {
 // vLLM 0.28 (--per-request-spec-decode-metrics in both forms, with and
 // without its timing), the client gets the engine's speculative_decoding,
 // per-step fields included, beside the sidecar's metrics, in streams and
-// bodies; "engine" only when the engine reported timing.
+// bodies; the sidecar's timing under timing_sidecar only when the engine
+// reported its own.
 func TestEmulatedVLLMSpeculativeDecoding(t *testing.T) {
 	for _, timed := range []bool{false, true} {
 		for _, form := range []string{"summary", "detailed"} {
@@ -189,7 +216,7 @@ func TestEmulatedVLLMSpeculativeDecoding(t *testing.T) {
 				if !sd.Get("mean_acceptance_length").Exists() || sd.Get("per_step_accepted_tokens").Exists() != (form == "detailed") {
 					t.Errorf("timed %v, %s, stream %v: speculative_decoding %s", timed, form, stream, sd.Raw)
 				}
-				if m.Get("engine").Exists() != timed || !m.Get("e2e_latency_ms").Exists() {
+				if m.Get("engine").Exists() || m.Get("timing_sidecar").Exists() != timed || !m.Get("e2e_latency_ms").Exists() {
 					t.Errorf("timed %v, %s, stream %v: metrics %s", timed, form, stream, m.Raw)
 				}
 			}

@@ -22,6 +22,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/timing-sidecar/timing-sidecar/rewrite"
 )
 
 // syncBuffer is a log the test can read while the proxy writes.
@@ -274,7 +276,7 @@ func TestRequestIDIsForwardedAndReturned(t *testing.T) {
 
 func TestServerTiming(t *testing.T) {
 	engine := newFakeEngine(t)
-	base := startProxy(t, engine.URL(), nil)
+	base := startProxy(t, engine.URL(), func(c *Config) { c.Mode = rewrite.ModeOptIn })
 	resp := post(t, base+"/v1/chat/completions", `{"include_metrics":true}`, map[string]string{"X-Fake-TTFT": "30"})
 	resp.Body.Close()
 	if st := resp.Header.Get("Server-Timing"); !regexp.MustCompile(`^e2e;dur=\d+\.\d{3}$`).MatchString(st) {

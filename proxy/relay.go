@@ -540,6 +540,7 @@ func (r *eventRelay) inspect(raw []byte, at time.Time) {
 	if ev.Kind == rewrite.EventToken {
 		f.clock.MarkOutput(at, ev.Output)
 	}
+	f.clock.CountOutput(ev.CompletionCount(), ev.Kind == rewrite.EventToken)
 	if f.readsAnswer() {
 		f.route.api.ObserveEvent(&f.answer, ev)
 	}
@@ -638,12 +639,16 @@ func (r *eventRelay) spliceHeld(held []byte, done time.Time) ([]byte, bool) {
 		engine = r.engine // from the usage event the client does not get
 	}
 	r.metrics = r.f.metricsJSON(r.metrics[:0], done, engine)
+	metrics := r.metrics
 	if rewrite.EngineMetrics(ev.Target()) == nil {
 		// The engine's object came on that usage event; the splice
-		// keeps an object on this one itself.
-		r.metrics = rewrite.AppendEngineMembers(r.metrics, r.engineMetrics)
+		// merges with an object on this one itself. Merged after ours in
+		// the same buffer.
+		n := len(r.metrics)
+		r.metrics = rewrite.AppendMergedMetrics(r.metrics, r.metrics[:n], r.engineMetrics)
+		metrics = r.metrics[n:]
 	}
-	out, ok := rewrite.AppendEventWithMetrics(r.heldOut[:0], held, ev, r.metrics)
+	out, ok := rewrite.AppendEventWithMetrics(r.heldOut[:0], held, ev, metrics)
 	if ok {
 		r.heldOut = out
 		r.hold.Carried()

@@ -220,13 +220,14 @@ func TestUpgradeKeepsBothReasoningNames(t *testing.T) {
 }
 
 // With the engine computing its own metrics, an upgraded response gets
-// them under metrics.engine as a streamed one does.
+// the engine's object, with the sidecar's beside it, as a streamed one
+// does.
 func TestUpgradeKeepsTheEnginesMetrics(t *testing.T) {
 	engine := startEmulator(t, emulator.Config{PerRequestMetrics: true, Timing: emulator.Timing{TTFT: 10 * time.Millisecond, ITL: 2 * time.Millisecond, OutputTokens: 4}})
-	base := startProxy(t, engine.URL(), func(c *Config) { c.UpgradeNonStreaming, c.ForwardIncludeMetrics = true, true })
-	_, _, raw := postJSON(t, base+"/v1/chat/completions", `{"model":"m","include_metrics":true,"messages":[{"role":"user","content":"hi"}]}`, nil)
-	if m := metricsOf(t, raw); m["engine.total_ms"] == nil {
-		t.Fatalf("no metrics.engine on an upgraded response: %s", raw)
+	base := startProxy(t, engine.URL(), func(c *Config) { c.UpgradeNonStreaming = true })
+	_, _, raw := postJSON(t, base+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, nil)
+	if m := metricsOf(t, raw); m["time_to_first_token_ms"] == nil || m["timing_sidecar.time_to_first_token_ms"] == nil || m["overhead_ms"] == nil {
+		t.Fatalf("not the engine's metrics with the sidecar's beside them on an upgraded response: %s", raw)
 	}
 }
 

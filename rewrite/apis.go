@@ -155,6 +155,14 @@ func (typedAPI) InspectRequest(body []byte) Request {
 
 func (typedAPI) AppendAssembled(dst []byte, _ *Assembly) ([]byte, bool) { return dst, false }
 
+// InspectRequest reads a Messages request: vLLM's Anthropic endpoint
+// carries no metrics object of its own.
+func (m messagesAPI) InspectRequest(body []byte) Request {
+	r := m.typedAPI.InspectRequest(body)
+	r.NoEngineMetrics = true
+	return r
+}
+
 func (t typedAPI) ObserveEvent(a *Answer, ev Event) {
 	if ev.Data == nil {
 		return

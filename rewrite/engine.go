@@ -44,7 +44,7 @@ func engineTiming(m, t gjson.Result) timing.EngineTiming {
 		// engine reported no timing.
 		q, t, g := m.Get("queue_time_ms"), m.Get("time_to_first_token_ms"), m.Get("generation_time_ms")
 		itl, tps := m.Get("mean_itl_ms"), m.Get("tokens_per_second")
-		e = timing.EngineTiming{Source: "vllm",
+		e = timing.EngineTiming{Source: "vllm", InMetrics: true,
 			Reported:         q.Exists() || t.Exists() || g.Exists() || itl.Exists() || tps.Exists(),
 			QueueTime:        number(q),
 			TimeToFirstToken: number(t),

@@ -46,6 +46,10 @@ type Event struct {
 	// the usage too, as some engines send it instead of a separate
 	// "choices": [] event. Its kind is EventToken or EventOther.
 	UsageOnChoices bool
+	// Running is the completion count an unfinished choice event carries
+	// in a stream with running usage (vLLM's continuous_usage_stats): its
+	// rise from the event before is what this event carried.
+	Running timing.Count
 	// carriesChoices: the data has a non-empty "choices" array.
 	carriesChoices bool
 	// finishes: at least one choice has a finish_reason that is not null.
@@ -125,13 +129,28 @@ func ClassifyEvent(raw []byte) Event {
 	// choices (as OpenAI, TGI and llama.cpp order their keys). A byte
 	// search of what follows the choices keeps the look for it off the
 	// path of every other event.
-	if choices.allFinished && bytes.Contains(data[choices.end:], usageKey) {
+	if !bytes.Contains(data[choices.end:], usageKey) {
+		return ev
+	}
+	if choices.allFinished {
 		if usage := gjson.Get(s, "usage"); usage.IsObject() {
 			ev.UsageOnChoices = true
 			ev.Usage = withCacheTimings(parseUsage(usage), s)
 		}
+	} else {
+		// Running usage: only the count, one key, on every event.
+		ev.Running, _ = tokenCount(gjson.Get(s, "usage.completion_tokens"))
 	}
 	return ev
+}
+
+// CompletionCount is the completion count ev carries, running or final,
+// for Clock.CountOutput.
+func (ev Event) CompletionCount() timing.Count {
+	if ev.Running.Set {
+		return ev.Running
+	}
+	return ev.Usage.CompletionTokens
 }
 
 var usageKey = []byte(`usage"`)

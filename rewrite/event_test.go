@@ -74,30 +74,36 @@ func TestClassifyEventAllocatesNothing(t *testing.T) {
 	}
 }
 
+// TestClassifyUsageOnTheFinishingEvent: the usage a finishing event
+// carries is the request's; one on an unfinished event is a running count.
 func TestClassifyUsageOnTheFinishingEvent(t *testing.T) {
 	for _, tt := range []struct {
 		name, data string
 		kind       EventKind
 		onChoices  bool
 		completion int64
+		running    int64 // -1: none
 	}{
 		{"llama.cpp: empty delta, finish, usage and timings", `{"choices":[{"finish_reason":"stop","index":0,"delta":{}}],"created":1,"id":"c","model":"m","system_fingerprint":"b6097","object":"chat.completion.chunk","usage":{"completion_tokens":247,"prompt_tokens":1085,"total_tokens":1332},"timings":{"prompt_n":1085,"prompt_ms":203.378,"predicted_n":247,"predicted_ms":933.63}}`,
-			EventOther, true, 247},
+			EventOther, true, 247, -1},
 		{"last token with finish and usage", `{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"."},"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":9,"total_tokens":12}}`,
-			EventToken, true, 9},
+			EventToken, true, 9, -1},
 		{"running usage mid-stream", `{"id":"c","choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`,
-			EventToken, false, 0},
+			EventToken, false, 0, 1},
 		{"one of two choices finished", `{"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"stop"},{"index":1,"delta":{"content":"b"}}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`,
-			EventToken, false, 0},
+			EventToken, false, 0, 1},
 		{"OpenAI's usage null", `{"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":null}`,
-			EventOther, false, 0},
+			EventOther, false, 0, -1},
 		{"the word usage in the text", `{"id":"c","choices":[{"index":0,"delta":{"content":"usage\""},"finish_reason":"stop"}]}`,
-			EventToken, false, 0},
+			EventToken, false, 0, -1},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			ev := ClassifyEvent([]byte("data: " + tt.data + "\n\n"))
 			if ev.Kind != tt.kind || ev.UsageOnChoices != tt.onChoices || ev.Usage.CompletionTokens.Value != tt.completion {
 				t.Fatalf("got kind %d, on choices %v, completion %v", ev.Kind, ev.UsageOnChoices, ev.Usage.CompletionTokens)
+			}
+			if running := (timing.Count{Value: max(tt.running, 0), Set: tt.running >= 0}); ev.Running != running {
+				t.Fatalf("running count %+v, want %+v", ev.Running, running)
 			}
 		})
 	}

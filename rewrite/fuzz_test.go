@@ -52,13 +52,15 @@ func FuzzEventReader(f *testing.F) {
 }
 
 // FuzzAppendWithMetrics: splicing into any valid JSON object within
-// maxDepth succeeds, yields valid JSON whose one "metrics" is ours, and
-// leaves every other key as a last-wins parser reads it.
+// maxDepth succeeds, yields valid JSON whose one "metrics" is ours merged
+// with the engine's, and leaves every other key as a last-wins parser
+// reads it.
 func FuzzAppendWithMetrics(f *testing.F) {
 	for _, s := range []string{
 		chatUsage, cmplUsage, `{}`, `{ }`, `{"metrics":1}`, "{\n\"a\" : [1, {\"b\":null}]\n}\n", `[]`, `{"a":`, `"s"`,
 		`{"metrics":1,"a":2,"metrics":{"x":[3]}}`, `{ "metrics" : 1 , "metrics":2 }`, `{"a":"\"[{","metrics":null}`,
 		`{"metrics":{"time_to_first_token_ms":1,"speculative_decoding":{"num_spec_steps":43}},"id":"c"}`, `{"metrics":{}}`,
+		`{"metrics":{"timing_sidecar":1,"e2e_latency_ms":null}}`, `{"metrics":{ "\u0065ngine" :2 } }`,
 		nestedObject(maxDepth), nestedObject(maxDepth + 1),
 	} {
 		f.Add([]byte(s))
@@ -80,17 +82,7 @@ func FuzzAppendWithMetrics(f *testing.F) {
 		if err := json.Unmarshal(out, &got); err != nil {
 			t.Fatalf("result is not an object: %q", out)
 		}
-		var want map[string]any
-		json.Unmarshal([]byte(metricsJSON), &want)
-		// The engine's own members, past the sidecar's, stay.
-		if engine, ok := in["metrics"].(map[string]any); ok {
-			for k, v := range engine {
-				if !sidecarMetricsKey(k) {
-					want[k] = v
-				}
-			}
-		}
-		if !reflect.DeepEqual(got["metrics"], any(want)) || countKey(out, "metrics") != 1 {
+		if want := mergedMetrics(in["metrics"], metricsJSON); !reflect.DeepEqual(got["metrics"], want) || countKey(out, "metrics") != 1 {
 			t.Fatalf("metrics = %v in %q", got["metrics"], out)
 		}
 		delete(got, "metrics")
@@ -99,6 +91,34 @@ func FuzzAppendWithMetrics(f *testing.F) {
 			t.Fatalf("other keys changed: %q -> %q", obj, out)
 		}
 	})
+}
+
+// mergedMetrics is what a client decodes of the metrics the sidecar's
+// object ours makes beside the engine's (as a client decoded it): the
+// engine's members as they are, the sidecar's beside them, or under its
+// namespace where the names meet.
+func mergedMetrics(engine any, ours string) any {
+	var want map[string]any
+	json.Unmarshal([]byte(ours), &want)
+	theirs, ok := engine.(map[string]any)
+	if !ok {
+		return want
+	}
+	merged, nested := map[string]any{}, map[string]any{}
+	for k, v := range theirs {
+		merged[k] = v
+	}
+	for k, v := range want {
+		if _, taken := theirs[k]; !taken {
+			merged[k] = v
+		} else {
+			nested[k] = v
+		}
+	}
+	if _, taken := theirs[SidecarNamespace]; len(nested) > 0 && !taken {
+		merged[SidecarNamespace] = nested
+	}
+	return merged
 }
 
 // FuzzUpstreamBody: whatever request the sidecar understood, the body it

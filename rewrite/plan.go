@@ -6,7 +6,17 @@ type Mode string
 const (
 	// ModeOff makes the sidecar a transparent proxy.
 	ModeOff Mode = "off"
-	// ModeOptIn adds metrics for requests with "include_metrics": true.
+	// ModeVLLM adds metrics where vLLM's --enable-per-request-metrics
+	// puts its own, with no request field: every Chat Completions,
+	// Completions and Responses answer; in a Chat Completions or
+	// Completions stream, only on the usage event, so only where the
+	// client gets one (include_usage, or Policy.ForceUsage); null in a
+	// body with several choices, none in such a stream; not Anthropic's
+	// Messages. A request with "include_metrics": true gets them as in
+	// ModeOptIn as well.
+	ModeVLLM Mode = "vllm"
+	// ModeOptIn adds metrics for requests with "include_metrics": true,
+	// the sidecar's own field.
 	ModeOptIn Mode = "opt-in"
 	// ModeAlways adds metrics to every measured request.
 	ModeAlways Mode = "always"
@@ -25,6 +35,12 @@ type Policy struct {
 	// InjectUsage asks the engine for the usage event, for exact token
 	// counts, even when the client gets no metrics.
 	InjectUsage bool
+	// ForceUsage gives every Chat Completions and Completions stream's
+	// client the usage event, asked or not, as vLLM's
+	// --enable-force-include-usage does (which also puts running usage
+	// on every event; the sidecar does not ask for that, a field only
+	// vLLM and SGLang know).
+	ForceUsage bool
 }
 
 // Plan is what the sidecar does with one measured request: a pure
@@ -59,22 +75,39 @@ func PlanFor(pol Policy, req Request) Plan {
 	if pol.Mode == ModeOff || req.Untouched {
 		return Plan{} // a transparent proxy: measured, never changed
 	}
+	// A stream whose client gets no usage event: only OpenAI's APIs have
+	// such streams, and ForceUsage gives them one.
+	forced := pol.ForceUsage && req.Understood && req.Stream && !req.IncludeUsage
+	noUsage := req.Stream && !req.IncludeUsage && !forced
 	p := Plan{
 		Refuse:      req.InvalidIncludeMetrics,
 		Multiple:    req.MultipleChoices,
-		WantMetrics: req.Understood && (pol.Mode == ModeAlways || req.IncludeMetrics),
+		WantMetrics: req.Understood && (req.IncludeMetrics || byMode(pol.Mode, req, noUsage)),
 		Upgrade:     pol.UpgradeNonStreaming && req.Upgradable,
 		// With --forward-include-metrics the engine gets the field and
 		// reports its own timing.
 		CutIncludeMetrics: req.HasIncludeMetrics && !pol.ForwardIncludeMetrics,
 	}
 	// Where the metrics ride in a stream whose client did not ask for
-	// usage (only OpenAI's APIs have such streams), and whether the engine
-	// is asked for the usage. Not with running usage asked for and usage
-	// off: asking would put usage on every event.
-	noUsage := req.Stream && !req.IncludeUsage
+	// usage, and whether the engine is asked for the usage. Not with
+	// running usage asked for and usage off, unless forced: asking would
+	// put usage on every event (as vLLM's forcing does).
 	p.MetricsOnFinish = p.WantMetrics && noUsage
 	p.HideUsage = !p.WantMetrics && pol.InjectUsage && req.Understood && noUsage && !req.ContinuousUsage
-	p.AskUsage = (p.WantMetrics || p.HideUsage) && noUsage && !req.ContinuousUsage
+	p.AskUsage = forced || (p.WantMetrics || p.HideUsage) && noUsage && !req.ContinuousUsage
 	return p
+}
+
+// byMode tells whether the mode gives req's response metrics without the
+// request asking; noUsage says the client of a stream gets no usage event.
+func byMode(mode Mode, req Request, noUsage bool) bool {
+	switch mode {
+	case ModeAlways:
+		return true
+	case ModeVLLM:
+		// vLLM's object rides on a stream's usage event, and a stream of
+		// several choices gets none (its null is left out of events).
+		return !req.NoEngineMetrics && !(req.Stream && (noUsage || req.MultipleChoices))
+	}
+	return false
 }

@@ -40,6 +40,10 @@ type Request struct {
 	// MultipleChoices is n > 1 or several prompts in one completions
 	// request: one metrics object cannot describe them, so it is null.
 	MultipleChoices bool
+	// NoEngineMetrics says vLLM's --enable-per-request-metrics gives the
+	// request's API no metrics object (Anthropic's Messages): ModeVLLM
+	// leaves its answers without one.
+	NoEngineMetrics bool
 	// Untouched says the request's API never has its bodies edited nor
 	// its responses given a metrics object (embeddings, rerank and the
 	// other pooling endpoints): measured and counted, passed through as

@@ -90,9 +90,9 @@ func InspectBody(body []byte) Body {
 }
 
 // WithMetrics returns the non-streaming response body, which b was read
-// from, with the metrics object set as its "metrics" member: the engine's
-// own member replaced where it lies, keeping the engine's members the
-// sidecar does not write (AppendEngineMembers), or a new one at the end.
+// from, with the metrics object set as its "metrics" member: where the
+// engine's own lies, merged with it (AppendMergedMetrics), or a new one at
+// the end.
 // sjson does the edit, as the design has it: once per request (the
 // per-event splice, which must not allocate, is objectEdit's). The result
 // is sjson's new document, the caller's to keep: a response of megabytes
@@ -104,7 +104,7 @@ func (b Body) WithMetrics(body, metrics []byte) ([]byte, bool) {
 		return nil, false
 	}
 	if b.hasMetrics {
-		metrics = AppendEngineMembers(append([]byte(nil), metrics...), body[b.metricsAt:b.metricsEnd])
+		metrics = AppendMergedMetrics(nil, metrics, body[b.metricsAt:b.metricsEnd])
 	}
 	out, err := sjson.SetRawBytesOptions(body, metricsKey, metrics, &spliceOptions)
 	if err != nil {
@@ -127,9 +127,8 @@ func (b Body) SplicedSize(n, m int) int {
 var spliceOptions = sjson.Options{}
 
 // appendMember does the splice on a valid JSON document. The engine's own
-// metrics object, if obj has one, is not the sidecar's to drop: its
-// members the sidecar does not write go on in the sidecar's object
-// (AppendEngineMembers).
+// metrics object, if obj has one, is not the sidecar's to drop: the two
+// are merged (AppendMergedMetrics).
 func appendMember(dst, obj, metrics []byte, hasMetrics bool) ([]byte, bool) {
 	open, close := firstNonSpace(obj), lastNonSpace(obj)
 	if open < 0 || obj[open] != '{' || obj[close] != '}' {
@@ -148,47 +147,78 @@ func appendMember(dst, obj, metrics []byte, hasMetrics bool) ([]byte, bool) {
 	}
 	e.toEnd()
 	e.dst = append(e.dst, `"`+metricsKey+`":`...)
-	e.dst = AppendEngineMembers(append(e.dst, metrics...), engine)
+	e.dst = AppendMergedMetrics(e.dst, metrics, engine)
 	return e.done(), true
 }
 
-// AppendEngineMembers adds to metrics, a JSON object that ends dst (the
-// sidecar's metrics object), the members of the engine's own metrics
-// object engine that the sidecar does not write: vLLM's
-// speculative_decoding, and whatever an engine adds there. An engine's
-// object is a shared namespace: a client that opts in must not lose what
-// the engine reported. The sidecar's members win where both have one (the
-// engine's figures are in its "engine" member). engine may be empty, null
-// or not an object: then dst is returned as it is. Nothing is allocated
-// given room in dst.
-func AppendEngineMembers(dst, engine []byte) []byte {
-	if n := firstNonSpace(engine); n < 0 || engine[n] != '{' || len(dst) == 0 || dst[len(dst)-1] != '}' {
-		return dst
+// SidecarNamespace is the member of a merged metrics object that holds
+// the sidecar's figures whose names the engine's own object already uses.
+const SidecarNamespace = "timing_sidecar"
+
+// AppendMergedMetrics appends to dst the metrics object a response
+// carries: the engine's own object engine, every member as and where the
+// engine put it, and beside them the sidecar's object ours, member by
+// member. An engine's "metrics" is a shared namespace (vLLM's
+// --enable-per-request-metrics fills it, and adds output_token_metrics
+// and speculative_decoding): a client written for the engine reads the
+// engine's figures where the engine writes them, through the sidecar as
+// without it. So each of the sidecar's members goes at the top level
+// where the engine's object has no member of that name, and under
+// "timing_sidecar" where it has; where the engine's object already has a
+// "timing_sidecar" (a second sidecar in front of one), those few are left
+// out of the object (the log and the span keep them). engine that is
+// empty, null or not an object is replaced: dst gets ours. ours must be
+// a JSON object with unescaped keys (timing.Metrics.AppendJSON's). Nothing
+// is allocated given room in dst.
+func AppendMergedMetrics(dst, ours, engine []byte) []byte {
+	open := firstNonSpace(engine)
+	if open < 0 || engine[open] != '{' {
+		return append(dst, ours...)
 	}
-	eachMember(view(engine), func(key string, keyAt int, raw string, at int) bool {
-		if !sidecarMetricsKey(key) {
-			dst[len(dst)-1] = ','
-			if dst[len(dst)-2] == '{' {
-				dst = dst[:len(dst)-1] // the object was empty
+	engine = engine[open : lastNonSpace(engine)+1]
+	dst = append(dst, engine[:len(engine)-1]...) // the engine's members, as sent
+	members := len(engine) > 2 && firstNonSpace(engine[1:len(engine)-1]) >= 0
+	taken, nested := hasMember(engine, SidecarNamespace), false
+	eachMember(view(ours), func(key string, keyAt int, raw string, at int) bool {
+		if !hasMember(engine, key) {
+			if members {
+				dst = append(dst, ',')
 			}
-			dst = append(dst, engine[keyAt:at+len(raw)]...)
-			dst = append(dst, '}')
+			dst, members = append(dst, ours[keyAt:at+len(raw)]...), true
+		} else {
+			nested = true
 		}
 		return true
 	})
-	return dst
+	if nested && !taken {
+		if members {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, `"`+SidecarNamespace+`":{`...)
+		first := true
+		eachMember(view(ours), func(key string, keyAt int, raw string, at int) bool {
+			if hasMember(engine, key) {
+				if !first {
+					dst = append(dst, ',')
+				}
+				dst, first = append(dst, ours[keyAt:at+len(raw)]...), false
+			}
+			return true
+		})
+		dst = append(dst, '}')
+	}
+	return append(dst, '}')
 }
 
-// sidecarMetricsKey tells the members the sidecar writes in its metrics
-// object (timing.Metrics.AppendJSON).
-func sidecarMetricsKey(key string) bool {
-	switch key {
-	case "time_to_first_token_ms", "generation_time_ms", "queue_time_ms", "mean_itl_ms", "tokens_per_second",
-		"e2e_latency_ms", "max_itl_ms", "prompt_tokens", "completion_tokens", "output_token_metrics",
-		"overhead_ms", "engine":
-		return true
-	}
-	return false
+// hasMember tells whether the JSON object obj has a member named key,
+// escaped or not.
+func hasMember(obj []byte, key string) bool {
+	found := false
+	eachMember(view(obj), func(k string, _ int, _ string, _ int) bool {
+		found = k == key
+		return !found
+	})
+	return found
 }
 
 // EngineMetrics returns the engine's own metrics object in obj (a

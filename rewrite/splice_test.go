@@ -59,6 +59,40 @@ func TestAppendWithMetricsAllocatesNothing(t *testing.T) {
 	}
 }
 
+// TestMergedMetrics: the engine's metrics object comes through with every
+// member as and where the engine put it; the sidecar's members go beside
+// them, or under timing_sidecar where the engine has a member of the name.
+func TestMergedMetrics(t *testing.T) {
+	const ours = `{"time_to_first_token_ms":9.000,"e2e_latency_ms":12.000,"completion_tokens":3}`
+	for _, tt := range []struct{ name, engine, want string }{
+		{"no engine object", ``, ours},
+		{"null", `null`, ours},
+		{"not an object", `[1]`, ours},
+		{"empty", `{}`, `{"time_to_first_token_ms":9.000,"e2e_latency_ms":12.000,"completion_tokens":3}`},
+		{"empty with spaces", ` { } `, `{ "time_to_first_token_ms":9.000,"e2e_latency_ms":12.000,"completion_tokens":3}`},
+		{"vLLM's, fields meet", `{"time_to_first_token_ms":7.5,"speculative_decoding":{"num_spec_steps":4}}`,
+			`{"time_to_first_token_ms":7.5,"speculative_decoding":{"num_spec_steps":4},"e2e_latency_ms":12.000,"completion_tokens":3,"timing_sidecar":{"time_to_first_token_ms":9.000}}`},
+		{"only the engine's other members", `{"speculative_decoding":null}`,
+			`{"speculative_decoding":null,"time_to_first_token_ms":9.000,"e2e_latency_ms":12.000,"completion_tokens":3}`},
+		{"escaped name", `{"\u00652e_latency_ms":1}`,
+			`{"\u00652e_latency_ms":1,"time_to_first_token_ms":9.000,"completion_tokens":3,"timing_sidecar":{"e2e_latency_ms":12.000}}`},
+		{"a sidecar's already", `{"time_to_first_token_ms":7.5,"timing_sidecar":{"time_to_first_token_ms":8}}`,
+			`{"time_to_first_token_ms":7.5,"timing_sidecar":{"time_to_first_token_ms":8},"e2e_latency_ms":12.000,"completion_tokens":3}`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got := AppendMergedMetrics([]byte("x"), []byte(ours), []byte(tt.engine))
+			if string(got) != "x"+tt.want || !json.Valid(got[1:]) {
+				t.Fatalf("merged %s; want %s", got[1:], tt.want)
+			}
+		})
+	}
+	buf, m := make([]byte, 0, 1024), []byte(ours)
+	engine := []byte(`{"time_to_first_token_ms":7.5,"speculative_decoding":{"num_spec_steps":4}}`)
+	if allocs := testing.AllocsPerRun(100, func() { buf = AppendMergedMetrics(buf[:0], m, engine) }); allocs != 0 {
+		t.Fatalf("AppendMergedMetrics allocates %v times, want 0", allocs)
+	}
+}
+
 func TestAppendEventWithMetrics(t *testing.T) {
 	tests := []struct {
 		name, raw, want string
@@ -105,14 +139,15 @@ func TestInspectBody(t *testing.T) {
 	}
 }
 
-// TestSpliceReplacesEveryMetrics: a client takes the last copy of a key, so
-// the spliced event must have one "metrics", ours, and every other member as
-// the engine sent it. A non-streaming body that repeats "metrics" or
-// "usage" is not spliced into at all: it passes through as it came.
-func TestSpliceReplacesEveryMetrics(t *testing.T) {
+// TestSpliceLeavesOneMetrics: a client takes the last copy of a key, so
+// the spliced event must have one "metrics", ours merged with the copy a
+// client read, and every other member as the engine sent it. A
+// non-streaming body that repeats "metrics" or "usage" is not spliced into
+// at all: it passes through as it came.
+func TestSpliceLeavesOneMetrics(t *testing.T) {
 	for _, obj := range []string{
 		`{"metrics":{"engine":1},"a":1}`,
-		`{"metrics":1,"a":1,"metrics":{"engine":2}}`,
+		`{"metrics":1,"a":1,"metrics":{"engine":2,"completion_tokens":4}}`,
 		`{"a":[{"metrics":1}],"metrics":null, "b" : "metrics" }`,
 		"{\n  \"metrics\": 1,\n  \"metrics\": 2\n}\n",
 	} {
@@ -136,10 +171,10 @@ func TestSpliceReplacesEveryMetrics(t *testing.T) {
 			if err := json.Unmarshal(got, &out); err != nil {
 				t.Fatalf("%s(%s): invalid JSON %s", name, obj, got)
 			}
-			if !jsonEqual(t, mustMarshal(t, out[metricsKey]), []byte(metricsJSON)) || countKey(got, metricsKey) != 1 {
-				t.Fatalf("%s(%s) = %s: metrics not ours alone", name, obj, got)
-			}
 			json.Unmarshal([]byte(obj), &in)
+			if !reflect.DeepEqual(out[metricsKey], mergedMetrics(in[metricsKey], metricsJSON)) || countKey(got, metricsKey) != 1 {
+				t.Fatalf("%s(%s) = %s: metrics not ours merged with the engine's", name, obj, got)
+			}
 			delete(in, metricsKey)
 			delete(out, metricsKey)
 			if !reflect.DeepEqual(out, in) {
@@ -213,14 +248,14 @@ func TestEngineTimingRefusesNumbersWithoutJSON(t *testing.T) {
 	}
 }
 
-// TestBodySpliceKeepsItsPlace: the body splice (sjson) replaces the
-// engine's one "metrics" where it lies, keeping the engine's members the
-// sidecar does not write, and leaves every other byte as it was; a body
-// that repeats "usage" passes through.
+// TestBodySpliceKeepsItsPlace: the body splice (sjson) merges with the
+// engine's one "metrics" where it lies, the engine's members first and as
+// sent, and leaves every other byte as it was; a body that repeats
+// "usage" passes through.
 func TestBodySpliceKeepsItsPlace(t *testing.T) {
 	body := []byte(`{"id":"c", "metrics":{"speculative_decoding":{"num_spec_steps":4},"queue_time_ms":1}, "usage":{"prompt_tokens":1}}`)
-	got, ok := InspectBody(body).WithMetrics(body, []byte(`{"e2e_latency_ms":2.000}`))
-	want := `{"id":"c", "metrics":{"e2e_latency_ms":2.000,"speculative_decoding":{"num_spec_steps":4}}, "usage":{"prompt_tokens":1}}`
+	got, ok := InspectBody(body).WithMetrics(body, []byte(`{"queue_time_ms":0.500,"e2e_latency_ms":2.000}`))
+	want := `{"id":"c", "metrics":{"speculative_decoding":{"num_spec_steps":4},"queue_time_ms":1,"e2e_latency_ms":2.000,"timing_sidecar":{"queue_time_ms":0.500}}, "usage":{"prompt_tokens":1}}`
 	if !ok || string(got) != want {
 		t.Fatalf("spliced %s, %v; want %s", got, ok, want)
 	}

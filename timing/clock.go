@@ -35,6 +35,13 @@ type Clock struct {
 	maxGap time.Duration
 	// tokenEvents counts token-bearing events; it is not a token count.
 	tokenEvents int
+	// The running completion counts some streams carry on every event
+	// (vLLM's continuous_usage_stats): the latest, how many token events
+	// carried one, and the largest rise at a token event, the most tokens
+	// one event carried.
+	running        int64
+	countedEvents  int
+	maxEventTokens int64
 }
 
 // Span is the first and last mark of one kind of output.
@@ -81,6 +88,22 @@ func (c *Clock) MarkToken(now time.Time) {
 	}
 	c.LastToken = now
 	c.tokenEvents++
+}
+
+// CountOutput takes the completion count an event carried, tokenEvent
+// saying whether the event carried output (MarkOutput first). A count on
+// every token event is a running one: each rise is what that event
+// carried (MaxTokensPerEvent). A count only at the end (the usual usage
+// event) says nothing of single events.
+func (c *Clock) CountOutput(completion Count, tokenEvent bool) {
+	if !completion.Set {
+		return
+	}
+	if tokenEvent {
+		c.countedEvents++
+		c.maxEventTokens = max(c.maxEventTokens, completion.Value-c.running)
+	}
+	c.running = completion.Value
 }
 
 // span returns to − from in milliseconds, or false when either mark is

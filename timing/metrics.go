@@ -90,6 +90,15 @@ type Metrics struct {
 	// TokenEvents is set when completion_tokens is fewer than the token
 	// events: MeanITL and TokensPerSecond are then over this many events.
 	TokenEvents Count
+	// TokensPerEvent is completion_tokens over the token events, streams
+	// only, when the count is at least the events (an event is not a
+	// token: stream intervals, speculative decoding and multi-token
+	// prediction send several in one). MaxTokensPerEvent is the most one
+	// event carried, known only from running counts (Clock.CountOutput).
+	// Neither is part of the JSON object; the log, the span and /metrics
+	// have them.
+	TokensPerEvent    Number
+	MaxTokensPerEvent Count
 	// TTFTFrom is the origin TimeToFirstToken is measured from, where
 	// QueueTime ends (see origin). Not part of the JSON object, whose top
 	// level stays numbers, as a client loop reading vLLM's expects: there
@@ -358,8 +367,12 @@ func perSecond(n int64, d time.Duration) Number {
 // mapped onto the sidecar's field names (see rewrite.EngineTimingOf for the
 // engines read).
 type EngineTiming struct {
-	Reported         bool   // the response carried a report
-	Source           string // where it came from: "vllm", "tgi" or "llama.cpp"
+	Reported bool   // the response carried a report
+	Source   string // where it came from: "vllm", "tgi", "sglang" or "llama.cpp"
+	// InMetrics says the figures are all members of the engine's own
+	// "metrics" object (vLLM's), which the client gets as the engine sent
+	// it: the sidecar's object does not repeat them in its "engine".
+	InMetrics        bool
 	QueueTime        Number
 	TimeToFirstToken Number
 	GenerationTime   Number
@@ -391,6 +404,7 @@ func (e EngineTiming) WithHeaders(h EngineTiming) EngineTiming {
 	if !e.Reported {
 		e.Reported, e.Source = true, h.Source
 	}
+	e.InMetrics = false // the headers' figures are nowhere else in the body
 	for _, f := range []struct{ dst, src *Number }{
 		{&e.QueueTime, &h.QueueTime}, {&e.TimeToFirstToken, &h.TimeToFirstToken},
 		{&e.GenerationTime, &h.GenerationTime}, {&e.MeanITL, &h.MeanITL},
@@ -471,6 +485,7 @@ func (m *Metrics) count(c *Clock, u Usage, streamed bool) {
 func (m *Metrics) countTokens(c *Clock, u Usage, streamed bool) {
 	m.PromptTokens, m.CompletionTokens, m.CachedTokens = u.Prompt(), u.CompletionTokens, u.CachedTokens
 	m.MeanITL, m.TokensPerSecond, m.TokenEvents, m.Split = Number{}, Number{}, Count{}, OutputSplit{}
+	m.TokensPerEvent, m.MaxTokensPerEvent = Number{}, Count{}
 	tokens := u.CompletionTokens
 	if !streamed {
 		// No events to check the count against: the engine's, as is.
@@ -496,6 +511,13 @@ func (m *Metrics) countTokens(c *Clock, u Usage, streamed bool) {
 	n, fromEvents := perTokenCount(tokens, c.tokenEvents)
 	if fromEvents {
 		m.TokenEvents = n
+	} else if n.Set {
+		m.TokensPerEvent = Number{float64(n.Value) / float64(c.tokenEvents), true}
+		if c.countedEvents == c.tokenEvents && c.running == n.Value {
+			// Every token event carried the running count that ended at
+			// the engine's total.
+			m.MaxTokensPerEvent = Count{c.maxEventTokens, true}
+		}
 	}
 	if !n.Set {
 		return
@@ -547,6 +569,8 @@ func (m *Metrics) AppendJSON(dst []byte) []byte {
 		// Only when the engine reported: other responses keep their shape.
 		dst = append(dst, `,"overhead_ms":`...)
 		dst = m.Overhead.appendJSON(dst)
+	}
+	if e := &m.Engine; e.Reported && !e.InMetrics {
 		dst = append(dst, `,"engine":{"source":"`...)
 		dst = append(dst, e.Source...)
 		dst = append(dst, `","time_to_first_token_ms":`...)

@@ -716,3 +716,56 @@ func TestEngineHeadersCompleteTheBody(t *testing.T) {
 		t.Errorf("JSON %s", js)
 	}
 }
+
+// TestTokensPerEvent: an event is not a token. The mean is the engine's
+// count over the token events; the largest is known only where every
+// token event carried the running count, and ends at the engine's total.
+func TestTokensPerEvent(t *testing.T) {
+	type event struct {
+		at      float64
+		token   bool
+		running int64 // -1: no count on the event
+	}
+	for _, tt := range []struct {
+		name      string
+		events    []event
+		usage     Count
+		mean      Number
+		max       Count
+		perTokens Number // mean_itl_ms, per token whatever the events
+	}{
+		{"three tokens per event, final usage only", []event{{60, true, -1}, {80, true, -1}, {100, true, -1}, {101, false, 9}},
+			count(9), Number{3, true}, Count{}, Number{40.0 / 8, true}},
+		{"running counts on every event", []event{{50, false, 0}, {60, true, 1}, {80, true, 5}, {100, true, 8}, {101, false, 8}},
+			count(8), Number{8.0 / 3, true}, count(4), Number{40.0 / 7, true}},
+		{"a token event without its count", []event{{60, true, 2}, {80, true, -1}, {100, true, 9}},
+			count(9), Number{3, true}, Count{}, Number{40.0 / 8, true}},
+		{"running counts that stop short of the total", []event{{60, true, 2}, {80, true, 4}},
+			count(7), Number{3.5, true}, Count{}, Number{20.0 / 6, true}},
+		{"a count below the events: per event, no tokens per event", []event{{60, true, -1}, {80, true, -1}, {100, true, 1}},
+			count(1), Number{}, Count{}, Number{20, true}},
+		{"no count", []event{{60, true, -1}, {80, true, -1}}, Count{}, Number{}, Count{}, Number{}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := &Clock{Arrival: at(0), Accepted: at(10), Done: at(110)}
+			for _, ev := range tt.events {
+				if ev.token {
+					c.MarkOutput(at(ev.at), OutputContent)
+				}
+				if ev.running >= 0 {
+					c.CountOutput(count(ev.running), ev.token)
+				}
+			}
+			m := Compute(c, Usage{CompletionTokens: tt.usage}, true, EngineTiming{})
+			if m.TokensPerEvent != tt.mean || m.MaxTokensPerEvent != tt.max {
+				t.Fatalf("tokens per event %+v, largest %+v; want %+v, %+v", m.TokensPerEvent, m.MaxTokensPerEvent, tt.mean, tt.max)
+			}
+			if d := m.MeanITL.Value - tt.perTokens.Value; m.MeanITL.Set != tt.perTokens.Set || d > 1e-9 || d < -1e-9 {
+				t.Fatalf("mean_itl_ms %+v, want %+v", m.MeanITL, tt.perTokens)
+			}
+			if m.MaxITL.Value < m.MeanITL.Value {
+				t.Fatalf("max_itl_ms %v below mean_itl_ms %v", m.MaxITL.Value, m.MeanITL.Value)
+			}
+		})
+	}
+}

@@ -83,6 +83,7 @@ func configFrom(c *cli.Context) proxy.Config {
 		InjectUsage:            c.Bool("inject-usage"),
 		UpgradeNonStreaming:    c.Bool("upgrade-non-streaming"),
 		ForwardIncludeMetrics:  c.Bool("forward-include-metrics"),
+		ForceIncludeUsage:      c.Bool("force-include-usage"),
 		MaxModelLabels:         c.Int("max-model-labels"),
 		TenantHeader:           c.String("tenant-header"),
 		DisaggregationLeg:      c.String("disaggregation-leg"),

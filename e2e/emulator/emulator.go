@@ -62,15 +62,16 @@ type Config struct {
 	// Strict refuses unknown top-level request fields with a 400, as
 	// strict OpenAI-compatible servers do (include_metrics among them).
 	Strict bool
-	// PerRequestMetrics plays vLLM's --enable-per-request-metrics: a
-	// request with "include_metrics": true gets the engine's own
-	// "metrics" object (on the usage event of a stream, at the top of a
-	// non-streaming body; null for several choices).
+	// PerRequestMetrics plays vLLM's --enable-per-request-metrics, which
+	// needs no request field: every answer gets the engine's own
+	// "metrics" object, at the top of a non-streaming body (null for
+	// several choices) and on the usage event of a stream (none for
+	// several choices).
 	PerRequestMetrics bool
 	// SpecDecodeMetrics plays vLLM 0.28's --per-request-spec-decode-metrics:
 	// "summary" or "detailed" puts a "speculative_decoding" member in the
-	// same metrics object (alone without PerRequestMetrics), for a
-	// request with "include_metrics": true. The detailed form adds the
+	// same metrics object (alone without PerRequestMetrics). The
+	// detailed form adds the
 	// per-step acceptance (per_step_accepted_tokens). Empty: none.
 	SpecDecodeMetrics string
 	// PromptTokensDetails plays vLLM's --enable-prompt-tokens-details:

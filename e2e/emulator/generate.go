@@ -576,9 +576,6 @@ func decodeString(raw []byte) string {
 	return s
 }
 
-// engineMetrics is the engine's own report, when the request asked for it
-// and the engine plays vLLM's per-request metrics: from scheduling
-// (headers sent) to the first and last token.
 // statsHeaders plays vLLM's request stats headers on a non-streaming
 // response (Config.RequestStatsHeaders): the engine's own intervals in
 // milliseconds with two decimals, from its marks, the total running to
@@ -607,9 +604,12 @@ func (g *generation) statsHeaders(scheduled, first, last time.Time, completion i
 	h.Set("x-vllm-cached-tokens", strconv.Itoa(g.cached))
 }
 
+// engineMetrics is the engine's own report when it plays vLLM's
+// per-request metrics, which need no request field: from scheduling
+// (headers sent) to the first and last token; null for several choices.
 func (g *generation) engineMetrics(scheduled, first, last time.Time, tokens int) json.RawMessage {
 	spec := g.s.cfg.SpecDecodeMetrics
-	if !g.s.cfg.PerRequestMetrics && spec == "" || !bool(g.req.IncludeMetrics) {
+	if !g.s.cfg.PerRequestMetrics && spec == "" {
 		return nil
 	}
 	if g.choices > 1 {

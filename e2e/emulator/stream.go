@@ -165,14 +165,17 @@ func (cs *chunkStream) sendStep(st *step, last bool) bool {
 	return true
 }
 
-// sendUsage sends the usage event, with the engine's own metrics when
-// the request asked for them.
+// sendUsage sends the usage event, with the engine's own metrics when it
+// plays vLLM's: none for several choices (vLLM leaves its null out of
+// events).
 func (cs *chunkStream) sendUsage() bool {
 	g := cs.g
 	var rec Record
 	g.mark(func(r *Record) { rec = *r })
-	c := chunk{ID: g.e.rec.ID, Object: cs.format.object(), Created: g.s.created, Model: g.s.cfg.Model, Choices: []struct{}{},
-		Metrics: g.engineMetrics(rec.HeadersSent, rec.FirstToken, rec.LastToken, g.tokens)}
+	c := chunk{ID: g.e.rec.ID, Object: cs.format.object(), Created: g.s.created, Model: g.s.cfg.Model, Choices: []struct{}{}}
+	if g.choices == 1 {
+		c.Metrics = g.engineMetrics(rec.HeadersSent, rec.FirstToken, rec.LastToken, g.tokens)
+	}
 	u := g.usage(cs.sent)
 	c.Usage = &u
 	b, _ := json.Marshal(c)
