@@ -223,3 +223,39 @@ func TestEmulatedVLLMSpeculativeDecoding(t *testing.T) {
 		}
 	}
 }
+
+// TestSeveralTokensPerEvent: an engine that sends three tokens an event
+// (a stream interval, speculative decoding). The mean ITL is per token,
+// the largest gap between events; the record says how many tokens an
+// event carried: the mean from the count, the largest only where every
+// event carried the running count.
+func TestSeveralTokensPerEvent(t *testing.T) {
+	engine := startEmulator(t, emulator.Config{Timing: emulator.Timing{TTFT: 5 * time.Millisecond, ITL: 6 * time.Millisecond, TokensPerEvent: 3, OutputTokens: 12}})
+	var log syncBuffer
+	p, base := startSidecar(t, engine.URL(), nil, &log)
+	const req = `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}],"stream_options":{"include_usage":true%s}}`
+	for i, tt := range []struct {
+		options string
+		max     string
+	}{
+		{``, `null`},
+		{`,"continuous_usage_stats":true`, `3`},
+	} {
+		resp := post(t, base+"/v1/chat/completions", fmt.Sprintf(req, tt.options), nil)
+		events, _ := readEvents(t, resp.Body)
+		resp.Body.Close()
+		m := metricsOf(t, events[len(events)-2].data)
+		if *m["completion_tokens"] != 12 || m["token_events"] != nil {
+			t.Fatalf("%s: counts %v", tt.options, events[len(events)-2].data)
+		}
+		// Per token: 4 events, 12 tokens; the gaps are between events.
+		if gen, mean := *m["generation_time_ms"], *m["mean_itl_ms"]; math.Abs(mean-gen/11) > 0.002 || *m["max_itl_ms"] < gen/3-0.002 {
+			t.Errorf("%s: mean_itl_ms %v, max_itl_ms %v over generation %v", tt.options, mean, *m["max_itl_ms"], gen)
+		}
+		p.telemetry.Flush()
+		line := log.lines()[i]
+		if !strings.Contains(line, `"tokens_per_event":3,"max_tokens_per_event":`+tt.max+`,`) {
+			t.Errorf("%s: the record says %s", tt.options, line)
+		}
+	}
+}

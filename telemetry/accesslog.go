@@ -300,6 +300,8 @@ func appendLine(b []byte, now time.Time, r *Record, j *judgement) []byte {
 	b = appendCount(b, `,"prompt_tokens":`, m.PromptTokens)
 	b = appendCount(b, `,"completion_tokens":`, m.CompletionTokens)
 	b = appendCount(b, `,"token_events":`, m.TokenEvents)
+	b = appendNumber(b, `,"tokens_per_event":`, m.TokensPerEvent)
+	b = appendCount(b, `,"max_tokens_per_event":`, m.MaxTokensPerEvent)
 	b = appendCount(b, `,"cached_tokens":`, cachedTokens(m))
 	b = append(b, `,"cache":`...)
 	b = appendString(b, m.Cache.String())

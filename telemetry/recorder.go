@@ -19,7 +19,10 @@ import (
 var (
 	ttftBuckets = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
 		1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0}
-	itlBuckets = []float64{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+	// tokensPerEventBuckets: one token an event, stream intervals and
+	// speculative decoding's few, and coarse chunking's many.
+	tokensPerEventBuckets = []float64{1, 1.25, 1.5, 2, 3, 4, 6, 8, 16, 32}
+	itlBuckets            = []float64{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
 		2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0}
 	latencyBuckets = []float64{0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
 		40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0}
@@ -70,6 +73,7 @@ type Recorder struct {
 	objectives      Objectives
 
 	queue, ttft, ttfc, itl, maxITL, e2e *prometheus.HistogramVec
+	tokensPerEvent                      *prometheus.HistogramVec
 	prefill                             *prometheus.HistogramVec
 	requests                            *prometheus.CounterVec
 	promptTokens, outputTokens          *prometheus.CounterVec
@@ -108,6 +112,7 @@ type requestKey struct {
 
 type modelSeries struct {
 	queue, ttfc, itl, maxITL, e2e, prefill   prometheus.Observer
+	tokensPerEvent                           prometheus.Observer
 	promptTokens, outputTokens, cachedTokens prometheus.Counter
 	// ttft is the TTFT histogram of each cache class, made on first use:
 	// most deployments see one or two classes.
@@ -141,18 +146,19 @@ func (r *Recorder) seriesFor(endpoint, model, leg, tenant string) *modelSeries {
 		counted = append(counted, tenant)
 	}
 	s := &modelSeries{
-		endpoint:     endpoint,
-		model:        model,
-		leg:          leg,
-		queue:        r.queue.WithLabelValues(endpoint, model, leg),
-		ttfc:         r.ttfc.WithLabelValues(endpoint, model, leg),
-		itl:          r.itl.WithLabelValues(endpoint, model, leg),
-		maxITL:       r.maxITL.WithLabelValues(endpoint, model, leg),
-		e2e:          r.e2e.WithLabelValues(endpoint, model, leg),
-		prefill:      r.prefill.WithLabelValues(endpoint, model, leg),
-		promptTokens: r.promptTokens.WithLabelValues(counted...),
-		outputTokens: r.outputTokens.WithLabelValues(counted...),
-		cachedTokens: r.cachedTokens.WithLabelValues(counted...),
+		endpoint:       endpoint,
+		model:          model,
+		leg:            leg,
+		queue:          r.queue.WithLabelValues(endpoint, model, leg),
+		ttfc:           r.ttfc.WithLabelValues(endpoint, model, leg),
+		itl:            r.itl.WithLabelValues(endpoint, model, leg),
+		maxITL:         r.maxITL.WithLabelValues(endpoint, model, leg),
+		e2e:            r.e2e.WithLabelValues(endpoint, model, leg),
+		prefill:        r.prefill.WithLabelValues(endpoint, model, leg),
+		tokensPerEvent: r.tokensPerEvent.WithLabelValues(endpoint, model, leg),
+		promptTokens:   r.promptTokens.WithLabelValues(counted...),
+		outputTokens:   r.outputTokens.WithLabelValues(counted...),
+		cachedTokens:   r.cachedTokens.WithLabelValues(counted...),
 	}
 	actual, _ := r.series.LoadOrStore(k, s)
 	return actual.(*modelSeries)
@@ -212,9 +218,11 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 	r.ttfc = histogram("timing_sidecar_time_to_first_content_token_seconds",
 		"Time from the sidecar holding the whole request to the first content (answer) token event, past any reasoning; for streams.", ttftBuckets)
 	r.itl = histogram("timing_sidecar_inter_token_latency_seconds",
-		"Each streamed request's mean inter-token latency: (last token - first token) / (completion tokens - 1).", itlBuckets)
+		"Each streamed request's mean inter-token latency, per token: (last token event - first token event) / (completion tokens - 1).", itlBuckets)
 	r.maxITL = histogram("timing_sidecar_max_inter_token_latency_seconds",
-		"Each streamed request's largest gap between two token events.", itlBuckets)
+		"Each streamed request's largest gap between two token events; an event may carry several tokens.", itlBuckets)
+	r.tokensPerEvent = histogram("timing_sidecar_tokens_per_event",
+		"Each streamed request's completion tokens over its token events: above 1 where events carry several tokens (a stream interval, speculative decoding, multi-token prediction).", tokensPerEventBuckets)
 	r.e2e = histogram("timing_sidecar_e2e_request_latency_seconds",
 		"Time from the sidecar holding the whole request to the end of the response.", latencyBuckets)
 	r.requests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_requests_total",
@@ -273,7 +281,7 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 	if opts.AccessLog != nil {
 		r.access = newAccessLog(opts.AccessLog, opts.Log, reg, r.Panic)
 	}
-	reg.MustRegister(r.queue, r.ttft, r.ttfc, r.itl, r.maxITL, r.e2e, r.prefill, r.requests, r.promptTokens, r.outputTokens, r.cachedTokens,
+	reg.MustRegister(r.queue, r.ttft, r.ttfc, r.itl, r.maxITL, r.tokensPerEvent, r.e2e, r.prefill, r.requests, r.promptTokens, r.outputTokens, r.cachedTokens,
 		r.upstreamErrors, r.clientDisconnects, r.clientPaced, r.ttftOrigin, r.unread, r.panics, r.inFlight, r.slo, r.invalidObjectives, r.engineReady, r.relayDelay, r.kernelTimestamps)
 	return r
 }
@@ -414,6 +422,9 @@ func (r *Recorder) observe(req *Record, model, tenant string, o *genaiObservatio
 	}
 	if m.FirstTokenAfterArrival.Set {
 		r.ttftOrigin.WithLabelValues(req.Endpoint, m.TTFTFrom.String()).Inc()
+	}
+	if p := m.TokensPerEvent; p.Set {
+		s.tokensPerEvent.Observe(p.Value) // the engine's events, however the client reads
 	}
 	if !req.ClientPaced {
 		// A paced request's latencies are the client's pace as much as

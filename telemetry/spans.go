@@ -213,6 +213,8 @@ func appendMetrics(a []attribute.KeyValue, m *timing.Metrics) []attribute.KeyVal
 	num(attrPrefix+"max_itl_ms", m.MaxITL)
 	count(attrPrefix+"prompt_tokens", m.PromptTokens)
 	count(attrPrefix+"completion_tokens", m.CompletionTokens)
+	num(attrPrefix+"tokens_per_event", m.TokensPerEvent)
+	count(attrPrefix+"max_tokens_per_event", m.MaxTokensPerEvent)
 	if m.Split.Present {
 		for _, part := range []struct {
 			name string
