@@ -30,17 +30,18 @@ func TestPromptCacheIsAttributed(t *testing.T) {
 		cached           string // X-Emulator-Cached-Tokens
 		wantCached       int    // what the engine serves of it: all but the last token at most
 		class            string
+		written          string // what the engine wrote to its cache, as the log says it
 	}
 	chat := `{"model":"m","stream":%s,"messages":[{"role":"user","content":"` + prompt + `"}]}`
 	calls := []call{
-		{"chat stream, nothing cached", "/v1/chat/completions", fmt.Sprintf(chat, "true"), "0", 0, "none"},
-		{"chat stream, half cached", "/v1/chat/completions", fmt.Sprintf(chat, "true"), "30", 30, "partial"},
-		{"chat stream, all but the last cached", "/v1/chat/completions", fmt.Sprintf(chat, "true"), "100", 59, "full"},
-		{"chat body", "/v1/chat/completions", fmt.Sprintf(chat, "false"), "30", 30, "partial"},
-		{"completions stream", "/v1/completions", `{"model":"m","stream":true,"prompt":"` + prompt + `"}`, "50", 50, "full"},
-		{"responses stream", "/v1/responses", `{"model":"m","stream":true,"input":"` + prompt + `"}`, "30", 30, "partial"},
-		{"messages stream", "/v1/messages", `{"model":"m","max_tokens":3,"stream":true,"messages":[{"role":"user","content":"` + prompt + `"}]}`, "30", 30, "partial"},
-		{"messages body", "/v1/messages", `{"model":"m","max_tokens":3,"messages":[{"role":"user","content":"` + prompt + `"}]}`, "0", 0, "none"},
+		{"chat stream, nothing cached", "/v1/chat/completions", fmt.Sprintf(chat, "true"), "0", 0, "none", "48"},
+		{"chat stream, half cached", "/v1/chat/completions", fmt.Sprintf(chat, "true"), "30", 30, "partial", "16"},
+		{"chat stream, all but the last cached", "/v1/chat/completions", fmt.Sprintf(chat, "true"), "100", 59, "full", "0"},
+		{"chat body", "/v1/chat/completions", fmt.Sprintf(chat, "false"), "30", 30, "partial", "16"},
+		{"completions stream", "/v1/completions", `{"model":"m","stream":true,"prompt":"` + prompt + `"}`, "50", 50, "full", "0"},
+		{"responses stream", "/v1/responses", `{"model":"m","stream":true,"input":"` + prompt + `"}`, "30", 30, "partial", "null"},
+		{"messages stream", "/v1/messages", `{"model":"m","max_tokens":3,"stream":true,"messages":[{"role":"user","content":"` + prompt + `"}]}`, "30", 30, "partial", "0"},
+		{"messages body", "/v1/messages", `{"model":"m","max_tokens":3,"messages":[{"role":"user","content":"` + prompt + `"}]}`, "0", 0, "none", "0"},
 	}
 	want := map[string]float64{}
 	for _, c := range calls {
@@ -67,6 +68,9 @@ func TestPromptCacheIsAttributed(t *testing.T) {
 	classes := map[[2]string]uint64{}
 	for i, l := range lines {
 		c := calls[i]
+		if !strings.Contains(l, `"cache_write_tokens":`+c.written+`,`) {
+			t.Errorf("%s: want cache_write_tokens %s in %s", c.name, c.written, l)
+		}
 		if stream := checkCacheLogLine(t, c.name, l, c.wantCached, c.class); stream {
 			classes[[2]string{routeOf([]byte(c.path)).label, c.class}]++
 		}

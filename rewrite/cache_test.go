@@ -74,6 +74,32 @@ func TestCachedPromptTokensOfEveryShape(t *testing.T) {
 	}
 }
 
+// TestCacheWriteTokens reads the prompt tokens written to the cache where
+// each shape reports them, inside the prompt or apart from it.
+func TestCacheWriteTokens(t *testing.T) {
+	c := func(n int64) timing.Count { return timing.Count{Value: n, Set: true} }
+	for _, tc := range []struct {
+		name                    string
+		usage                   timing.Usage
+		prompt, cached, written timing.Count
+	}{
+		{"vLLM 0.27's details", BodyUsage([]byte(`{"usage":{"prompt_tokens":9520,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":0,"created_cache_tokens":9504}}}`)),
+			c(9520), c(0), c(9504)},
+		{"vLLM's written count alone", ChatCompletions.ClassifyEvent([]byte(`data: {"choices":[],"usage":{"prompt_tokens":40,"prompt_tokens_details":{"created_cache_tokens":32}}}` + "\n\n")).Usage,
+			c(40), timing.Count{}, c(32)},
+		{"Responses' cache_write_tokens", Responses.ClassifyEvent([]byte(`data: {"type":"response.completed","response":{"usage":{"input_tokens":50,"input_tokens_details":{"cached_tokens":16,"cache_write_tokens":32},"output_tokens":7}}}` + "\n\n")).Usage,
+			c(50), c(16), c(32)},
+		{"Anthropic's, apart", BodyUsage([]byte(`{"usage":{"input_tokens":10,"cache_read_input_tokens":80,"cache_creation_input_tokens":6}}`)),
+			c(96), c(80), c(6)},
+		{"none reported", BodyUsage([]byte(`{"usage":{"prompt_tokens":40,"prompt_tokens_details":{"cached_tokens":32}}}`)),
+			c(40), c(32), timing.Count{}},
+	} {
+		if u := tc.usage; u.Prompt() != tc.prompt || u.CachedTokens != tc.cached || u.CacheWriteTokens != tc.written {
+			t.Errorf("%s: prompt %+v, cached %+v, written %+v; want %+v, %+v, %+v", tc.name, u.Prompt(), u.CachedTokens, u.CacheWriteTokens, tc.prompt, tc.cached, tc.written)
+		}
+	}
+}
+
 // TestEngineHeader reads vLLM's request stats headers onto the body's
 // names, and nothing else.
 func TestEngineHeader(t *testing.T) {

@@ -207,8 +207,10 @@ func BodyUsage(body []byte) timing.Usage {
 //   - Chat Completions and Completions (vLLM with
 //     --enable-prompt-tokens-details, SGLang with --enable-cache-report,
 //     llama.cpp): prompt_tokens_details.cached_tokens, part of
-//     prompt_tokens;
-//   - Responses: input_tokens_details.cached_tokens, part of input_tokens;
+//     prompt_tokens, and those written to the cache, vLLM's
+//     created_cache_tokens, also part of it;
+//   - Responses: input_tokens_details.cached_tokens, and cache_write_tokens
+//     (vLLM's), part of input_tokens;
 //   - Anthropic's Messages: cache_read_input_tokens, apart from
 //     input_tokens, as cache_creation_input_tokens is (CacheApart).
 //
@@ -218,7 +220,7 @@ func BodyUsage(body []byte) timing.Usage {
 // prompt_tokens (LiteLLM's) is not counted twice.
 func parseUsage(usage gjson.Result) timing.Usage {
 	var u timing.Usage
-	var read, written, details, total timing.Count
+	var read, written, details, detailsWritten, total timing.Count
 	fromInput := false
 	usage.ForEach(func(key, v gjson.Result) bool {
 		switch key.Str {
@@ -230,6 +232,13 @@ func parseUsage(usage gjson.Result) timing.Usage {
 		case "prompt_tokens_details", "input_tokens_details":
 			if c, ok := tokenCount(v.Get("cached_tokens")); ok {
 				details = c
+			}
+			// Written to the cache, inside the prompt: vLLM's
+			// created_cache_tokens, the Responses API's cache_write_tokens.
+			if c, ok := tokenCount(v.Get("created_cache_tokens")); ok {
+				detailsWritten = c
+			} else if c, ok := tokenCount(v.Get("cache_write_tokens")); ok {
+				detailsWritten = c
 			}
 			return true
 		}
@@ -255,14 +264,14 @@ func parseUsage(usage gjson.Result) timing.Usage {
 		}
 		return true
 	})
-	return settleCounts(u, usageCounts{read: read, written: written, details: details, total: total, fromInput: fromInput})
+	return settleCounts(u, usageCounts{read: read, written: written, details: details, detailsWritten: detailsWritten, total: total, fromInput: fromInput})
 }
 
 // usageCounts is what parseUsage reads beside the usage's own counts: the
 // cache's, in each API's place, and the total.
 type usageCounts struct {
-	read, written, details, total timing.Count
-	fromInput                     bool // the prompt came as input_tokens
+	read, written, details, detailsWritten, total timing.Count
+	fromInput                                     bool // the prompt came as input_tokens
 }
 
 // settleCounts settles u's prompt and cache counts by the usage's shape:
@@ -276,8 +285,8 @@ func settleCounts(u timing.Usage, c usageCounts) timing.Usage {
 	}
 	anthropic := c.read.Set || c.written.Set
 	switch {
-	case c.details.Set:
-		u.CachedTokens = c.details
+	case c.details.Set || c.detailsWritten.Set:
+		u.CachedTokens, u.CacheWriteTokens = c.details, c.detailsWritten
 	case anthropic && (c.fromInput || !u.PromptTokens.Set):
 		u.CachedTokens, u.CacheWriteTokens, u.CacheApart = c.read, c.written, true
 	case c.read.Set:

@@ -303,6 +303,7 @@ func appendLine(b []byte, now time.Time, r *Record, j *judgement) []byte {
 	b = appendNumber(b, `,"tokens_per_event":`, m.TokensPerEvent)
 	b = appendCount(b, `,"max_tokens_per_event":`, m.MaxTokensPerEvent)
 	b = appendCount(b, `,"cached_tokens":`, cachedTokens(m))
+	b = appendCount(b, `,"cache_write_tokens":`, m.CacheWriteTokens)
 	b = append(b, `,"cache":`...)
 	b = appendString(b, m.Cache.String())
 	b = appendNumber(b, `,"prefill_tokens_per_second":`, m.PrefillTokensPerSecond)

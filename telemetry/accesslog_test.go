@@ -68,7 +68,7 @@ func slogLine(r *Record) []byte {
 		num("e2e_latency_ms", m.E2ELatency), num("max_itl_ms", m.MaxITL), num("time_to_first_byte_ms", m.TimeToFirstByte), cnt("prompt_tokens", m.PromptTokens),
 		cnt("completion_tokens", m.CompletionTokens), cnt("token_events", m.TokenEvents),
 		num("tokens_per_event", m.TokensPerEvent), cnt("max_tokens_per_event", m.MaxTokensPerEvent),
-		cnt("cached_tokens", cachedTokens(m)), slog.String("cache", m.Cache.String()), num("prefill_tokens_per_second", m.PrefillTokensPerSecond),
+		cnt("cached_tokens", cachedTokens(m)), cnt("cache_write_tokens", m.CacheWriteTokens), slog.String("cache", m.Cache.String()), num("prefill_tokens_per_second", m.PrefillTokensPerSecond),
 		num("relay_delay_p50_ms", relayDelay(&r.RelayDelays, (*timing.Delays).Median)),
 		num("relay_delay_max_ms", relayDelay(&r.RelayDelays, (*timing.Delays).Max)),
 		num("spec_acceptance_length", m.Engine.AcceptanceLength), num("spec_acceptance_rate", m.Engine.AcceptanceRate),

@@ -77,7 +77,7 @@ type Recorder struct {
 	prefill                             *prometheus.HistogramVec
 	requests                            *prometheus.CounterVec
 	promptTokens, outputTokens          *prometheus.CounterVec
-	cachedTokens                        *prometheus.CounterVec
+	cachedTokens, cacheWriteTokens      *prometheus.CounterVec
 	upstreamErrors                      *prometheus.CounterVec
 	clientDisconnects                   prometheus.Counter
 	clientPaced                         prometheus.Counter
@@ -114,6 +114,7 @@ type modelSeries struct {
 	queue, ttfc, itl, maxITL, e2e, prefill   prometheus.Observer
 	tokensPerEvent                           prometheus.Observer
 	promptTokens, outputTokens, cachedTokens prometheus.Counter
+	cacheWriteTokens                         prometheus.Counter
 	// ttft is the TTFT histogram of each cache class, made on first use:
 	// most deployments see one or two classes.
 	ttft [timing.CacheClasses]atomic.Pointer[prometheus.Observer]
@@ -146,19 +147,20 @@ func (r *Recorder) seriesFor(endpoint, model, leg, tenant string) *modelSeries {
 		counted = append(counted, tenant)
 	}
 	s := &modelSeries{
-		endpoint:       endpoint,
-		model:          model,
-		leg:            leg,
-		queue:          r.queue.WithLabelValues(endpoint, model, leg),
-		ttfc:           r.ttfc.WithLabelValues(endpoint, model, leg),
-		itl:            r.itl.WithLabelValues(endpoint, model, leg),
-		maxITL:         r.maxITL.WithLabelValues(endpoint, model, leg),
-		e2e:            r.e2e.WithLabelValues(endpoint, model, leg),
-		prefill:        r.prefill.WithLabelValues(endpoint, model, leg),
-		tokensPerEvent: r.tokensPerEvent.WithLabelValues(endpoint, model, leg),
-		promptTokens:   r.promptTokens.WithLabelValues(counted...),
-		outputTokens:   r.outputTokens.WithLabelValues(counted...),
-		cachedTokens:   r.cachedTokens.WithLabelValues(counted...),
+		endpoint:         endpoint,
+		model:            model,
+		leg:              leg,
+		queue:            r.queue.WithLabelValues(endpoint, model, leg),
+		ttfc:             r.ttfc.WithLabelValues(endpoint, model, leg),
+		itl:              r.itl.WithLabelValues(endpoint, model, leg),
+		maxITL:           r.maxITL.WithLabelValues(endpoint, model, leg),
+		e2e:              r.e2e.WithLabelValues(endpoint, model, leg),
+		prefill:          r.prefill.WithLabelValues(endpoint, model, leg),
+		tokensPerEvent:   r.tokensPerEvent.WithLabelValues(endpoint, model, leg),
+		promptTokens:     r.promptTokens.WithLabelValues(counted...),
+		outputTokens:     r.outputTokens.WithLabelValues(counted...),
+		cachedTokens:     r.cachedTokens.WithLabelValues(counted...),
+		cacheWriteTokens: r.cacheWriteTokens.WithLabelValues(counted...),
 	}
 	actual, _ := r.series.LoadOrStore(k, s)
 	return actual.(*modelSeries)
@@ -233,6 +235,8 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 		Help: "Generated tokens, from the engine's usage."}, counted)
 	r.cachedTokens = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_cached_prompt_tokens_total",
 		Help: "Prompt tokens the engine read from its prefix cache, from requests whose engine reports them (vLLM and SGLang with their cache reports, llama.cpp, the Responses and Messages APIs). Over timing_sidecar_prompt_tokens_total, which counts every request, it is the cache hit ratio where every request's engine reports."}, counted)
+	r.cacheWriteTokens = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_cache_write_prompt_tokens_total",
+		Help: "Prompt tokens the engine computed and wrote to its prefix cache, from engines that report them (vLLM's created_cache_tokens, the Messages API's cache_creation_input_tokens)."}, counted)
 	r.upstreamErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_upstream_errors_total",
 		Help: "Engine failures by kind: connect, timeout, closed (before headers), bad_response (headers too large, or a stream that cannot be reassembled), interrupted or idle_timeout (mid-body)."}, []string{"kind"})
 	r.clientDisconnects = prometheus.NewCounter(prometheus.CounterOpts{Name: "timing_sidecar_client_disconnects_total",
@@ -281,7 +285,7 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 	if opts.AccessLog != nil {
 		r.access = newAccessLog(opts.AccessLog, opts.Log, reg, r.Panic)
 	}
-	reg.MustRegister(r.queue, r.ttft, r.ttfc, r.itl, r.maxITL, r.tokensPerEvent, r.e2e, r.prefill, r.requests, r.promptTokens, r.outputTokens, r.cachedTokens,
+	reg.MustRegister(r.queue, r.ttft, r.ttfc, r.itl, r.maxITL, r.tokensPerEvent, r.e2e, r.prefill, r.requests, r.promptTokens, r.outputTokens, r.cachedTokens, r.cacheWriteTokens,
 		r.upstreamErrors, r.clientDisconnects, r.clientPaced, r.ttftOrigin, r.unread, r.panics, r.inFlight, r.slo, r.invalidObjectives, r.engineReady, r.relayDelay, r.kernelTimestamps)
 	return r
 }
@@ -419,6 +423,9 @@ func (r *Recorder) observe(req *Record, model, tenant string, o *genaiObservatio
 	if m.Cache != timing.CacheUnknown {
 		s.cachedTokens.Add(float64(m.CachedTokens.Value))
 		o.cached, o.hasCached = m.CachedTokens.Value, true
+	}
+	if c := m.CacheWriteTokens; c.Set {
+		s.cacheWriteTokens.Add(float64(c.Value))
 	}
 	if m.FirstTokenAfterArrival.Set {
 		r.ttftOrigin.WithLabelValues(req.Endpoint, m.TTFTFrom.String()).Inc()

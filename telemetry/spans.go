@@ -113,6 +113,9 @@ func common(a []attribute.KeyValue, r *Record) []attribute.KeyValue {
 		// Part of gen_ai.usage.input_tokens, as the conventions count it.
 		a = append(a, semconv.GenAIUsageCacheReadInputTokens(int(m.CachedTokens.Value)))
 	}
+	if r.Measured && m.CacheWriteTokens.Set {
+		a = append(a, semconv.GenAIUsageCacheCreationInputTokens(int(m.CacheWriteTokens.Value)))
+	}
 	return a
 }
 

@@ -32,10 +32,12 @@ type Usage struct {
 	// CachedTokens is the prompt tokens the engine read from its prefix
 	// cache instead of computing them, when reported.
 	CachedTokens Count
-	// CacheWriteTokens and CacheApart are Anthropic's shape: input_tokens
-	// counts neither the tokens read from the cache
-	// (cache_read_input_tokens) nor those written to it
-	// (cache_creation_input_tokens), which are counted apart.
+	// CacheWriteTokens is the prompt tokens the engine computed and
+	// wrote to its prefix cache, when reported (vLLM's
+	// created_cache_tokens, Anthropic's cache_creation_input_tokens).
+	// CacheApart is Anthropic's shape: input_tokens counts neither the
+	// tokens read from the cache (cache_read_input_tokens) nor those
+	// written to it, which are counted apart.
 	CacheWriteTokens Count
 	CacheApart       bool
 }
@@ -134,6 +136,9 @@ type Metrics struct {
 	// them in usage); Cache classes the prompt by them.
 	CachedTokens Count
 	Cache        CacheClass
+	// CacheWriteTokens is the prompt tokens the engine wrote to its
+	// prefix cache, when it said; not part of the JSON object either.
+	CacheWriteTokens Count
 	// PrefillTokensPerSecond is the prompt tokens the engine computed
 	// (prompt − cached) over the prefill interval (see prefill), for
 	// streams whose engine reports its cached tokens.
@@ -484,6 +489,7 @@ func (m *Metrics) count(c *Clock, u Usage, streamed bool) {
 // countTokens sets the counts, and the per-token figures made from them.
 func (m *Metrics) countTokens(c *Clock, u Usage, streamed bool) {
 	m.PromptTokens, m.CompletionTokens, m.CachedTokens = u.Prompt(), u.CompletionTokens, u.CachedTokens
+	m.CacheWriteTokens = u.CacheWriteTokens
 	m.MeanITL, m.TokensPerSecond, m.TokenEvents, m.Split = Number{}, Number{}, Count{}, OutputSplit{}
 	m.TokensPerEvent, m.MaxTokensPerEvent = Number{}, Count{}
 	tokens := u.CompletionTokens

@@ -76,7 +76,8 @@ type Config struct {
 	SpecDecodeMetrics string
 	// PromptTokensDetails plays vLLM's --enable-prompt-tokens-details:
 	// the usage reports the prompt tokens served by the prefix cache
-	// (HeaderCachedTokens), as prompt_tokens_details.cached_tokens, and
+	// (HeaderCachedTokens), as prompt_tokens_details.cached_tokens, with
+	// those it wrote to the cache (created_cache_tokens), and
 	// the Messages API as cache_read_input_tokens apart from input_tokens,
 	// as Anthropic's API counts them (and vLLM's Anthropic server, since it
 	// reports the cache). The Responses API always reports them.

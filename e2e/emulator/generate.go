@@ -455,7 +455,7 @@ func (g *generation) reportsCache() bool { return g.s.cfg.PromptTokensDetails }
 func (g *generation) usage(completion int) usage {
 	u := usage{PromptTokens: g.prompt, TotalTokens: g.prompt + completion, CompletionTokens: completion}
 	if g.reportsCache() {
-		u.PromptTokensDetails = &promptDetails{CachedTokens: g.cached}
+		u.PromptTokensDetails = &promptDetails{CachedTokens: g.cached, CreatedCacheTokens: (g.prompt - g.cached) / 16 * 16}
 	}
 	if g.output == OutputReasoning && g.chat {
 		u.CompletionTokensDetails = &tokenDetails{ReasoningTokens: min(completion, g.thinking()*g.choices)}

@@ -18,6 +18,9 @@ type usage struct {
 
 type promptDetails struct {
 	CachedTokens int `json:"cached_tokens"`
+	// CreatedCacheTokens is vLLM's count of the prompt tokens it computed
+	// and wrote to its prefix cache: whole blocks of 16.
+	CreatedCacheTokens int `json:"created_cache_tokens"`
 }
 
 type tokenDetails struct {
