@@ -217,14 +217,24 @@ func testTwoChoicesGetMetricsNull(t *testing.T, ctx context.Context, c openai.Cl
 	}
 }
 
+// TestOptedOutRequestMatchesDirectBytes: what gets no metrics comes
+// through byte for byte: in mode opt-in, requests that do not ask; in mode
+// vllm, a stream whose client asked no usage, and one of several choices.
 func TestOptedOutRequestMatchesDirectBytes(t *testing.T) {
 	engine := startEngine(t, emulator.Config{Timing: emulator.Timing{ITL: time.Millisecond, OutputTokens: 6}})
-	sc := startSidecar(t, []string{"--listen", "127.0.0.1:0", "--upstream", engine.URL()})
-	for _, body := range []string{
-		`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true}}`,
-		`{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
-		`{"model":"m","prompt":["a","b"],"stream":true,"n":2}`,
+	optIn := startSidecar(t, []string{"--listen", "127.0.0.1:0", "--upstream", engine.URL(), "--per-request-metrics", "opt-in"})
+	vllm := startSidecar(t, []string{"--listen", "127.0.0.1:0", "--upstream", engine.URL()})
+	for _, tc := range []struct {
+		sc   *sidecar
+		body string
+	}{
+		{optIn, `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true}}`},
+		{optIn, `{"model":"m","messages":[{"role":"user","content":"hi"}]}`},
+		{optIn, `{"model":"m","prompt":["a","b"],"stream":true,"n":2}`},
+		{vllm, `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`},
+		{vllm, `{"model":"m","prompt":["a","b"],"stream":true,"stream_options":{"include_usage":true}}`},
 	} {
+		body := tc.body
 		get := func(base string) (int, string, string) {
 			req, _ := http.NewRequest("POST", base+"/v1/"+map[bool]string{true: "completions", false: "chat/completions"}[strings.Contains(body, "prompt")], strings.NewReader(body))
 			req.Header.Set(emulator.HeaderRequestID, "same")
@@ -237,7 +247,7 @@ func TestOptedOutRequestMatchesDirectBytes(t *testing.T) {
 			return resp.StatusCode, resp.Header.Get("Content-Type"), string(b)
 		}
 		ds, dct, direct := get(engine.URL())
-		ps, pct, proxied := get(sc.base)
+		ps, pct, proxied := get(tc.sc.base)
 		if ds != ps || dct != pct || direct != proxied {
 			t.Errorf("through the sidecar %d %s\n%s\ndirect %d %s\n%s", ps, pct, proxied, ds, dct, direct)
 		}

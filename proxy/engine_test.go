@@ -259,3 +259,23 @@ func TestSeveralTokensPerEvent(t *testing.T) {
 		}
 	}
 }
+
+// TestSidecarBehindSidecar: a sidecar in front of another (one in front
+// of a router, one in front of each engine) leaves the client's metrics to
+// the outer one, whose figures are not taken for an engine's.
+func TestSidecarBehindSidecar(t *testing.T) {
+	engine := startEmulator(t, emulator.Config{Timing: emulator.Timing{OutputTokens: 3}})
+	inner := startProxy(t, engine.URL(), nil)
+	outer := startProxy(t, inner, nil)
+	for _, body := range []string{
+		`{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`,
+	} {
+		resp := post(t, outer+"/v1/chat/completions", body, nil)
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if strings.Count(string(got), `"metrics":{`) != 1 || strings.Contains(string(got), rewrite.SidecarNamespace) {
+			t.Errorf("%s: %s", body, got)
+		}
+	}
+}

@@ -90,6 +90,14 @@ func (p *Proxy) recoverRequest(ctx *fasthttp.RequestCtx, f *flight) {
 	}
 }
 
+// sidecarHeader marks a request a timing-sidecar measured on its way to
+// the engine. A sidecar further in (in front of a router's prefill and
+// decode engines, or of the engine behind a routing sidecar) then adds
+// metrics only where the request asks (include_metrics): the outermost
+// sidecar's mode decides what the client gets, and its figures are not
+// taken for an engine's own.
+const sidecarHeader = "X-Timing-Sidecar"
+
 // prefillerHeader is the header llm-d's endpoint picker sets on a request
 // it splits: the prefill engine that the decode pod's routing sidecar
 // sends the prefill leg to; oldPrefillerHeader is its earlier name.
@@ -124,6 +132,7 @@ func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight, body []byte) 
 	case !req.Understood && !req.InvalidIncludeMetrics:
 		f.rec.Unread = telemetry.UnreadInvalid
 	}
+	req.BehindSidecar = len(ctx.Request.Header.Peek(sidecarHeader)) > 0
 	pl := rewrite.PlanFor(p.policy, req)
 	f.rec.Model, f.rec.Stream = req.Model, req.Stream
 	f.clock.HeadersLate = splitDownstream(&ctx.Request.Header, req)
@@ -212,6 +221,9 @@ func (p *Proxy) relayMeasured(ctx *fasthttp.RequestCtx, f *flight, x *upstream.E
 func (p *Proxy) forward(ctx *fasthttp.RequestCtx, f *flight, identity bool) (*upstream.Exchange, *fasthttp.Response, bool) {
 	req := fasthttp.AcquireRequest()
 	upstreamRequest(req, ctx, identity, p.up.Host())
+	if ctx.IsPost() && f.route.measured && f.route.api != rewrite.Pooling && p.cfg.Mode != rewrite.ModeOff {
+		req.Header.Set(sidecarHeader, "1")
+	}
 	if f.rec.Trace.On() {
 		// The engine's span is the child of the sidecar's CLIENT span,
 		// not of the client's: the client's trace context is replaced.

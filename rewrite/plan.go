@@ -101,6 +101,9 @@ func PlanFor(pol Policy, req Request) Plan {
 // byMode tells whether the mode gives req's response metrics without the
 // request asking; noUsage says the client of a stream gets no usage event.
 func byMode(mode Mode, req Request, noUsage bool) bool {
+	if req.BehindSidecar {
+		return false // the outer sidecar's mode decides
+	}
 	switch mode {
 	case ModeAlways:
 		return true

@@ -1,6 +1,7 @@
 package rewrite
 
 import (
+	"strings"
 	"testing"
 )
 
@@ -54,6 +55,8 @@ func TestPlan(t *testing.T) {
 		{"vllm, Messages: none, as vLLM's", configured(ModeVLLM), Messages, `{"messages":[],"stream":true}`, Plan{}},
 		{"vllm, the sidecar's include_metrics still counts", configured(ModeVLLM), ChatCompletions, `{"stream":true,"include_metrics":true}`,
 			Plan{WantMetrics: true, MetricsOnFinish: true, CutIncludeMetrics: true, AskUsage: true}},
+		{"behind another sidecar: none unasked", configured(ModeVLLM), ChatCompletions,
+			`{"model":"m"}`, Plan{}},
 		{"forcing usage without metrics: the client gets it", configured(ModeOptIn, func(p *Policy) { p.ForceUsage = true }), ChatCompletions,
 			`{"stream":true}`, Plan{AskUsage: true}},
 		{"forcing usage on a transparent proxy: nothing changes", configured(ModeOff, func(p *Policy) { p.ForceUsage = true }), ChatCompletions,
@@ -62,7 +65,9 @@ func TestPlan(t *testing.T) {
 			`{"stream":true}`, Plan{}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := PlanFor(tt.pol, tt.api.InspectRequest([]byte(tt.body))); got != tt.want {
+			req := tt.api.InspectRequest([]byte(tt.body))
+			req.BehindSidecar = strings.HasPrefix(tt.name, "behind")
+			if got := PlanFor(tt.pol, req); got != tt.want {
 				t.Errorf("PlanFor = %+v\nwant      %+v", got, tt.want)
 			}
 		})

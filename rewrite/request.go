@@ -40,6 +40,10 @@ type Request struct {
 	// MultipleChoices is n > 1 or several prompts in one completions
 	// request: one metrics object cannot describe them, so it is null.
 	MultipleChoices bool
+	// BehindSidecar says another timing-sidecar measured the request
+	// on its way here and gives the client its metrics: no mode adds
+	// them here unasked (the caller reads it from the request's headers).
+	BehindSidecar bool
 	// NoEngineMetrics says vLLM's --enable-per-request-metrics gives the
 	// request's API no metrics object (Anthropic's Messages): ModeVLLM
 	// leaves its answers without one.

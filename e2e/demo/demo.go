@@ -40,7 +40,7 @@ func Run(ctx context.Context, timing emulator.Timing, w io.Writer) error {
 	}
 	defer stop()
 
-	fmt.Fprintf(w, "timing-sidecar demo\n  emulated engine %s (strict: refuses unknown fields such as include_metrics)\n  sidecar         %s -> engine, per-request metrics %s\n",
+	fmt.Fprintf(w, "timing-sidecar demo\n  emulated engine %s (strict: refuses unknown fields)\n  sidecar         %s -> engine, per-request metrics %s\n",
 		engine.URL(), base, cfg.Mode)
 	fmt.Fprintf(w, "  engine timing   queue %v, time to first token %v, inter-token gap %v, %d tokens, %d per event\n",
 		timing.HeaderDelay, timing.TTFT, timing.ITL, timing.OutputTokens, timing.TokensPerEvent)
@@ -49,10 +49,10 @@ func Run(ctx context.Context, timing emulator.Timing, w io.Writer) error {
 		title, body string
 		stream      bool
 	}{
-		{`streaming chat completion ("stream": true, "include_metrics": true)`,
-			`{"model":"emulated","stream":true,"include_metrics":true,"messages":[{"role":"user","content":"Tell me about foxes"}]}`, true},
-		{`non-streaming chat completion ("include_metrics": true)`,
-			`{"model":"emulated","include_metrics":true,"messages":[{"role":"user","content":"Tell me about foxes"}]}`, false},
+		{`streaming chat completion ("stream": true, "stream_options": {"include_usage": true})`,
+			`{"model":"emulated","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"Tell me about foxes"}]}`, true},
+		{`non-streaming chat completion`,
+			`{"model":"emulated","messages":[{"role":"user","content":"Tell me about foxes"}]}`, false},
 	} {
 		metrics, id, err := bench.PostForMetrics(ctx, http.DefaultClient, base, r.body, r.stream)
 		if err != nil {
@@ -117,10 +117,10 @@ func post(ctx context.Context, url, body, id string) ([]byte, string, error) {
 }
 
 // besideVLLM shows the sidecar in front of an engine that reports its own
-// metrics, as vLLM 0.28 does with --enable-per-request-metrics and
-// --per-request-spec-decode-metrics summary: the engine's figures come
-// under "engine", and the rest of its object (speculative_decoding) as it
-// sent it.
+// metrics, as vLLM does with --enable-per-request-metrics and
+// --per-request-spec-decode-metrics summary: the engine's object comes as
+// it sent it, member by member, and the sidecar's figures beside it, under
+// "timing_sidecar" where the names meet.
 func besideVLLM(ctx context.Context, timing emulator.Timing, w io.Writer) error {
 	engine := emulator.New(emulator.Config{Timing: timing, PerRequestMetrics: true, SpecDecodeMetrics: "summary"})
 	if err := engine.Start("127.0.0.1:0"); err != nil {
@@ -128,21 +128,22 @@ func besideVLLM(ctx context.Context, timing emulator.Timing, w io.Writer) error 
 	}
 	defer engine.Close()
 	cfg := proxy.DefaultConfig()
-	cfg.Upstream, cfg.ForwardIncludeMetrics = engine.URL(), true
+	cfg.Upstream = engine.URL()
 	base, stop, err := startSidecar(cfg)
 	if err != nil {
 		return err
 	}
 	defer stop()
 	metrics, _, err := bench.PostForMetrics(ctx, http.DefaultClient, base,
-		`{"model":"emulated","stream":true,"include_metrics":true,"messages":[{"role":"user","content":"Tell me about foxes"}]}`, true)
+		`{"model":"emulated","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"Tell me about foxes"}]}`, true)
 	if err != nil {
 		return fmt.Errorf("beside vLLM's own metrics: %w", err)
 	}
-	fmt.Fprintf(w, "\nstreaming, beside an engine reporting its own metrics (vLLM 0.28: --enable-per-request-metrics,\n"+
-		"--per-request-spec-decode-metrics summary; the sidecar with --forward-include-metrics)\n")
-	fmt.Fprintf(w, "  the engine's figures under \"engine\", its speculative_decoding kept as it sent it:\n")
-	fmt.Fprintf(w, "  \"engine\": %s\n  \"speculative_decoding\": %s\n", gjson.Get(metrics, "engine").Raw, gjson.Get(metrics, "speculative_decoding").Raw)
+	fmt.Fprintf(w, "\nstreaming, beside an engine reporting its own metrics (vLLM: --enable-per-request-metrics,\n"+
+		"--per-request-spec-decode-metrics summary): the engine's members where it put them, the sidecar's\n"+
+		"beside them, under \"timing_sidecar\" where the names meet:\n")
+	fmt.Fprintf(w, "  \"time_to_first_token_ms\": %s (the engine's)\n  \"timing_sidecar\": %s\n  \"speculative_decoding\": %s\n",
+		gjson.Get(metrics, "time_to_first_token_ms").Raw, gjson.Get(metrics, "timing_sidecar").Raw, gjson.Get(metrics, "speculative_decoding").Raw)
 	return nil
 }
 

@@ -19,7 +19,7 @@ func TestDemoReportsBothRequests(t *testing.T) {
 	}
 	s := out.String()
 	for _, want := range []string{"streaming chat completion", "non-streaming chat completion", "time_to_first_token_ms",
-		`"completion_tokens":6}`, "queue_time_ms", `"engine": {"source":"vllm"`, `"speculative_decoding": {"mean_acceptance_length"`,
+		`"completion_tokens":6}`, "queue_time_ms", `"timing_sidecar": {"time_to_first_token_ms"`, `"speculative_decoding": {"mean_acceptance_length"`,
 		"POST /v1/embeddings", "Server-Timing: ttfb;dur=", "answer as the engine's: true"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, s)
