@@ -279,3 +279,42 @@ func TestSidecarBehindSidecar(t *testing.T) {
 		}
 	}
 }
+
+// TestSGLangMetaInfoBesideOurs: SGLang's non-streaming answer to
+// "return_meta_info": true carries meta_info on its choice, in seconds
+// (e2e_latency always; queue, forward entry, prefill and inference times
+// with --enable-metrics). They come under metrics.engine on vLLM's names,
+// and its cached tokens fill a usage that leaves them out.
+func TestSGLangMetaInfoBesideOurs(t *testing.T) {
+	meta := `{"id":"c","finish_reason":{"type":"stop"},"prompt_tokens":40,"completion_tokens":3,"cached_tokens":32,"e2e_latency":0.0425,` +
+		`"queue_time":0.002,"forward_entry_time":1796434000.100,"prefill_finished_time":1796434000.1125,"inference_time":0.0385,"decode_throughput":115.3}`
+	body := `{"id":"c","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop","meta_info":` + meta + `}],` +
+		`"usage":{"prompt_tokens":40,"completion_tokens":3,"total_tokens":43,"prompt_tokens_details":null}}`
+	engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, _ []byte) {
+		defer c.Close()
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	})
+	var log syncBuffer
+	p, base := startSidecar(t, engine.URL(), nil, &log)
+	resp := post(t, base+"/v1/chat/completions", `{"model":"m","return_meta_info":true,"messages":[]}`, nil)
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	m := gjson.GetBytes(got, "metrics")
+	for field, want := range map[string]float64{"engine.total_ms": 42.5, "engine.queue_time_ms": 2, "engine.time_to_first_token_ms": 12.5,
+		"engine.inference_time_ms": 38.5, "engine.generation_time_ms": 26} {
+		if v := m.Get(field); v.Type != gjson.Number || math.Abs(v.Num-want) > 0.01 {
+			t.Errorf("%s = %s, want %v", field, v.Raw, want)
+		}
+	}
+	if m.Get("engine.source").Str != "sglang" || m.Get("engine.mean_itl_ms").Type != gjson.Null ||
+		math.Abs(m.Get("overhead_ms").Num-(m.Get("e2e_latency_ms").Num-42.5)) > 0.002 {
+		t.Errorf("metrics %s", m.Raw)
+	}
+	if gjson.GetBytes(got, "choices.0.meta_info").Raw != meta {
+		t.Errorf("meta_info changed: %s", got)
+	}
+	p.telemetry.Flush()
+	if line := log.lines()[0]; !strings.Contains(line, `"cached_tokens":32,`) {
+		t.Errorf("SGLang's cached tokens not read: %s", line)
+	}
+}

@@ -75,6 +75,41 @@ func engineTiming(m, t gjson.Result) timing.EngineTiming {
 	return e
 }
 
+// sglangTiming reads SGLang's meta_info, which its OpenAI server puts on
+// each choice of a non-streaming answer asked with "return_meta_info":
+// true (never in a stream). Its durations are seconds:
+//
+//	e2e_latency                    total_ms (the request's whole time in the server)
+//	queue_time                     queue_time_ms (waiting queue to the forward pass, --enable-metrics)
+//	prefill_finished_time −
+//	  forward_entry_time           time_to_first_token_ms (scheduled to the first token)
+//	inference_time                 inference_time_ms (scheduled to finished)
+//	inference_time − that TTFT     generation_time_ms
+//
+// decode_throughput is not vLLM's tokens_per_second (it leaves the
+// prefill out), so it is left out, as is any mean ITL.
+func sglangTiming(meta gjson.Result) timing.EngineTiming {
+	sec := func(v gjson.Result) timing.Number {
+		n := number(v)
+		n.Value *= 1000
+		return n
+	}
+	e := timing.EngineTiming{Source: "sglang",
+		Total:         sec(meta.Get("e2e_latency")),
+		QueueTime:     sec(meta.Get("queue_time")),
+		InferenceTime: sec(meta.Get("inference_time")),
+	}
+	entry, prefilled := number(meta.Get("forward_entry_time")), number(meta.Get("prefill_finished_time"))
+	if entry.Set && prefilled.Set && prefilled.Value >= entry.Value {
+		e.TimeToFirstToken = timing.Number{Value: (prefilled.Value - entry.Value) * 1000, Set: true}
+		if i := e.InferenceTime; i.Set && i.Value >= e.TimeToFirstToken.Value {
+			e.GenerationTime = timing.Number{Value: i.Value - e.TimeToFirstToken.Value, Set: true}
+		}
+	}
+	e.Reported = e.Total.Set || e.QueueTime.Set || e.InferenceTime.Set || e.TimeToFirstToken.Set
+	return e
+}
+
 // number reads a non-negative, finite JSON number; anything else is
 // unknown. gjson reads 1e999, valid JSON, as +Inf (and NAN, in a body that
 // is not JSON, as NaN), which no JSON encoding can carry.

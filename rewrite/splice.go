@@ -59,8 +59,8 @@ func InspectBody(body []byte) Body {
 		return Body{}
 	}
 	b := Body{object: true}
-	var seenUsage, seenTimings bool
-	var metrics, timings gjson.Result
+	var seenUsage, seenTimings, seenChoices bool
+	var metrics, timings, meta gjson.Result
 	doc.ForEach(func(key, value gjson.Result) bool {
 		switch key.Str {
 		case "usage":
@@ -81,11 +81,22 @@ func InspectBody(body []byte) Body {
 				timings = value
 			}
 			seenTimings = true
+		case "choices":
+			if !seenChoices {
+				meta = value.Get("0.meta_info") // SGLang's, asked with return_meta_info
+			}
+			seenChoices = true
 		}
 		return true
 	})
 	b.Engine = engineTiming(metrics, timings)
+	if !b.Engine.Reported && meta.IsObject() {
+		b.Engine = sglangTiming(meta)
+	}
 	b.Usage = cacheFromTimings(b.Usage, timings)
+	if c, ok := tokenCount(meta.Get("cached_tokens")); ok && !b.Usage.CachedTokens.Set {
+		b.Usage.CachedTokens = c // SGLang's usage leaves it out when 0, or without --enable-cache-report
+	}
 	return b
 }
 
