@@ -136,6 +136,7 @@ func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight, body []byte) 
 	pl := rewrite.PlanFor(p.policy, req)
 	f.rec.Model, f.rec.Stream = req.Model, req.Stream
 	f.clock.HeadersLate = splitDownstream(&ctx.Request.Header, req)
+	f.clock.SeveralChoices = req.MultipleChoices
 	leg := req.Leg
 	if leg == rewrite.LegWhole && req.Bootstrapped {
 		leg = p.bootstrapLeg

@@ -178,12 +178,15 @@ const SidecarNamespace = "timing_sidecar"
 // "timing_sidecar" where it has; where the engine's object already has a
 // "timing_sidecar" (a second sidecar in front of one), those few are left
 // out of the object (the log and the span keep them). engine that is
-// empty, null or not an object is replaced: dst gets ours. ours must be
-// a JSON object with unescaped keys (timing.Metrics.AppendJSON's). Nothing
+// empty, null or not an object is replaced, as is any engine object by
+// ours when ours is null: dst gets ours. ours is otherwise a JSON object
+// with unescaped keys (timing.Metrics.AppendJSON's). Nothing
 // is allocated given room in dst.
 func AppendMergedMetrics(dst, ours, engine []byte) []byte {
 	open := firstNonSpace(engine)
-	if open < 0 || engine[open] != '{' {
+	if o := firstNonSpace(ours); open < 0 || engine[open] != '{' || o < 0 || ours[o] != '{' {
+		// Nothing to merge into, or ours is null (several choices, as
+		// vLLM says it): ours replaces the engine's.
 		return append(dst, ours...)
 	}
 	engine = engine[open : lastNonSpace(engine)+1]

@@ -86,6 +86,13 @@ func TestMergedMetrics(t *testing.T) {
 			}
 		})
 	}
+	// Several choices: ours is null, and replaces an engine's object.
+	if got := AppendMergedMetrics(nil, []byte("null"), []byte(`{"time_to_first_token_ms":5}`)); string(got) != "null" {
+		t.Fatalf("null merged into an engine's object: %s", got)
+	}
+	if got, ok := InspectBody([]byte(`{"n":2,"metrics":{"a":1}}`)).WithMetrics([]byte(`{"n":2,"metrics":{"a":1}}`), []byte("null")); !ok || string(got) != `{"n":2,"metrics":null}` {
+		t.Fatalf("a body of several choices: %s", got)
+	}
 	buf, m := make([]byte, 0, 1024), []byte(ours)
 	engine := []byte(`{"time_to_first_token_ms":7.5,"speculative_decoding":{"num_spec_steps":4}}`)
 	if allocs := testing.AllocsPerRun(100, func() { buf = AppendMergedMetrics(buf[:0], m, engine) }); allocs != 0 {

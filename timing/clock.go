@@ -42,6 +42,12 @@ type Clock struct {
 	running        int64
 	countedEvents  int
 	maxEventTokens int64
+	// lastTokenCount is the running count the latest token event carried.
+	lastTokenCount int64
+	// SeveralChoices says the stream interleaves several choices, whose
+	// running counts are each choice's: no rise between two events is
+	// what one event carried.
+	SeveralChoices bool
 }
 
 // Span is the first and last mark of one kind of output.
@@ -96,12 +102,13 @@ func (c *Clock) MarkToken(now time.Time) {
 // carried (MaxTokensPerEvent). A count only at the end (the usual usage
 // event) says nothing of single events.
 func (c *Clock) CountOutput(completion Count, tokenEvent bool) {
-	if !completion.Set {
+	if !completion.Set || c.SeveralChoices {
 		return
 	}
 	if tokenEvent {
 		c.countedEvents++
 		c.maxEventTokens = max(c.maxEventTokens, completion.Value-c.running)
+		c.lastTokenCount = completion.Value
 	}
 	c.running = completion.Value
 }

@@ -519,7 +519,7 @@ func (m *Metrics) countTokens(c *Clock, u Usage, streamed bool) {
 		m.TokenEvents = n
 	} else if n.Set {
 		m.TokensPerEvent = Number{float64(n.Value) / float64(c.tokenEvents), true}
-		if c.countedEvents == c.tokenEvents && c.running == n.Value {
+		if c.countedEvents == c.tokenEvents && c.lastTokenCount == n.Value {
 			// Every token event carried the running count that ended at
 			// the engine's total.
 			m.MaxTokensPerEvent = Count{c.maxEventTokens, true}

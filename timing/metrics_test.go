@@ -742,6 +742,8 @@ func TestTokensPerEvent(t *testing.T) {
 			count(9), Number{3, true}, Count{}, Number{40.0 / 8, true}},
 		{"running counts that stop short of the total", []event{{60, true, 2}, {80, true, 4}},
 			count(7), Number{3.5, true}, Count{}, Number{20.0 / 6, true}},
+		{"running counts short of the total the usage event brings", []event{{60, true, 1}, {80, true, 2}, {81, false, 9}},
+			count(9), Number{4.5, true}, Count{}, Number{20.0 / 8, true}},
 		{"a count below the events: per event, no tokens per event", []event{{60, true, -1}, {80, true, -1}, {100, true, 1}},
 			count(1), Number{}, Count{}, Number{20, true}},
 		{"no count", []event{{60, true, -1}, {80, true, -1}}, Count{}, Number{}, Count{}, Number{}},
