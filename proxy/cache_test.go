@@ -156,7 +156,7 @@ func checkCacheSeries(t *testing.T, p *Proxy, want map[string]float64, classes m
 func TestLlamaCppCacheTimings(t *testing.T) {
 	engine := newFakeEngine(t)
 	var log syncBuffer
-	p, base := startSidecar(t, engine.URL(), nil, &log)
+	p, base := startSidecar(t, engine.URL(), func(c *Config) { c.Mode = rewrite.ModeOptIn }, &log)
 	body := `{"id":"chatcmpl-1","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],` +
 		`"usage":{"prompt_tokens":300,"completion_tokens":2,"total_tokens":302},"timings":{"cache_n":256,"prompt_n":44,"prompt_ms":12.5,"predicted_n":2,"predicted_ms":8.1}}`
 	// Passed on as it came, and spliced into (include_metrics).
@@ -169,7 +169,7 @@ func TestLlamaCppCacheTimings(t *testing.T) {
 	}
 	p.telemetry.Flush()
 	lines := log.lines()
-	if len(lines) != 2 || !strings.Contains(lines[0], `"cached_tokens":256,"cache":"partial"`) || !strings.Contains(lines[1], `"cached_tokens":256,"cache":"partial"`) {
+	if len(lines) != 2 || !strings.Contains(lines[0], `"cached_tokens":256,"cache_write_tokens":null,"cache":"partial"`) || !strings.Contains(lines[1], `"cached_tokens":256,"cache_write_tokens":null,"cache":"partial"`) {
 		t.Errorf("access log: %v", lines)
 	}
 	if got := counterValue(t, p, "timing_sidecar_cached_prompt_tokens_total", map[string]string{"endpoint": "chat_completions", "model": "m"}); got != 512 {
