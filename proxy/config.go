@@ -210,12 +210,13 @@ type Config struct {
 	// replace SLOTTFT and SLOITL for it; empty reads none.
 	SLOTTFTHeader, SLOITLHeader string
 
-	// Tracing says whether and where measured requests' spans go; off
-	// unless an OTLP endpoint is set (see telemetry.TraceConfig).
-	Tracing telemetry.TraceConfig
-	// Metrics says whether and where the OpenTelemetry GenAI metrics go;
-	// off unless an OTLP endpoint is set (see telemetry.MetricsConfig).
-	Metrics telemetry.MetricsConfig
+	// Usage says whether and where the usage records go.
+	Usage UsageConfig
+	// OTLP says whether and where measured requests' spans, the
+	// OpenTelemetry GenAI metrics and the usage records' log records go;
+	// each signal is off unless an OTLP endpoint is set for it (see
+	// telemetry.OTLPConfig).
+	OTLP telemetry.OTLPConfig
 }
 
 // DefaultConfig returns a Config with every default applied.
@@ -251,6 +252,8 @@ func DefaultConfig() Config {
 		DrainDelay:             DefaultDrainDelay,
 		SLOTTFTHeader:          DefaultSLOTTFTHeader,
 		SLOITLHeader:           DefaultSLOITLHeader,
+		Usage: UsageConfig{SpoolMaxSize: DefaultUsageSpoolMaxSize, SpoolSync: DefaultUsageSpoolSync,
+			Timeout: DefaultUsageTimeout, EventType: DefaultUsageEventType},
 	}
 }
 
@@ -264,8 +267,6 @@ func (c *Config) Validate() error {
 			addressProblem("admin listen address", c.AdminListen),
 			c.objectivesProblem(),
 			cpuRequestError(c.CPURequest),
-			c.Tracing.Check(),
-			c.Metrics.Check(),
 		},
 		c.readinessProblems(),
 		[]error{c.shutdownProblem(), c.tenantProblem(), c.upstreamProblem(), c.modeProblem(), c.legProblem()},

@@ -33,6 +33,7 @@ import (
 //	X-Fake-Per-Event     tokens per event (default 1)
 //	X-Fake-Status        a status other than 200, with an OpenAI error body
 //	X-Fake-Cut-After     close the connection after this many token events
+//	X-Fake-Pause-After   after this many token events, wait for the client to leave
 //	X-Fake-Body          send this body verbatim (non-streaming)
 //	X-Fake-Server-Timing send each of these values as a Server-Timing field line
 type fakeEngine struct {
@@ -154,6 +155,7 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 		ttft:     headerMillis(r.Header, "X-Fake-TTFT", 0),
 		itl:      headerMillis(r.Header, "X-Fake-ITL", 0),
 		cut:      headerInt(r.Header, "X-Fake-Cut-After", -1),
+		pause:    headerInt(r.Header, "X-Fake-Pause-After", -1),
 		cached:   headerInt(r.Header, "X-Fake-Cached", -1),
 	}
 	if !req.Stream {
@@ -201,6 +203,7 @@ type fakePlan struct {
 	ttft     time.Duration // X-Fake-TTFT
 	itl      time.Duration // X-Fake-ITL
 	cut      int           // X-Fake-Cut-After; -1 for never
+	pause    int           // X-Fake-Pause-After; -1 for never
 	cached   int           // X-Fake-Cached; -1 for no report
 }
 
@@ -322,6 +325,10 @@ func (x *fakeExchange) stream(p fakePlan, chat, usage bool) {
 func (x *fakeExchange) sendTokens(p fakePlan, chat bool) bool {
 	for i := 0; i < p.events; i++ {
 		if i > 0 && !x.wait(p.itl) {
+			return false
+		}
+		if i == p.pause {
+			x.wait(time.Hour) // until the client leaves
 			return false
 		}
 		if i == p.cut {

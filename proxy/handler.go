@@ -231,6 +231,9 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, f *flight, identity bool) (*up
 		req.Header.Del("Tracestate")
 		p.tracer.Send(&f.rec.Trace, requestCarrier{&req.Header}, time.Now(), f.rec.Method, f.rec.Path)
 	}
+	if ctx.IsPost() && f.route.measured && f.rec.UsageID == "" {
+		p.telemetry.StartUsage(&f.rec, f.clock.Arrival)
+	}
 	resp := fasthttp.AcquireResponse()
 	resp.SkipBody = ctx.IsHead()
 	// A response without Content-Type must not read as text/plain.

@@ -617,7 +617,7 @@ func TestRequestsCarryTheirOwnObjectives(t *testing.T) {
 func TestARefusalIsAFailureWithItsDuration(t *testing.T) {
 	engine := newFakeEngine(t)
 	reader := sdkmetric.NewManualReader()
-	base := startProxy(t, engine.URL(), func(c *Config) { c.MaxRequestBodySize, c.Metrics.Reader = 1<<20, reader })
+	base := startProxy(t, engine.URL(), func(c *Config) { c.MaxRequestBodySize, c.OTLP.MetricReader = 1<<20, reader })
 	sent := time.Now()
 	c := rawRequest(t, base, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: "+itoa(20<<20)+"\r\n\r\n")
 	c.SetDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck // a hang fails, not stalls

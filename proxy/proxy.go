@@ -23,6 +23,7 @@ import (
 	"github.com/timing-sidecar/timing-sidecar/proxy/upstream"
 	"github.com/timing-sidecar/timing-sidecar/rewrite"
 	"github.com/timing-sidecar/timing-sidecar/telemetry"
+	"github.com/timing-sidecar/timing-sidecar/telemetry/usage"
 	"github.com/timing-sidecar/timing-sidecar/timing"
 )
 
@@ -45,6 +46,8 @@ type Proxy struct {
 	// metrics are.
 	tracer *telemetry.Tracer
 	genai  *telemetry.GenAIMetrics
+	// usage is nil when the usage records are off.
+	usage *usage.Records
 	// engineAddress and enginePort are the engine's, for spans.
 	engineAddress string
 	enginePort    int
@@ -77,7 +80,8 @@ type Proxy struct {
 // accessLog, if not nil and cfg.AccessLog is on, gets one JSON line per
 // request.
 func New(cfg Config, log *slog.Logger, accessLog io.Writer) (*Proxy, error) {
-	if err := cfg.Validate(); err != nil {
+	otlp, otlpErr := cfg.OTLP.Resolve(log)
+	if err := errors.Join(cfg.Validate(), otlpErr, errors.Join(cfg.usageProblems(otlp.Logs)...)); err != nil {
 		return nil, fmt.Errorf("invalid configuration:\n%w", err)
 	}
 	up, err := upstream.New(upstream.Config{URL: cfg.Upstream,
@@ -100,15 +104,21 @@ func New(cfg Config, log *slog.Logger, accessLog io.Writer) (*Proxy, error) {
 	if cfg.AccessLog && accessLog != nil {
 		opts.AccessLog, opts.Log = accessLog, log
 	}
-	if p.tracer, err = telemetry.NewTracer(cfg.Tracing, p.registry, log); err != nil {
+	if p.tracer, err = telemetry.NewTracer(otlp, p.registry, log); err != nil {
 		return nil, fmt.Errorf("tracing: %w", err)
 	}
 	opts.Tracer = p.tracer
 	p.engineAddress, p.enginePort = splitHostPort(up.Host(), 0)
-	if p.genai, err = telemetry.NewGenAIMetrics(cfg.Metrics, p.registry, log, p.engineAddress, p.enginePort); err != nil {
+	if p.genai, err = telemetry.NewGenAIMetrics(otlp, p.registry, log, p.engineAddress, p.enginePort); err != nil {
 		return nil, fmt.Errorf("OTLP metrics: %w", err)
 	}
 	opts.GenAI = p.genai
+	if p.usage, opts.UsageEnvelope, err = openUsage(&cfg, otlp, p.registry, log); err != nil {
+		return nil, fmt.Errorf("usage records: %w", err)
+	}
+	if p.usage != nil {
+		opts.Usage = p.usage
+	}
 	p.telemetry = telemetry.NewRecorder(p.registry, opts)
 	p.admin = &http.Server{Handler: p.AdminHandler(), ReadHeaderTimeout: 10 * time.Second,
 		// Scrapers and probes keep connections alive between visits;
@@ -305,6 +315,15 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 	var terr, merr error
 	var outputs sync.WaitGroup
 	outputs.Go(func() { p.telemetry.Close(flush) })
+	if p.usage != nil {
+		outputs.Go(func() {
+			// What no sink has by the grace's end stays in the spool for
+			// the next start on the same directory.
+			if left := p.usage.Close(flush); len(left) > 0 {
+				p.log.Warn("usage records left in the spool at shutdown; delivered after the next start", "pending", left)
+			}
+		})
+	}
 	outputs.Go(func() { terr = p.tracer.Shutdown(ctx) })
 	outputs.Go(func() { merr = p.genai.Shutdown(flush) })
 	outputs.Wait()

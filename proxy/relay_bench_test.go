@@ -111,7 +111,7 @@ func BenchmarkRelayStream100(b *testing.B) {
 func TestRelayAllocatesNothingPerEvent(t *testing.T) {
 	t.Run("untraced", func(t *testing.T) { relayAllocations(t, nil) })
 	t.Run("traced", func(t *testing.T) {
-		tracer, err := telemetry.NewTracer(telemetry.TraceConfig{Exporter: tracetest.NewNoopExporter()}, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+		tracer, err := telemetry.NewTracer(telemetry.OTLP{Traces: telemetry.Signal{On: true}, SpanExporter: tracetest.NewNoopExporter()}, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 		if err != nil {
 			t.Fatal(err)
 		}

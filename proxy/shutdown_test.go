@@ -229,7 +229,7 @@ func TestAHangingTraceCollectorLeavesTheLastMetricsExport(t *testing.T) {
 		metrics := &metricsCollector{exports: make(chan metricsExport, 4)}
 		cfg := DefaultConfig()
 		cfg.Upstream = "http://127.0.0.1:1" // never dialled
-		cfg.Tracing.Exporter, cfg.Metrics.Exporter = traces, metrics
+		cfg.OTLP.SpanExporter, cfg.OTLP.MetricExporter = traces, metrics
 		p, err := New(cfg, slog.New(slog.DiscardHandler), nil)
 		if err != nil {
 			t.Fatal(err)

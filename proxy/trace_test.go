@@ -18,7 +18,7 @@ func tracedSidecar(t *testing.T, engine string, configure func(*Config)) (*Proxy
 	t.Helper()
 	exp := tracetest.NewInMemoryExporter()
 	p, base := startSidecar(t, engine, func(c *Config) {
-		c.Tracing.Exporter = exp
+		c.OTLP.SpanExporter = exp
 		if configure != nil {
 			configure(c)
 		}

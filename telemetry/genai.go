@@ -56,45 +56,6 @@ const (
 	tokenTypeCachedInput = "cached_input"
 )
 
-// MetricsConfig says whether and where the sidecar sends the GenAI
-// metrics over OTLP.
-type MetricsConfig struct {
-	// Endpoint is the OTLP metrics URL (--otlp-metrics-endpoint), with the
-	// meaning of OTEL_EXPORTER_OTLP_METRICS_ENDPOINT. Empty leaves the
-	// endpoint to the OTEL_EXPORTER_OTLP_* variables; with none of them
-	// set, the metrics are off.
-	Endpoint string
-	// Protocol is ProtocolGRPC or ProtocolHTTP; empty reads
-	// OTEL_EXPORTER_OTLP_METRICS_PROTOCOL, then OTEL_EXPORTER_OTLP_PROTOCOL,
-	// then takes DefaultProtocol.
-	Protocol string
-	// Identity names the sidecar in the metrics' resource.
-	Identity
-	// Exporter, when set, takes the periodic exports instead of an OTLP
-	// exporter; Reader, when set, collects the metrics instead of a
-	// periodic export (tests, and programs that embed the proxy).
-	Exporter sdkmetric.Exporter
-	Reader   sdkmetric.Reader
-}
-
-// On tells whether the configuration switches the metrics on (see
-// otlpOn; OTEL_METRICS_EXPORTER=none turns the variables' endpoint off).
-func (c MetricsConfig) On() bool {
-	if (c.Reader != nil || c.Exporter != nil) && !sdkDisabled() {
-		return true
-	}
-	return otlpOn(c.Endpoint, "METRICS")
-}
-
-// Check reports a configuration the metrics could not start with.
-func (c MetricsConfig) Check() error {
-	if !c.On() || c.Reader != nil || c.Exporter != nil {
-		return nil
-	}
-	_, err := otlpProtocol(c.Protocol, "METRICS")
-	return err
-}
-
 // GenAIMetrics records the GenAI metrics of finished requests. A nil
 // *GenAIMetrics is the metrics off: every method is a no-op.
 type GenAIMetrics struct {
@@ -127,23 +88,23 @@ type genaiSeries struct {
 // OTEL_EXPORTER_OTLP_METRICS_* variables (headers, compression,
 // certificates, temporality). Exports run beside requests, never in their
 // way: a collector that is down or slow costs a failed export, counted.
-func NewGenAIMetrics(cfg MetricsConfig, reg prometheus.Registerer, log *slog.Logger, address string, port int) (*GenAIMetrics, error) {
-	if !cfg.On() {
+func NewGenAIMetrics(o OTLP, reg prometheus.Registerer, log *slog.Logger, address string, port int) (*GenAIMetrics, error) {
+	if !o.Metrics.On {
 		return nil, nil
 	}
 	handleOTelErrors(log)
-	reader := cfg.Reader
+	reader := o.MetricReader
 	if reader == nil {
-		exporter := cfg.Exporter
+		exporter := o.MetricExporter
 		if exporter == nil {
 			var err error
-			if exporter, err = otlpMetricExporter(cfg); err != nil {
+			if exporter, err = otlpMetricExporter(o.Metrics); err != nil {
 				return nil, err
 			}
 		}
 		reader = sdkmetric.NewPeriodicReader(newCountingExporter(exporter, reg))
 	}
-	provider := sdkmetric.NewMeterProvider(sdkmetric.WithResource(newResource(cfg.Identity, log)), sdkmetric.WithReader(reader),
+	provider := sdkmetric.NewMeterProvider(sdkmetric.WithResource(o.Resource), sdkmetric.WithReader(reader),
 		// Recorded after the request, outside its span: no exemplar
 		// would be sampled, and looking for one costs.
 		sdkmetric.WithExemplarFilter(exemplar.AlwaysOffFilter))
@@ -168,24 +129,20 @@ func NewGenAIMetrics(cfg MetricsConfig, reg prometheus.Registerer, log *slog.Log
 	return g, nil
 }
 
-// otlpMetricExporter makes the OTLP exporter for cfg's protocol. It
+// otlpMetricExporter makes the OTLP exporter for s's protocol. It
 // connects lazily: a collector that is down at start costs nothing until
 // the first export.
-func otlpMetricExporter(cfg MetricsConfig) (sdkmetric.Exporter, error) {
-	protocol, err := otlpProtocol(cfg.Protocol, "METRICS")
-	if err != nil {
-		return nil, err
-	}
-	if protocol == ProtocolHTTP {
+func otlpMetricExporter(s Signal) (sdkmetric.Exporter, error) {
+	if s.Protocol == ProtocolHTTP {
 		var opts []otlpmetrichttp.Option
-		if cfg.Endpoint != "" {
-			opts = append(opts, otlpmetrichttp.WithEndpointURL(cfg.Endpoint))
+		if s.Endpoint != "" {
+			opts = append(opts, otlpmetrichttp.WithEndpointURL(s.Endpoint))
 		}
 		return otlpmetrichttp.New(context.Background(), opts...)
 	}
 	var opts []otlpmetricgrpc.Option
-	if cfg.Endpoint != "" {
-		opts = append(opts, otlpmetricgrpc.WithEndpointURL(cfg.Endpoint))
+	if s.Endpoint != "" {
+		opts = append(opts, otlpmetricgrpc.WithEndpointURL(s.Endpoint))
 	}
 	return otlpmetricgrpc.New(context.Background(), opts...)
 }

@@ -23,7 +23,11 @@ func genaiRecorder(t *testing.T, opts Options) (*Recorder, *sdkmetric.ManualRead
 	t.Helper()
 	reader := sdkmetric.NewManualReader()
 	reg := prometheus.NewRegistry()
-	g, err := NewGenAIMetrics(MetricsConfig{Reader: reader, Identity: Identity{ServiceVersion: "v9", InstanceID: "pod-7"}}, reg, quiet, "10.0.0.5", 8000)
+	o, err := OTLPConfig{MetricReader: reader, Identity: Identity{ServiceVersion: "v9", InstanceID: "pod-7"}}.Resolve(quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := NewGenAIMetrics(o, reg, quiet, "10.0.0.5", 8000)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -410,47 +414,6 @@ func TestGenAIMetricsKeepTheLabelBounds(t *testing.T) {
 	}
 }
 
-func TestMetricsAreOffUnlessAnEndpointIsSet(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		cfg  MetricsConfig
-		env  map[string]string
-		on   bool
-	}{
-		{"nothing set", MetricsConfig{}, nil, false},
-		{"flag", MetricsConfig{Endpoint: "http://collector:4317"}, nil, true},
-		{"metrics variable", MetricsConfig{}, map[string]string{"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://c:4317"}, true},
-		{"base variable", MetricsConfig{}, map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, true},
-		{"traces variable alone", MetricsConfig{}, map[string]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4317"}, false},
-		{"exporter none", MetricsConfig{}, map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_METRICS_EXPORTER": "none"}, false},
-		{"sdk disabled beats the flag", MetricsConfig{Endpoint: "http://c:4317"}, map[string]string{"OTEL_SDK_DISABLED": "true"}, false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			for _, k := range []string{"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_METRICS_EXPORTER", "OTEL_SDK_DISABLED"} {
-				t.Setenv(k, tc.env[k])
-			}
-			if got := tc.cfg.On(); got != tc.on {
-				t.Errorf("On() = %v, want %v", got, tc.on)
-			}
-			g, err := NewGenAIMetrics(tc.cfg, prometheus.NewRegistry(), quiet, "", 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if (g != nil) != tc.on {
-				t.Errorf("NewGenAIMetrics gave %v, want on = %v", g, tc.on)
-			}
-			// No collector there: the last export is given up at once.
-			ctx, cancel := context.WithCancel(context.Background())
-			cancel()
-			g.Shutdown(ctx) //nolint:errcheck
-		})
-	}
-	t.Setenv("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "http/json")
-	if err := (MetricsConfig{Endpoint: "http://c:4318"}).Check(); err == nil {
-		t.Error("http/json accepted")
-	}
-}
-
 // failingExporter fails every export, after waiting for release: a
 // collector that is down, or hangs.
 type failingExporter struct {
@@ -476,7 +439,7 @@ func (e *failingExporter) Shutdown(context.Context) error { return nil }
 func TestACollectorOutageCostsNoRequestAnything(t *testing.T) {
 	exp := &failingExporter{Exporter: nopExporter{}, release: make(chan struct{}), calls: make(chan struct{}, 8)}
 	reg := prometheus.NewRegistry()
-	g, err := NewGenAIMetrics(MetricsConfig{Exporter: exp}, reg, quiet, "", 0)
+	g, err := NewGenAIMetrics(OTLP{Metrics: Signal{On: true}, MetricExporter: exp}, reg, quiet, "", 0)
 	if err != nil {
 		t.Fatal(err)
 	}

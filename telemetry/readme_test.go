@@ -37,13 +37,13 @@ func TestReadmeListsEverySeries(t *testing.T) {
 	}
 	r.Panic()
 	// The tracer's series exist when tracing is on.
-	tracer, err := NewTracer(TraceConfig{Exporter: tracetest.NewNoopExporter()}, reg, quiet)
+	tracer, err := NewTracer(OTLP{Traces: Signal{On: true}, SpanExporter: tracetest.NewNoopExporter()}, reg, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tracer.Shutdown(t.Context()) //nolint:errcheck
 	// And the GenAI metrics' when they are exported.
-	genai, err := NewGenAIMetrics(MetricsConfig{Exporter: nopExporter{}}, reg, quiet, "", 0)
+	genai, err := NewGenAIMetrics(OTLP{Metrics: Signal{On: true}, MetricExporter: nopExporter{}}, reg, quiet, "", 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -99,6 +99,10 @@ type Record struct {
 	AskedInvalid AskedObjective
 	// Trace is the request's spans, when it is traced.
 	Trace Trace
+	// UsageID is the request's usage record's id, set when the record's
+	// start was spooled (Recorder.StartUsage), and Arrival its time.
+	UsageID string
+	Arrival time.Time
 }
 
 // timeToFirstToken is arrival to first token: the Prometheus definition,

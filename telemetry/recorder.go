@@ -57,6 +57,10 @@ type Options struct {
 	// Objectives, when set, judge each request: met or missed, counted
 	// per model (and tenant) and said in the access log.
 	Objectives Objectives
+	// Usage, when set, takes one usage record per request forwarded to
+	// the engine, each in UsageEnvelope.
+	Usage         UsageRecords
+	UsageEnvelope UsageEnvelope
 	// KernelTimestamps says the marks are the kernel's receive times;
 	// otherwise the clock at each read (the timing_sidecar_kernel_timestamps
 	// gauge).
@@ -71,6 +75,8 @@ type Recorder struct {
 	tracer          *Tracer
 	genai           *GenAIMetrics
 	objectives      Objectives
+	usage           UsageRecords
+	envelope        UsageEnvelope
 
 	queue, ttft, ttfc, itl, maxITL, e2e *prometheus.HistogramVec
 	tokensPerEvent                      *prometheus.HistogramVec
@@ -191,6 +197,8 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 		tracer:      opts.Tracer,
 		genai:       opts.GenAI,
 		objectives:  opts.Objectives,
+		usage:       opts.Usage,
+		envelope:    opts.UsageEnvelope,
 	}
 	// leg: whole, or the prefill or decode leg of a request a router
 	// split over two engines (see legOf).
@@ -382,8 +390,12 @@ func (r *Recorder) Finish(req *Record) {
 			r.slo.WithLabelValues(req.Endpoint, model, leg, other.String(), j.source)
 		}
 	}
+	now := time.Now()
+	if r.usage != nil && req.UsageID != "" {
+		r.endUsage(req, now)
+	}
 	if r.access != nil {
-		r.access.add(time.Now(), req, &j)
+		r.access.add(now, req, &j)
 	}
 }
 

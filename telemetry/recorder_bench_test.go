@@ -28,7 +28,7 @@ func BenchmarkFinish(b *testing.B) {
 			reg := prometheus.NewRegistry()
 			opts := Options{MaxModels: 8, TenantLabel: true, MaxTenants: 8, AccessLog: bc.log}
 			if bc.genai {
-				g, err := NewGenAIMetrics(MetricsConfig{Reader: sdkmetric.NewManualReader()}, reg, quiet, "10.0.0.5", 8000)
+				g, err := NewGenAIMetrics(OTLP{Metrics: Signal{On: true}, MetricReader: sdkmetric.NewManualReader()}, reg, quiet, "10.0.0.5", 8000)
 				if err != nil {
 					b.Fatal(err)
 				}

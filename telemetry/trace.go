@@ -34,45 +34,6 @@ const (
 	DefaultServiceName = "timing-sidecar"
 )
 
-// TraceConfig says whether and where the sidecar sends spans.
-type TraceConfig struct {
-	// Endpoint is the OTLP traces URL (--otlp-traces-endpoint), with the
-	// meaning of OTEL_EXPORTER_OTLP_TRACES_ENDPOINT. Empty leaves the
-	// endpoint to the OTEL_EXPORTER_OTLP_* variables; with none of them
-	// set, tracing is off.
-	Endpoint string
-	// Protocol is ProtocolGRPC or ProtocolHTTP; empty reads
-	// OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, then OTEL_EXPORTER_OTLP_PROTOCOL,
-	// then takes DefaultProtocol.
-	Protocol string
-	// Identity names the sidecar in the spans' resource.
-	Identity
-	// Exporter, when set, takes the spans instead of an OTLP exporter
-	// (tests, and programs that embed the proxy).
-	Exporter sdktrace.SpanExporter
-}
-
-// On tells whether the configuration switches tracing on: an endpoint,
-// by flag or by variable, or an exporter (see otlpOn).
-func (c TraceConfig) On() bool {
-	if c.Exporter != nil && !sdkDisabled() {
-		return true
-	}
-	return otlpOn(c.Endpoint, "TRACES")
-}
-
-// protocol is the OTLP protocol the configuration asks for.
-func (c TraceConfig) protocol() (string, error) { return otlpProtocol(c.Protocol, "TRACES") }
-
-// Check reports a configuration the tracer could not start with.
-func (c TraceConfig) Check() error {
-	if !c.On() || c.Exporter != nil {
-		return nil
-	}
-	_, err := c.protocol()
-	return err
-}
-
 // Tracer makes a span pair for each measured request and sends them to
 // an OTLP backend. A nil *Tracer is tracing off: every method is a no-op
 // and costs a nil check.
@@ -83,26 +44,25 @@ type Tracer struct {
 	prop     propagation.TraceContext
 }
 
-// NewTracer starts a tracer as cfg says, or returns nil when tracing is
+// NewTracer starts a tracer as o says, or returns nil when tracing is
 // off. The sampler is the SDK's: OTEL_TRACES_SAMPLER and _ARG, parent-based
 // always-on by default, so a sampled client trace is always continued.
 // OTEL_EXPORTER_OTLP_HEADERS, _TIMEOUT, _COMPRESSION, _CERTIFICATE and
 // their _TRACES_ variants are the exporter's own.
-func NewTracer(cfg TraceConfig, reg prometheus.Registerer, log *slog.Logger) (*Tracer, error) {
-	if !cfg.On() {
+func NewTracer(o OTLP, reg prometheus.Registerer, log *slog.Logger) (*Tracer, error) {
+	if !o.Traces.On {
 		return nil, nil
 	}
-	exporter := cfg.Exporter
+	exporter := o.SpanExporter
 	if exporter == nil {
 		var err error
-		if exporter, err = otlpExporter(cfg); err != nil {
+		if exporter, err = otlpSpanExporter(o.Traces); err != nil {
 			return nil, err
 		}
 	}
-	res := newResource(cfg.Identity, log)
 	handleOTelErrors(log)
 	q := newSpanQueue(exporter, reg, log)
-	provider := sdktrace.NewTracerProvider(sdktrace.WithResource(res), sdktrace.WithSpanProcessor(q))
+	provider := sdktrace.NewTracerProvider(sdktrace.WithResource(o.Resource), sdktrace.WithSpanProcessor(q))
 	return &Tracer{
 		provider: provider,
 		tracer:   provider.Tracer("github.com/timing-sidecar/timing-sidecar", trace.WithSchemaURL(semconv.SchemaURL)),
@@ -110,24 +70,20 @@ func NewTracer(cfg TraceConfig, reg prometheus.Registerer, log *slog.Logger) (*T
 	}, nil
 }
 
-// otlpExporter makes the OTLP exporter for cfg's protocol. It connects
+// otlpSpanExporter makes the OTLP exporter for s's protocol. It connects
 // lazily: a collector that is down at start costs nothing until spans
 // are exported.
-func otlpExporter(cfg TraceConfig) (sdktrace.SpanExporter, error) {
-	protocol, err := cfg.protocol()
-	if err != nil {
-		return nil, err
-	}
-	if protocol == ProtocolHTTP {
+func otlpSpanExporter(s Signal) (sdktrace.SpanExporter, error) {
+	if s.Protocol == ProtocolHTTP {
 		var opts []otlptracehttp.Option
-		if cfg.Endpoint != "" {
-			opts = append(opts, otlptracehttp.WithEndpointURL(cfg.Endpoint))
+		if s.Endpoint != "" {
+			opts = append(opts, otlptracehttp.WithEndpointURL(s.Endpoint))
 		}
 		return otlptracehttp.New(context.Background(), opts...)
 	}
 	var opts []otlptracegrpc.Option
-	if cfg.Endpoint != "" {
-		opts = append(opts, otlptracegrpc.WithEndpointURL(cfg.Endpoint))
+	if s.Endpoint != "" {
+		opts = append(opts, otlptracegrpc.WithEndpointURL(s.Endpoint))
 	}
 	return otlptracegrpc.New(context.Background(), opts...)
 }

@@ -26,64 +26,6 @@ import (
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-func TestTracingIsOffUnlessAnEndpointIsSet(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		cfg  TraceConfig
-		env  map[string]string
-		on   bool
-	}{
-		{"nothing set", TraceConfig{}, nil, false},
-		{"flag", TraceConfig{Endpoint: "http://collector:4317"}, nil, true},
-		{"traces variable", TraceConfig{}, map[string]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4317"}, true},
-		{"base variable", TraceConfig{}, map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, true},
-		{"exporter none", TraceConfig{}, map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_TRACES_EXPORTER": "none"}, false},
-		{"sdk disabled beats the flag", TraceConfig{Endpoint: "http://c:4317"}, map[string]string{"OTEL_SDK_DISABLED": "true"}, false},
-		{"sampler alone", TraceConfig{}, map[string]string{"OTEL_TRACES_SAMPLER": "always_on"}, false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			for _, k := range []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_TRACES_EXPORTER", "OTEL_SDK_DISABLED", "OTEL_TRACES_SAMPLER"} {
-				t.Setenv(k, tc.env[k])
-			}
-			if got := tc.cfg.On(); got != tc.on {
-				t.Errorf("On() = %v, want %v", got, tc.on)
-			}
-			tr, err := NewTracer(tc.cfg, prometheus.NewRegistry(), quiet)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if (tr != nil) != tc.on {
-				t.Errorf("NewTracer gave %v, want on = %v", tr, tc.on)
-			}
-			tr.Shutdown(context.Background()) //nolint:errcheck
-		})
-	}
-}
-
-func TestTraceProtocol(t *testing.T) {
-	for _, tc := range []struct {
-		flag, traces, base, want string
-		bad                      bool
-	}{
-		{want: ProtocolGRPC},
-		{base: "http/protobuf", want: ProtocolHTTP},
-		{traces: "grpc", base: "http/protobuf", want: ProtocolGRPC},
-		{flag: "http/protobuf", traces: "grpc", want: ProtocolHTTP},
-		{traces: "http/json", bad: true},
-	} {
-		t.Setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", tc.traces)
-		t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", tc.base)
-		cfg := TraceConfig{Endpoint: "http://c:4317", Protocol: tc.flag}
-		got, err := cfg.protocol()
-		if (err != nil) != tc.bad || got != tc.want {
-			t.Errorf("%+v: protocol %q, %v; want %q", tc, got, err, tc.want)
-		}
-		if (cfg.Check() != nil) != tc.bad {
-			t.Errorf("%+v: Check() = %v", tc, cfg.Check())
-		}
-	}
-}
-
 // blockingExporter holds every export until released, or fails them.
 type blockingExporter struct {
 	release chan struct{}
@@ -197,7 +139,7 @@ func TestShutdownExportsWhatIsQueued(t *testing.T) {
 func tracedRecord(t *testing.T, rec *Record, parent string) (server, client tracetest.SpanStub) {
 	t.Helper()
 	exp := tracetest.NewInMemoryExporter()
-	tr, err := NewTracer(TraceConfig{Exporter: exp}, prometheus.NewRegistry(), quiet)
+	tr, err := NewTracer(OTLP{Traces: Signal{On: true}, SpanExporter: exp}, prometheus.NewRegistry(), quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -450,7 +392,7 @@ func TestSampledOutRequestsPropagateButRecordNothing(t *testing.T) {
 	rec := Record{Endpoint: EndpointChat, Model: "m", Method: "POST", Path: "/v1/chat/completions", Status: 200,
 		Trace: Trace{Clock: timing.Clock{Arrival: t0}}}
 	exp := tracetest.NewInMemoryExporter()
-	tr, err := NewTracer(TraceConfig{Exporter: exp}, prometheus.NewRegistry(), quiet)
+	tr, err := NewTracer(OTLP{Traces: Signal{On: true}, SpanExporter: exp}, prometheus.NewRegistry(), quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -471,7 +413,7 @@ func TestSampledOutRequestsPropagateButRecordNothing(t *testing.T) {
 
 func TestClientStringsAreCleanedInSpans(t *testing.T) {
 	exp := tracetest.NewInMemoryExporter()
-	tr, err := NewTracer(TraceConfig{Exporter: exp}, prometheus.NewRegistry(), quiet)
+	tr, err := NewTracer(OTLP{Traces: Signal{On: true}, SpanExporter: exp}, prometheus.NewRegistry(), quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -510,7 +452,7 @@ func TestClientStringsAreCleanedInSpans(t *testing.T) {
 // measures the whole process).
 func BenchmarkTraceRequest(b *testing.B) {
 	exp := tracetest.NewNoopExporter()
-	tr, err := NewTracer(TraceConfig{Exporter: exp}, prometheus.NewRegistry(), quiet)
+	tr, err := NewTracer(OTLP{Traces: Signal{On: true}, SpanExporter: exp}, prometheus.NewRegistry(), quiet)
 	if err != nil {
 		b.Fatal(err)
 	}

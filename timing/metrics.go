@@ -139,10 +139,41 @@ type Metrics struct {
 	// CacheWriteTokens is the prompt tokens the engine wrote to its
 	// prefix cache, when it said; not part of the JSON object either.
 	CacheWriteTokens Count
+	// Sent is the completion tokens the engine sent, as a usage record
+	// has them, and SentFrom where the count comes from (see sent); not
+	// part of the JSON object, whose completion_tokens is the usage's.
+	Sent     Count
+	SentFrom CountSource
+	// ReasoningTokens is the part of the completion that was reasoning,
+	// when the engine's usage says; not part of the JSON object.
+	ReasoningTokens Count
 	// PrefillTokensPerSecond is the prompt tokens the engine computed
 	// (prompt − cached) over the prefill interval (see prefill), for
 	// streams whose engine reports its cached tokens.
 	PrefillTokensPerSecond Number
+}
+
+// CountSource says where a token count comes from.
+type CountSource uint8
+
+const (
+	// CountUnknown: the sidecar has no count.
+	CountUnknown CountSource = iota
+	// CountUsage: the engine's usage object.
+	CountUsage
+	// CountCounted: counted from what the engine sent (see sent).
+	CountCounted
+)
+
+// String is the source as the usage record says it.
+func (s CountSource) String() string {
+	switch s {
+	case CountUsage:
+		return "usage"
+	case CountCounted:
+		return "counted"
+	}
+	return "unknown"
 }
 
 // Origin is the mark a stream's time to first token is measured from,
@@ -492,6 +523,8 @@ func (m *Metrics) countTokens(c *Clock, u Usage, streamed bool) {
 	m.CacheWriteTokens = u.CacheWriteTokens
 	m.MeanITL, m.TokensPerSecond, m.TokenEvents, m.Split = Number{}, Number{}, Count{}, OutputSplit{}
 	m.TokensPerEvent, m.MaxTokensPerEvent = Number{}, Count{}
+	m.Sent, m.SentFrom = sent(c, u, streamed)
+	m.ReasoningTokens = u.ReasoningTokens
 	tokens := u.CompletionTokens
 	if !streamed {
 		// No events to check the count against: the engine's, as is.
@@ -534,6 +567,26 @@ func (m *Metrics) countTokens(c *Clock, u Usage, streamed bool) {
 	if decode, ok := interval(m.from(c), c.LastToken); ok {
 		m.TokensPerSecond = perSecond(n.Value, decode)
 	}
+}
+
+// sent is the completion tokens the engine sent: its usage's count where
+// the usage came; else, for a stream (one its client, the engine or a
+// shutdown cut, or an engine that sends no usage), counted from the events
+// the sidecar read: the engine's running count where every token event
+// carried one (exact), else one token per token event (exact where the
+// engine sends a token an event, vLLM's, SGLang's and llama.cpp's
+// default; a lower bound where an event carries several). An unstreamed
+// answer without usage is unknown.
+func sent(c *Clock, u Usage, streamed bool) (Count, CountSource) {
+	switch {
+	case u.CompletionTokens.Set:
+		return u.CompletionTokens, CountUsage
+	case !streamed:
+		return Count{}, CountUnknown
+	case c.tokenEvents > 0 && c.countedEvents == c.tokenEvents:
+		return Count{c.lastTokenCount, true}, CountCounted
+	}
+	return Count{int64(c.tokenEvents), true}, CountCounted
 }
 
 func number(v float64, ok bool) Number { return Number{v, ok} }

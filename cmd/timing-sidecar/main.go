@@ -40,7 +40,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Commands:  []*cli.Command{demoCommand(), emulateCommand(), benchCommand(), accuracyCommand(), injectCommand()},
 		Action: func(c *cli.Context) error {
 			cfg := configFrom(c)
-			cfg.Tracing.ServiceVersion, cfg.Metrics.ServiceVersion = version, version
+			cfg.OTLP.ServiceVersion = version
 			log, err := newLogger(stderr, c.String("log-level"))
 			if err != nil {
 				return err
@@ -100,14 +100,20 @@ func configFrom(c *cli.Context) proxy.Config {
 		SLOTTFTHeader:          c.String("slo-ttft-header"),
 		SLOITLHeader:           c.String("slo-itl-header"),
 		CPURequest:             c.String("cpu-request"),
-		Tracing: telemetry.TraceConfig{
-			Endpoint: c.String("otlp-traces-endpoint"),
-			Protocol: c.String("otlp-traces-protocol"),
-			Identity: telemetry.Identity{InstanceID: c.String("service-instance-id")},
+		Usage: proxy.UsageConfig{
+			SpoolDir:           c.String("usage-spool-dir"),
+			SpoolMaxSize:       c.Int64("usage-spool-max-size"),
+			SpoolSync:          c.Duration("usage-spool-sync"),
+			CloudEventsURL:     c.String("usage-cloudevents-endpoint"),
+			CloudEventsHeaders: c.StringSlice("usage-cloudevents-header"),
+			EventType:          c.String("usage-cloudevents-type"),
+			EventSource:        c.String("usage-cloudevents-source"),
+			Timeout:            c.Duration("usage-cloudevents-timeout"),
 		},
-		Metrics: telemetry.MetricsConfig{
-			Endpoint: c.String("otlp-metrics-endpoint"),
-			Protocol: c.String("otlp-metrics-protocol"),
+		OTLP: telemetry.OTLPConfig{
+			Traces:   telemetry.SignalConfig{Endpoint: c.String("otlp-traces-endpoint"), Protocol: c.String("otlp-traces-protocol")},
+			Metrics:  telemetry.SignalConfig{Endpoint: c.String("otlp-metrics-endpoint"), Protocol: c.String("otlp-metrics-protocol")},
+			Logs:     telemetry.SignalConfig{Endpoint: c.String("otlp-logs-endpoint"), Protocol: c.String("otlp-logs-protocol")},
 			Identity: telemetry.Identity{InstanceID: c.String("service-instance-id")},
 		},
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -36,7 +37,7 @@ func TestDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg != proxy.DefaultConfig() {
+	if !reflect.DeepEqual(cfg, proxy.DefaultConfig()) {
 		t.Fatalf("flag defaults\n%+v\ndiffer from proxy.DefaultConfig()\n%+v", cfg, proxy.DefaultConfig())
 	}
 }

@@ -1,0 +1,272 @@
+// Package usage delivers the usage records: one per request forwarded to
+// the engine, written to the spool as the request starts and ends, and
+// sent from there to each sink at least once.
+package usage
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/timing-sidecar/timing-sidecar/telemetry/spool"
+)
+
+// Delivery's pace: a batch is up to maxBatch records or about
+// maxBatchBytes; a failed one is sent again after a backoff that doubles
+// from minBackoff to maxBackoff, each wait drawn between half and all of
+// it (jitter: sidecars that lost one receiver together do not return to
+// it together).
+const (
+	maxBatch      = 500
+	maxBatchBytes = 1 << 20
+	minBackoff    = 250 * time.Millisecond
+	maxBackoff    = 30 * time.Second
+	// reportEvery bounds the operational log's reports of failed
+	// deliveries and refusals.
+	reportEvery = time.Minute
+)
+
+// Refusal reasons, as the "reason" label says them.
+const (
+	RefusedFull  = "spool_full"   // past --usage-spool-max-size
+	RefusedWrite = "write_failed" // the filesystem refused the write (full, or failing)
+)
+
+// Options configures the records.
+type Options struct {
+	Spool spool.Options
+	Sinks []Sink
+	Log   *slog.Logger
+}
+
+// Records takes the usage records into the spool and delivers them.
+type Records struct {
+	spool      *spool.Spool
+	deliveries []*delivery
+	log        *slog.Logger
+
+	produced, refused *prometheus.CounterVec
+	sinkNames         []string
+
+	// reported rate-limits the report of refusals.
+	mu           sync.Mutex
+	refusedSince int
+	lastReport   time.Time
+
+	stop    chan struct{}
+	done    sync.WaitGroup
+	closing sync.Once
+}
+
+// Open opens the spool, recovers what an earlier process left in it, and
+// starts one delivery per sink.
+func Open(opts Options, reg prometheus.Registerer) (*Records, error) {
+	for _, s := range opts.Sinks {
+		opts.Spool.Readers = append(opts.Spool.Readers, s.Name())
+	}
+	sp, rec, err := spool.Open(opts.Spool)
+	if err != nil {
+		return nil, err
+	}
+	r := &Records{spool: sp, log: opts.Log, stop: make(chan struct{}),
+		produced: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_usage_records_produced_total",
+			Help: "Usage records taken for each sink: one per request forwarded to the engine, and those found in the spool at start (recovered). produced = delivered + spooled + refused."}, []string{"sink"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_usage_records_refused_total",
+			Help: "Usage records not spooled, by reason: spool_full (past --usage-spool-max-size) or write_failed (the filesystem refused the write)."}, []string{"sink", "reason"}),
+	}
+	recovered := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_usage_records_recovered_total",
+		Help: "Usage records found in the spool at start, not yet delivered (counted in produced too); lost ones among them."}, []string{"sink"})
+	lost := prometheus.NewCounter(prometheus.CounterOpts{Name: "timing_sidecar_usage_records_lost_total",
+		Help: "Requests found started and never ended in the spool at start (the process ended first): each delivered with end sidecar_lost and unknown counts."})
+	corrupt := prometheus.NewCounter(prometheus.CounterOpts{Name: "timing_sidecar_usage_spool_corrupt_bytes_total",
+		Help: "Bytes cut from the spool at start where a frame did not check: a write a kill cut short."})
+	delivered := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_usage_records_delivered_total",
+		Help: "Usage records the sink acknowledged."}, []string{"sink"})
+	retried := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_usage_records_retried_total",
+		Help: "Usage records sent again after a failed delivery (an error, a non-2xx answer, a timeout)."}, []string{"sink"})
+	bytes := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "timing_sidecar_usage_spool_bytes",
+		Help: "Bytes the usage spool holds on disk."}, func() float64 { return float64(sp.Size()) })
+	reg.MustRegister(r.produced, r.refused, recovered, lost, corrupt, delivered, retried, bytes)
+	lost.Add(float64(rec.Lost))
+	corrupt.Add(float64(rec.Corrupt))
+	for _, s := range opts.Sinks {
+		name := s.Name()
+		reader := sp.Reader(name)
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "timing_sidecar_usage_records_spooled",
+			Help: "Usage records in the spool that the sink has not acknowledged.", ConstLabels: prometheus.Labels{"sink": name}},
+			func() float64 { return float64(reader.Pending()) }))
+		r.produced.WithLabelValues(name).Add(float64(rec.Pending[name]))
+		recovered.WithLabelValues(name).Add(float64(rec.Pending[name]))
+		for _, reason := range []string{RefusedFull, RefusedWrite} {
+			r.refused.WithLabelValues(name, reason)
+		}
+		r.sinkNames = append(r.sinkNames, name)
+		d := &delivery{sink: s, reader: reader, log: opts.Log, stop: r.stop,
+			delivered: delivered.WithLabelValues(name), retried: retried.WithLabelValues(name)}
+		r.deliveries = append(r.deliveries, d)
+		r.done.Go(d.run)
+	}
+	if rec.Lost > 0 || rec.Corrupt > 0 {
+		opts.Log.Warn("usage spool: the last process ended with requests in flight; each is delivered with end sidecar_lost",
+			"lost", rec.Lost, "corrupt_bytes", rec.Corrupt)
+	}
+	return r, nil
+}
+
+// Start spools the record a request gets if the process ends before it
+// does. A refusal is not counted: the request's end still is.
+func (r *Records) Start(id string, record []byte) {
+	r.spool.Append(spool.Start, id, record) //nolint:errcheck // see above
+}
+
+// End spools a request's record. It never blocks on a sink; a record the
+// spool refuses is counted, and reported on the operational log at most
+// once a minute.
+func (r *Records) End(id string, record []byte) {
+	err := r.spool.Append(spool.End, id, record)
+	for _, name := range r.sinkNames {
+		r.produced.WithLabelValues(name).Inc()
+	}
+	if err == nil {
+		return
+	}
+	r.spool.Forget(id)
+	reason := RefusedWrite
+	if errors.Is(err, spool.ErrFull) {
+		reason = RefusedFull
+	}
+	for _, name := range r.sinkNames {
+		r.refused.WithLabelValues(name, reason).Inc()
+	}
+	r.mu.Lock()
+	r.refusedSince++
+	report := time.Since(r.lastReport) >= reportEvery
+	n := r.refusedSince
+	if report {
+		r.refusedSince, r.lastReport = 0, time.Now()
+	}
+	r.mu.Unlock()
+	if report {
+		r.log.Error("usage records refused: the spool cannot take them; they are not delivered", "records", n, "reason", reason, "err", err)
+	}
+}
+
+// Close delivers what the spool holds until every sink has it or ctx is
+// done, then stops the deliveries and closes the spool: what is left
+// stays there for the next start on the same directory, and is returned
+// per sink.
+func (r *Records) Close(ctx context.Context) map[string]int {
+	r.closing.Do(func() {
+		for _, d := range r.deliveries {
+			d.drain(ctx)
+		}
+		close(r.stop)
+		r.done.Wait()
+		for _, d := range r.deliveries {
+			d.sink.Close(ctx) //nolint:errcheck // nothing left to send
+		}
+		if err := r.spool.Close(); err != nil {
+			r.log.Warn("usage spool: the last sync failed", "err", err)
+		}
+	})
+	left := map[string]int{}
+	for _, d := range r.deliveries {
+		if n := d.reader.Pending(); n > 0 {
+			left[d.sink.Name()] = n
+		}
+	}
+	return left
+}
+
+// delivery sends one sink's records, in order, from the spool.
+type delivery struct {
+	sink   Sink
+	reader *spool.Reader
+	log    *slog.Logger
+	stop   chan struct{}
+
+	delivered, retried prometheus.Counter
+}
+
+func (d *delivery) run() {
+	backoff := time.Duration(0)
+	var lastReport time.Time
+	failures := 0
+	for {
+		b, err := d.reader.Next(maxBatch, maxBatchBytes)
+		if err == nil && len(b.Records) == 0 {
+			if !d.wait(d.reader.Wake()) {
+				return
+			}
+			continue
+		}
+		if err == nil {
+			if err = d.send(b.Records); err == nil {
+				d.delivered.Add(float64(len(b.Records)))
+				if err := d.reader.Ack(b); err != nil {
+					// Delivered all the same: only a restart sends them again.
+					d.log.Warn("usage spool: a sink's position was not saved", "sink", d.sink.Name(), "err", err)
+				}
+				backoff, failures = 0, 0
+				continue
+			}
+			d.retried.Add(float64(len(b.Records)))
+		}
+		failures++
+		if time.Since(lastReport) >= reportEvery {
+			d.log.Warn("usage records not delivered; retrying", "sink", d.sink.Name(), "err", err,
+				"failures", failures, "pending", d.reader.Pending())
+			lastReport = time.Now()
+		}
+		backoff = min(max(2*backoff, minBackoff), maxBackoff)
+		t := time.NewTimer(backoff/2 + rand.N(backoff/2+1))
+		select {
+		case <-t.C:
+		case <-d.stop:
+			t.Stop()
+			return
+		}
+	}
+}
+
+// send sends a batch, giving up at stop.
+func (d *delivery) send(records []spool.Record) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-d.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return d.sink.Send(ctx, records)
+}
+
+// wait waits for a record, or the stop; false at the stop.
+func (d *delivery) wait(wake <-chan struct{}) bool {
+	select {
+	case <-wake:
+		return true
+	case <-d.stop:
+		return false
+	}
+}
+
+// drain waits until the sink has every record spooled, or ctx is done.
+func (d *delivery) drain(ctx context.Context) {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for d.reader.Pending() > 0 {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
