@@ -389,7 +389,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, accessLog io.Writer)
 	procs, procsFrom := sizeParallelism(cfg.CPURequest)
 	log.Info("timing-sidecar listening", "listen", ln.Addr().String(), "admin_listen", adminLn.Addr().String(),
 		"upstream", cfg.Upstream, "per_request_metrics", string(cfg.Mode), "mark_clock", p.markClock(), "tls", p.tls != nil,
-		"parallelism", procs, "parallelism_from", procsFrom)
+		"parallelism", procs, "parallelism_from", procsFrom, "usage_records", p.usageSinks())
 	served := make(chan error, 2)
 	go func() { served <- p.Serve(ln) }()
 	go func() { served <- p.ServeAdmin(adminLn) }()

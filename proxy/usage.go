@@ -28,8 +28,10 @@ const (
 )
 
 // UsageConfig says whether and where the usage records go (see
-// telemetry/README.md): on when SpoolDir is set, to the CloudEvents
-// endpoint and to OTLP logs (Config.OTLP.Logs), whichever are set.
+// telemetry/README.md): to the CloudEvents endpoint and to OTLP logs
+// (Config.OTLP.Logs), whichever are set, through the spool in SpoolDir. A
+// spool with no sink is off: the manifests give every sidecar its spool,
+// and naming a sink turns the records on.
 type UsageConfig struct {
 	// SpoolDir holds the records until every sink has them; it outlives
 	// the process (an emptyDir outlives the container).
@@ -62,9 +64,6 @@ func (c *Config) usageProblems(logs telemetry.Signal) []error {
 		}
 		return errs
 	}
-	if u.CloudEventsURL == "" && !logs.On {
-		errs = append(errs, errors.New("usage spool set with nowhere to deliver: set --usage-cloudevents-endpoint or --otlp-logs-endpoint"))
-	}
 	if u.CloudEventsURL != "" {
 		if p, err := url.Parse(u.CloudEventsURL); err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
 			errs = append(errs, fmt.Errorf("usage CloudEvents endpoint %q: want an http or https URL", u.CloudEventsURL))
@@ -90,7 +89,7 @@ func (c *Config) usageProblems(logs telemetry.Signal) []error {
 func openUsage(cfg *Config, otlp telemetry.OTLP, reg prometheus.Registerer, log *slog.Logger) (*usage.Records, telemetry.UsageEnvelope, error) {
 	u := &cfg.Usage
 	env := telemetry.UsageEnvelope{Type: u.EventType, Source: u.EventSource}
-	if u.SpoolDir == "" {
+	if u.SpoolDir == "" || u.CloudEventsURL == "" && !otlp.Logs.On {
 		return nil, env, nil
 	}
 	if env.Source == "" {
@@ -118,4 +117,13 @@ func openUsage(cfg *Config, otlp telemetry.OTLP, reg prometheus.Registerer, log 
 	records, err := usage.Open(usage.Options{Spool: spool.Options{Dir: u.SpoolDir, MaxSize: u.SpoolMaxSize, Sync: u.SpoolSync},
 		Sinks: sinks, Log: log}, reg)
 	return records, env, err
+}
+
+// usageSinks names where the usage records go, for the start-up log: none
+// when they are off.
+func (p *Proxy) usageSinks() []string {
+	if p.usage == nil {
+		return []string{}
+	}
+	return p.usage.Sinks()
 }

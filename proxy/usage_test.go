@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -315,4 +317,65 @@ func TestUsageSpoolOutlivesTheProcess(t *testing.T) {
 		t.Errorf("after the restart: %v", got)
 	}
 	checkReconciled(t, p2, usage.SinkCloudEvents, 3)
+}
+
+// TestUsageSettings: a sink needs a spool; a spool alone is records off;
+// every problem is said at once.
+func TestUsageSettings(t *testing.T) {
+	for _, k := range []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT", "OTEL_SDK_DISABLED", "OTEL_LOGS_EXPORTER"} {
+		t.Setenv(k, "")
+	}
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name  string
+		set   func(*Config)
+		env   string // OTEL_EXPORTER_OTLP_ENDPOINT
+		bad   []string
+		sinks []string
+	}{
+		{name: "off", set: func(*Config) {}},
+		{name: "a spool alone is off", set: func(c *Config) { c.Usage.SpoolDir = dir }},
+		{name: "CloudEvents without a spool", set: func(c *Config) { c.Usage.CloudEventsURL = "http://127.0.0.1:1/events" },
+			bad: []string{"need a spool"}},
+		{name: "OTLP logs named without a spool", set: func(c *Config) { c.OTLP.Logs.Endpoint = "http://127.0.0.1:1" },
+			bad: []string{"need a spool"}},
+		{name: "the shared OTLP endpoint without a spool is no record", set: func(*Config) {}, env: "http://127.0.0.1:1"},
+		{name: "the shared OTLP endpoint with a spool", set: func(c *Config) { c.Usage.SpoolDir = dir }, env: "http://127.0.0.1:1",
+			sinks: []string{usage.SinkOTLP}},
+		{name: "both sinks", set: func(c *Config) {
+			c.Usage.SpoolDir, c.Usage.CloudEventsURL, c.OTLP.Logs.Endpoint = dir, "https://openmeter.example/api/v1/events", "http://127.0.0.1:1"
+		}, sinks: []string{usage.SinkCloudEvents, usage.SinkOTLP}},
+		{name: "every problem at once", set: func(c *Config) {
+			c.Usage.SpoolDir, c.Usage.CloudEventsURL, c.Usage.CloudEventsHeaders = dir, "ftp://x", []string{"no colon"}
+			c.Usage.SpoolMaxSize, c.Usage.Timeout = 1000, 0
+		}, bad: []string{`"ftp://x": want an http or https URL`, `header "no colon: …"`, "max size 1000", "usage timeout 0s"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", tc.env)
+			cfg := DefaultConfig()
+			cfg.Upstream, cfg.Listen = "http://127.0.0.1:1", "127.0.0.1:0"
+			tc.set(&cfg)
+			p, err := New(cfg, slog.New(slog.DiscardHandler), nil)
+			for _, want := range tc.bad {
+				if err == nil || !strings.Contains(err.Error(), want) {
+					t.Errorf("err = %v, want %q", err, want)
+				}
+			}
+			if len(tc.bad) > 0 {
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				// No collector: the other signals' last exports are given up.
+				ctx, cancel := context.WithCancel(context.Background())
+				cancel()
+				p.Shutdown(ctx) //nolint:errcheck
+			}()
+			if got := p.usageSinks(); !slices.Equal(got, append([]string{}, tc.sinks...)) {
+				t.Errorf("sinks %v, want %v", got, tc.sinks)
+			}
+		})
+	}
 }

@@ -12,6 +12,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/timing-sidecar/timing-sidecar/telemetry/spool"
+	"github.com/timing-sidecar/timing-sidecar/telemetry/usage"
 )
 
 // TestReadmeListsEverySeries keeps the README's Prometheus series table in
@@ -48,6 +51,12 @@ func TestReadmeListsEverySeries(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer genai.Shutdown(t.Context()) //nolint:errcheck
+	// And the usage records' when a sink is set.
+	records, err := usage.Open(usage.Options{Spool: spool.Options{Dir: t.TempDir(), MaxSize: 1 << 20}, Sinks: []usage.Sink{discardSink{}}, Log: quiet}, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer records.Close(t.Context())
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

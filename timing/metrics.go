@@ -572,21 +572,20 @@ func (m *Metrics) countTokens(c *Clock, u Usage, streamed bool) {
 // sent is the completion tokens the engine sent: its usage's count where
 // the usage came; else, for a stream (one its client, the engine or a
 // shutdown cut, or an engine that sends no usage), counted from the events
-// the sidecar read: the engine's running count where every token event
-// carried one (exact), else one token per token event (exact where the
-// engine sends a token an event, vLLM's, SGLang's and llama.cpp's
-// default; a lower bound where an event carries several). An unstreamed
-// answer without usage is unknown.
+// the sidecar read: the engine's running count where its events carry one
+// (vLLM's continuous_usage_stats: exact when every token event does), and
+// at least one token per token event (exact where the engine sends a
+// token an event, vLLM's, SGLang's and llama.cpp's default; a lower bound
+// where an event carries several). An unstreamed answer without usage is
+// unknown.
 func sent(c *Clock, u Usage, streamed bool) (Count, CountSource) {
 	switch {
 	case u.CompletionTokens.Set:
 		return u.CompletionTokens, CountUsage
 	case !streamed:
 		return Count{}, CountUnknown
-	case c.tokenEvents > 0 && c.countedEvents == c.tokenEvents:
-		return Count{c.lastTokenCount, true}, CountCounted
 	}
-	return Count{int64(c.tokenEvents), true}, CountCounted
+	return Count{max(c.running, int64(c.tokenEvents)), true}, CountCounted
 }
 
 func number(v float64, ok bool) Number { return Number{v, ok} }

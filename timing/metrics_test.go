@@ -771,3 +771,50 @@ func TestTokensPerEvent(t *testing.T) {
 		})
 	}
 }
+
+// TestSentTokens: a usage record's completion count is the engine's usage
+// where it came; for a stream without it, the running count when every
+// token event carried one, else one per token event; unknown for an answer
+// sent whole without usage.
+func TestSentTokens(t *testing.T) {
+	type event struct {
+		token   bool
+		running int64 // -1: no count on the event
+	}
+	for _, tt := range []struct {
+		name     string
+		events   []event
+		usage    Count
+		streamed bool
+		want     Count
+		from     CountSource
+	}{
+		{"usage came", []event{{true, -1}, {true, -1}}, count(9), true, count(9), CountUsage},
+		{"cut: token events", []event{{false, -1}, {true, -1}, {true, -1}, {true, -1}}, Count{}, true, count(3), CountCounted},
+		{"cut: running counts", []event{{true, 2}, {true, 5}, {false, 5}}, Count{}, true, count(5), CountCounted},
+		{"cut: a token event without its count", []event{{true, 2}, {true, -1}, {true, 6}}, Count{}, true, count(6), CountCounted},
+		{"cut: a count that stopped", []event{{true, 1}, {true, -1}, {true, -1}}, Count{}, true, count(3), CountCounted},
+		{"cut before any token", []event{{false, -1}}, Count{}, true, count(0), CountCounted},
+		{"answer sent whole, no usage", nil, Count{}, false, Count{}, CountUnknown},
+		{"answer sent whole", nil, count(4), false, count(4), CountUsage},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := &Clock{Arrival: at(0), Accepted: at(10), Done: at(110)}
+			for i, ev := range tt.events {
+				if ev.token {
+					c.MarkOutput(at(float64(20+i)), OutputContent)
+				}
+				if ev.running >= 0 {
+					c.CountOutput(count(ev.running), ev.token)
+				}
+			}
+			m := Compute(c, Usage{CompletionTokens: tt.usage}, tt.streamed, EngineTiming{})
+			if m.Sent != tt.want || m.SentFrom != tt.from {
+				t.Fatalf("sent %+v from %v, want %+v from %v", m.Sent, m.SentFrom, tt.want, tt.from)
+			}
+			if m.CompletionTokens != tt.usage {
+				t.Fatalf("completion_tokens %+v: the object's count is the usage's only", m.CompletionTokens)
+			}
+		})
+	}
+}

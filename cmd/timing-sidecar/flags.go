@@ -117,7 +117,7 @@ func serveFlags() []cli.Flag {
 		&cli.StringFlag{Name: "otlp-logs-protocol", EnvVars: env("otlp-logs-protocol"),
 			Usage: "OTLP protocol for the usage records' logs: grpc or http/protobuf. Empty reads OTEL_EXPORTER_OTLP_LOGS_PROTOCOL, then OTEL_EXPORTER_OTLP_PROTOCOL, then takes grpc."},
 		&cli.StringFlag{Name: "usage-spool-dir", EnvVars: env("usage-spool-dir"),
-			Usage: "Directory of the usage records' spool: one record per request forwarded to the engine, kept until every sink has acknowledged it, and delivered after a restart on the same directory (the manifests mount an emptyDir). Empty: no usage records."},
+			Usage: "Directory of the usage records' spool: one record per request forwarded to the engine, kept until every sink has acknowledged it, and delivered after a restart on the same directory (the manifests mount an emptyDir). The records go to the sinks named (--usage-cloudevents-endpoint, --otlp-logs-endpoint); with none, or no spool, there are none."},
 		&cli.Int64Flag{Name: "usage-spool-max-size", EnvVars: env("usage-spool-max-size"), Value: proxy.DefaultUsageSpoolMaxSize,
 			Usage: "Largest size of the usage spool, in bytes; past it new records are refused, counted and reported, never a request. Keep it below the volume's size."},
 		&cli.DurationFlag{Name: "usage-spool-sync", EnvVars: env("usage-spool-sync"), Value: proxy.DefaultUsageSpoolSync,

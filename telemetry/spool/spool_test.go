@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-func open(t *testing.T, dir string, opts Options) (*Spool, Recovery) {
+func open(t testing.TB, dir string, opts Options) (*Spool, Recovery) {
 	t.Helper()
 	opts.Dir = dir
 	if opts.MaxSize == 0 {

@@ -118,6 +118,9 @@ func Open(opts Options, reg prometheus.Registerer) (*Records, error) {
 	return r, nil
 }
 
+// Sinks names the sinks the records go to.
+func (r *Records) Sinks() []string { return r.sinkNames }
+
 // Start spools the record a request gets if the process ends before it
 // does. A refusal is not counted: the request's end still is.
 func (r *Records) Start(id string, record []byte) {
