@@ -3,11 +3,15 @@ package inject
 import (
 	"encoding/json"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/timing-sidecar/timing-sidecar/proxy"
 )
 
 // podWith is a Pod whose spec is spec, indented under it.
@@ -580,5 +584,121 @@ func TestSGLangLegs(t *testing.T) {
 		if got := sidecarEnv(p.Spec)["TIMING_SIDECAR_DISAGGREGATION_LEG"]; got != want {
 			t.Errorf("--disaggregation-mode %s: the sidecar's leg %q, want %q", mode, got, want)
 		}
+	}
+}
+
+// TestSpoolVolume: each pod gets the usage spool's emptyDir, its
+// sizeLimit above the bound the sidecar gets (spoolProblems, in
+// checkOutput, holds every output to the margin); a volume of that name
+// the pod has is kept, unless the spool cannot live on it.
+func TestSpoolVolume(t *testing.T) {
+	engine := "containers:\n  - name: e\n    command: [vllm, serve, m]\n"
+	spool := func(spec corev1.PodSpec) corev1.Volume {
+		for _, v := range spec.Volumes {
+			if v.Name == spoolVolume {
+				return v
+			}
+		}
+		t.Fatalf("no volume %s in %+v", spoolVolume, spec.Volumes)
+		return corev1.Volume{}
+	}
+	for _, tc := range []struct {
+		name, maxSize, want string
+		bound               int64
+	}{
+		{"the default bound", "", "320Mi", proxy.DefaultUsageSpoolMaxSize},
+		{"a bound of 1 GiB", "1073741824", "1280Mi", 1 << 30},
+		{"a bound of 100 MiB: at least 64Mi more", "104857600", "164Mi", 100 << 20},
+		{"a bound in hexadecimal, as the flag reads it", "0x4000000", "128Mi", 64 << 20},
+		{"a bound of whole MiB and a byte", "268435457", "322Mi", 256<<20 + 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := Options{}
+			if tc.maxSize != "" {
+				opts.Env = []EnvVar{{"TIMING_SIDECAR_USAGE_SPOOL_MAX_SIZE", tc.maxSize}}
+			}
+			p, _ := injectPodOK(t, podWith(engine), opts)
+			v := spool(p.Spec)
+			if v.EmptyDir == nil || v.EmptyDir.SizeLimit == nil || v.EmptyDir.SizeLimit.String() != tc.want || v.EmptyDir.SizeLimit.Value() <= tc.bound {
+				t.Errorf("volume %+v, want an emptyDir of %s, above %d bytes", v, tc.want, tc.bound)
+			}
+		})
+	}
+	for _, tc := range []struct{ name, volume string }{
+		{"a PVC", "persistentVolumeClaim: {claimName: records}"},
+		{"a larger emptyDir", "emptyDir: {sizeLimit: 2Gi}"},
+		{"an emptyDir without a limit", "emptyDir: {}"},
+	} {
+		t.Run("the pod's own: "+tc.name, func(t *testing.T) {
+			p, _ := injectPodOK(t, podWith(engine+"volumes:\n  - name: "+spoolVolume+"\n    "+tc.volume+"\n"), Options{})
+			if got := spool(p.Spec); len(p.Spec.Volumes) != 1 || got.EmptyDir != nil && got.EmptyDir.SizeLimit != nil && got.EmptyDir.SizeLimit.String() != "2Gi" {
+				t.Errorf("volumes %+v", p.Spec.Volumes)
+			}
+		})
+	}
+	for _, tc := range []struct{ name, in, want string }{
+		{"a Secret", podWith(engine + "volumes:\n  - name: " + spoolVolume + "\n    secret: {secretName: s}\n"), "is a secret volume, which the kubelet mounts read-only"},
+		{"in memory", podWith(engine + "volumes:\n  - name: " + spoolVolume + "\n    emptyDir: {medium: Memory}\n"), "counted against the sidecar's memory limit"},
+		{"too small", podWith(engine + "volumes:\n  - name: " + spoolVolume + "\n    emptyDir: {sizeLimit: 300Mi}\n"), "has sizeLimit 300Mi, and the kubelet evicts the pod past it: the usage spool needs 320Mi"},
+		{"a hostPath under Knative", "apiVersion: serving.knative.dev/v1\nkind: Service\nmetadata:\n  name: k\nspec:\n  template:\n    spec:\n      containers:\n        - name: e\n          command: [vllm, serve, m]\n      volumes:\n        - name: " + spoolVolume + "\n          hostPath: {path: /var/spool}\n", "the ones Knative mounts writable"},
+	} {
+		refused(t, "the pod's own spool volume: "+tc.name, tc.in, Options{}, tc.want)
+	}
+	for _, tc := range []struct{ name, dir string }{{"a subdirectory", spoolPath + "/records"}, {"off", ""}} {
+		p, _ := injectPodOK(t, podWith(engine), Options{Env: []EnvVar{{"TIMING_SIDECAR_USAGE_SPOOL_DIR", tc.dir}}})
+		if got, ok := sidecarEnv(p.Spec)["TIMING_SIDECAR_USAGE_SPOOL_DIR"]; !ok || got != tc.dir {
+			t.Errorf("usage-spool-dir %s: the sidecar's is %q", tc.name, got)
+		}
+	}
+	refused(t, "every problem of the spool's settings at once", podWith(engine), Options{Env: []EnvVar{
+		{"TIMING_SIDECAR_USAGE_SPOOL_DIR", "/tmp/spool"}, {"TIMING_SIDECAR_USAGE_SPOOL_MAX_SIZE", "256Mi"}, {"TIMING_SIDECAR_SHUTDOWN_GRACE", "soon"}}},
+		`usage-spool-dir "/tmp/spool" is not under /var/spool/timing-sidecar, where the volume timing-sidecar-spool is mounted: the sidecar's root filesystem is read-only (a volume of that name in the pod chooses what holds the spool)
+shutdown-grace "soon" is not a duration
+usage-spool-max-size "256Mi" is not a positive number of bytes`)
+	for _, bad := range []string{"0", "-1", "1e9", ""} {
+		refused(t, "usage-spool-max-size "+bad, podWith(engine), Options{Env: []EnvVar{{"TIMING_SIDECAR_USAGE_SPOOL_MAX_SIZE", bad}}}, "is not a positive number of bytes")
+	}
+}
+
+// TestVolumeRules: the API server's and Knative's rules for volumes, as
+// checkOutput holds every output to them, each catching what it forbids.
+func TestVolumeRules(t *testing.T) {
+	mount := func(name, at string) corev1.Container {
+		return corev1.Container{Name: "c", VolumeMounts: []corev1.VolumeMount{{Name: name, MountPath: at}}}
+	}
+	emptyDir := func(name string) corev1.Volume {
+		return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}
+	}
+	secret := corev1.Volume{Name: "s", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "s"}}}
+	disk := corev1.Volume{Name: "d", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: "HugePages"}}}
+	negative := resource.MustParse("-1Mi")
+	shrunk := corev1.Volume{Name: "n", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &negative}}}
+	pvc := corev1.Volume{Name: "p", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "p"}}}
+	for _, tc := range []struct {
+		name    string
+		spec    corev1.PodSpec
+		knative bool
+		want    string
+	}{
+		{"a mount of no volume", corev1.PodSpec{Containers: []corev1.Container{mount("v", "/v")}}, false, "no volume of the pod"},
+		{"two volumes of one name", corev1.PodSpec{Volumes: []corev1.Volume{emptyDir("v"), emptyDir("v")}, Containers: []corev1.Container{mount("v", "/v")}}, false, `two volumes named "v"`},
+		{"a name that is no DNS label", corev1.PodSpec{Volumes: []corev1.Volume{emptyDir("V_1")}, Containers: []corev1.Container{mount("V_1", "/v")}}, false, `volume name "V_1"`},
+		{"one path mounted twice", corev1.PodSpec{Volumes: []corev1.Volume{emptyDir("a"), emptyDir("b")}, Containers: []corev1.Container{{Name: "c", VolumeMounts: []corev1.VolumeMount{{Name: "a", MountPath: "/v"}, {Name: "b", MountPath: "/v"}}}}}, false, "mounts twice at /v"},
+		{"a volume not mounted", corev1.PodSpec{Volumes: []corev1.Volume{emptyDir("v")}, Containers: []corev1.Container{{Name: "c"}}}, true, `volume with name "v" not mounted`},
+		{"a relative mountPath", corev1.PodSpec{Volumes: []corev1.Volume{emptyDir("v")}, Containers: []corev1.Container{mount("v", "v")}}, true, "is not absolute"},
+		{"a reserved mountPath", corev1.PodSpec{Volumes: []corev1.Volume{emptyDir("v")}, Containers: []corev1.Container{mount("v", "/dev/")}}, true, `"/dev" is a reserved path`},
+		{"a medium other than Memory", corev1.PodSpec{Volumes: []corev1.Volume{disk}, Containers: []corev1.Container{mount("d", "/d")}}, true, `medium "HugePages"`},
+		{"a negative sizeLimit", corev1.PodSpec{Volumes: []corev1.Volume{shrunk}, Containers: []corev1.Container{mount("n", "/n")}}, true, "sizeLimit -1Mi"},
+		{"a Secret mounted writable", corev1.PodSpec{Volumes: []corev1.Volume{secret}, Containers: []corev1.Container{mount("s", "/s")}}, true, "should be readOnly"},
+		{"a PVC, off by default", corev1.PodSpec{Volumes: []corev1.Volume{pvc}, Containers: []corev1.Container{mount("p", "/p")}}, true, "a kind its features leave off"},
+	} {
+		problems := podProblems(tc.spec, tc.knative)
+		if !slices.ContainsFunc(problems, func(p string) bool { return strings.Contains(p, tc.want) }) {
+			t.Errorf("%s: %q, want one saying %q", tc.name, problems, tc.want)
+		}
+	}
+	ok := corev1.PodSpec{Volumes: []corev1.Volume{emptyDir("v"), secret}, Containers: []corev1.Container{{Name: "c", VolumeMounts: []corev1.VolumeMount{{Name: "v", MountPath: "/v"}, {Name: "s", MountPath: "/s", ReadOnly: true}}}}}
+	if p := podProblems(ok, true); len(p) > 0 {
+		t.Errorf("a pod Knative admits: %q", p)
 	}
 }

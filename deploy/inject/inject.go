@@ -133,6 +133,14 @@ func (o *Options) Validate() error {
 				errs = append(errs, fmt.Errorf("shutdown-grace %q is not a duration", v.Value))
 			}
 		}
+		if v.Name == "TIMING_SIDECAR_USAGE_SPOOL_DIR" {
+			if err := spoolDirProblem(v.Value); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if _, err := spoolBound(o); err != nil {
+		errs = append(errs, err)
 	}
 	if _, _, err := adminPort(o); err != nil {
 		errs = append(errs, err)
@@ -189,6 +197,10 @@ func injectPod(ps *podSpec, opts *Options) (outcome, error) {
 	if err != nil {
 		return noEngine, err
 	}
+	spool, err := planSpool(ps, opts)
+	if err != nil {
+		return noEngine, err
+	}
 	list := "initContainers"
 	if ps.knative {
 		list = "containers"
@@ -209,6 +221,11 @@ func injectPod(ps *podSpec, opts *Options) (outcome, error) {
 	}
 	if err := target.PipeE(yaml.Append(sidecar.YNode())); err != nil {
 		return noEngine, err
+	}
+	if spool != nil {
+		if err := addSpool(pod, spool); err != nil {
+			return noEngine, err
+		}
 	}
 	if plan.listen < 1024 && !ps.knative {
 		if err := unprivilegedPorts(pod, plan.listen); err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path"
 	"regexp"
 	"slices"
 	"strconv"
@@ -20,6 +21,8 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/kio"
 	"sigs.k8s.io/kustomize/kyaml/yaml"
 	sigsyaml "sigs.k8s.io/yaml"
+
+	"github.com/timing-sidecar/timing-sidecar/proxy"
 )
 
 // checkOutput decodes every document inject wrote from in into its
@@ -73,6 +76,9 @@ func checkOutput(t *testing.T, in, out string, opts Options) {
 				if p := runAsNonRootProblem(sidecar, imageUser(t)); p != "" {
 					t.Error(p)
 				}
+				for _, p := range spoolProblems(spec, sidecar) {
+					t.Error(p)
+				}
 				checkTraffic(t, &ps, spec, sidecar, opts)
 			}
 		}
@@ -82,7 +88,7 @@ func checkOutput(t *testing.T, in, out string, opts Options) {
 // podProblems is every rule of the API server, and of Knative where it
 // runs the pod, that spec breaks.
 func podProblems(spec corev1.PodSpec, knative bool) []string {
-	p := apiServerProblems(spec)
+	p := append(apiServerProblems(spec), apiServerVolumeProblems(spec)...)
 	if knative {
 		p = append(p, knativeProblems(spec)...)
 	}
@@ -138,6 +144,7 @@ func podSpecOf(t *testing.T, ps *podSpec) corev1.PodSpec {
 	}
 	var loose struct {
 		Containers []json.RawMessage `json:"containers"`
+		Volumes    []json.RawMessage `json:"volumes"`
 	}
 	if err := sigsyaml.Unmarshal([]byte(text), &loose); err != nil {
 		t.Fatal(err)
@@ -149,6 +156,13 @@ func podSpecOf(t *testing.T, ps *podSpec) corev1.PodSpec {
 			t.Fatalf("not a valid container: %v\n%s", err, raw)
 		}
 		spec.Containers = append(spec.Containers, c)
+	}
+	for _, raw := range loose.Volumes {
+		var v corev1.Volume
+		if err := sigsyaml.UnmarshalStrict(raw, &v); err != nil {
+			t.Fatalf("not a valid volume: %v\n%s", err, raw)
+		}
+		spec.Volumes = append(spec.Volumes, v)
 	}
 	return spec
 }
@@ -205,6 +219,89 @@ func apiServerProblems(spec corev1.PodSpec) []string {
 	return out
 }
 
+// apiServerVolumeProblems: the checks the API server makes of a pod's
+// volumes (kubernetes pkg/apis/core/validation/validation.go:
+// ValidateVolumes, each name a DNS-1123 label used once;
+// ValidateVolumeMounts, each mount of each container naming a volume of
+// the pod, at a mountPath given and used once in the container).
+func apiServerVolumeProblems(spec corev1.PodSpec) []string {
+	var out []string
+	names := map[string]bool{}
+	for _, v := range spec.Volumes {
+		if errs := validation.IsDNS1123Label(v.Name); len(errs) > 0 {
+			out = append(out, fmt.Sprintf("volume name %q: %v", v.Name, errs))
+		}
+		if names[v.Name] {
+			out = append(out, fmt.Sprintf("two volumes named %q", v.Name))
+		}
+		names[v.Name] = true
+	}
+	for _, c := range allContainers(spec) {
+		paths := map[string]bool{}
+		for _, m := range c.VolumeMounts {
+			if !names[m.Name] {
+				out = append(out, fmt.Sprintf("container %s mounts %q, no volume of the pod", c.Name, m.Name))
+			}
+			if m.MountPath == "" {
+				out = append(out, fmt.Sprintf("container %s mounts %q with no mountPath", c.Name, m.Name))
+			}
+			if paths[m.MountPath] {
+				out = append(out, fmt.Sprintf("container %s mounts twice at %s", c.Name, m.MountPath))
+			}
+			paths[m.MountPath] = true
+		}
+	}
+	return out
+}
+
+// spoolProblems: the sidecar's usage spool is on a volume it writes (its
+// root filesystem is read-only), and an emptyDir there holds the spool's
+// bound with inject's margin: the kubelet evicts a pod whose emptyDir
+// holds more than its sizeLimit (kubernetes
+// pkg/kubelet/eviction/eviction_manager.go, emptyDirLimitEviction;
+// https://kubernetes.io/docs/concepts/storage/volumes/#emptydir), and the
+// spool passes its bound by a few KiB per request in flight and by the
+// records of the requests it finds lost at start.
+func spoolProblems(spec corev1.PodSpec, sidecar *corev1.Container) []string {
+	env := map[string]string{}
+	for _, e := range sidecar.Env {
+		env[e.Name] = e.Value
+	}
+	dir, set := env["TIMING_SIDECAR_USAGE_SPOOL_DIR"]
+	switch {
+	case !set:
+		return []string{"the sidecar has no usage spool"}
+	case dir == "":
+		return nil // turned off by a setting
+	}
+	var mount *corev1.VolumeMount
+	for i, m := range sidecar.VolumeMounts {
+		at := path.Clean(m.MountPath)
+		if under := path.Clean(dir); (under == at || strings.HasPrefix(under, at+"/")) && !m.ReadOnly {
+			mount = &sidecar.VolumeMounts[i]
+		}
+	}
+	if mount == nil {
+		return []string{fmt.Sprintf("the usage spool %s is on no writable mount of the sidecar %v: its root filesystem is read-only", dir, sidecar.VolumeMounts)}
+	}
+	bound := int64(proxy.DefaultUsageSpoolMaxSize)
+	if v, ok := env["TIMING_SIDECAR_USAGE_SPOOL_MAX_SIZE"]; ok {
+		bound, _ = strconv.ParseInt(v, 0, 64)
+	}
+	for _, v := range spec.Volumes {
+		if v.Name != mount.Name || v.EmptyDir == nil {
+			continue
+		}
+		if v.EmptyDir.Medium == corev1.StorageMediumMemory {
+			return []string{fmt.Sprintf("the usage spool's volume %s is in memory, counted against the sidecar's memory limit", v.Name)}
+		}
+		if limit := v.EmptyDir.SizeLimit; limit != nil && (limit.Value() < bound+64<<20 || limit.Value() < bound+bound/4) {
+			return []string{fmt.Sprintf("the usage spool's volume %s has sizeLimit %s: the kubelet evicts the pod before the spool reaches its bound %d bytes and a margin (a quarter, at least 64Mi)", v.Name, v.EmptyDir.SizeLimit, bound)}
+		}
+	}
+	return nil
+}
+
 // imageUser is the USER of the Dockerfile's final stage.
 func imageUser(t *testing.T) string {
 	t.Helper()
@@ -258,9 +355,9 @@ func runAsNonRootProblem(c *corev1.Container, imageUser string) string {
 // "", h2c or http1, reservedPorts none of 8008, 8012, 8013, 8022, 9090,
 // 9091; validateSidecarContainer refuses any probe on a container without
 // the port; ContainerMask has no restartPolicy; EnvVarSourceMask allows
-// only configMapKeyRef and secretKeyRef.
+// only configMapKeyRef and secretKeyRef. Volumes: knativeVolumeProblems.
 func knativeProblems(spec corev1.PodSpec) []string {
-	var out []string
+	out := knativeVolumeProblems(spec)
 	ports := 0
 	for _, c := range allContainers(spec) {
 		ports += len(c.Ports)
@@ -289,6 +386,62 @@ func knativeProblems(spec corev1.PodSpec) []string {
 	}
 	if len(spec.InitContainers) > 0 {
 		out = append(out, "Knative: init containers")
+	}
+	return out
+}
+
+// knativeVolumeProblems: Knative Serving's checks of a revision's volumes
+// with its features at their defaults (knative/serving
+// pkg/apis/serving/k8s_validation.go): ValidateVolumes wants every volume
+// mounted by a container ("volume with name %q not mounted");
+// validateVolume and VolumeSourceMask (fieldmask.go) allow only secret,
+// configMap, projected and emptyDir sources (kubernetes.podspec-volumes-
+// emptydir is Enabled in pkg/apis/config/features.go,
+// defaultFeaturesConfig, and config/core/configmaps/features.yaml; PVC,
+// hostPath, CSI, ephemeral and image volumes are Disabled);
+// validateEmptyDirFields wants medium "" or Memory and a sizeLimit not
+// negative; validateVolumeMounts wants a mountPath absolute, not reserved
+// (reservedPaths: /, /dev, /dev/log) and once in the container, and a
+// mount readOnly unless on an emptyDir, a persistentVolumeClaim or an
+// ephemeral volume.
+func knativeVolumeProblems(spec corev1.PodSpec) []string {
+	var out []string
+	volumes := map[string]corev1.Volume{}
+	for _, v := range spec.Volumes {
+		volumes[v.Name] = v
+		s := v.VolumeSource
+		if s.Secret == nil && s.ConfigMap == nil && s.Projected == nil && s.EmptyDir == nil {
+			out = append(out, fmt.Sprintf("Knative: volume %s is of a kind its features leave off", v.Name))
+		}
+		if d := s.EmptyDir; d != nil && (d.Medium != "" && d.Medium != corev1.StorageMediumMemory || d.SizeLimit != nil && d.SizeLimit.Sign() < 0) {
+			out = append(out, fmt.Sprintf("Knative: emptyDir %s: medium %q, sizeLimit %v", v.Name, d.Medium, d.SizeLimit))
+		}
+	}
+	mounted := map[string]bool{}
+	for _, c := range allContainers(spec) {
+		paths := map[string]bool{}
+		for _, m := range c.VolumeMounts {
+			mounted[m.Name] = true
+			clean := path.Clean(m.MountPath)
+			switch {
+			case clean == "/" || clean == "/dev" || clean == "/dev/log":
+				out = append(out, fmt.Sprintf("Knative: container %s: mountPath %q is a reserved path", c.Name, clean))
+			case !path.IsAbs(m.MountPath):
+				out = append(out, fmt.Sprintf("Knative: container %s: mountPath %q is not absolute", c.Name, m.MountPath))
+			case paths[clean]:
+				out = append(out, fmt.Sprintf("Knative: container %s: mountPath %q must be unique", c.Name, m.MountPath))
+			}
+			paths[clean] = true
+			v := volumes[m.Name].VolumeSource
+			if v.EmptyDir == nil && v.PersistentVolumeClaim == nil && v.Ephemeral == nil && !m.ReadOnly {
+				out = append(out, fmt.Sprintf("Knative: container %s: the mount of %s should be readOnly for this type of volume", c.Name, m.Name))
+			}
+		}
+	}
+	for _, v := range spec.Volumes {
+		if !mounted[v.Name] {
+			out = append(out, fmt.Sprintf("Knative: volume with name %q not mounted", v.Name))
+		}
 	}
 	return out
 }

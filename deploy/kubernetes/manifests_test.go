@@ -172,7 +172,33 @@ func checkSidecar(t *testing.T, spec *corev1.PodSpec) *corev1.Container {
 	checkSidecarPorts(t, sc, env)
 	checkSidecarProbes(t, sc)
 	checkShutdownGrace(t, spec, env)
+	checkSpool(t, spec, sc, env)
 	return sc
+}
+
+// checkSpool checks that the usage records' spool is on the sidecar's
+// mount of an emptyDir (its root filesystem is read-only; an emptyDir
+// outlives a restart of the container) whose sizeLimit is above the
+// spool's bound: the kubelet evicts a pod whose emptyDir holds more
+// (deploy/inject's spoolProblems has the rule and the margin).
+func checkSpool(t *testing.T, spec *corev1.PodSpec, sc *corev1.Container, env map[string]string) {
+	t.Helper()
+	bound := int64(proxy.DefaultUsageSpoolMaxSize)
+	if v, ok := env["TIMING_SIDECAR_USAGE_SPOOL_MAX_SIZE"]; ok {
+		bound, _ = strconv.ParseInt(v, 0, 64)
+	}
+	for _, m := range sc.VolumeMounts {
+		if m.MountPath != env["TIMING_SIDECAR_USAGE_SPOOL_DIR"] || m.ReadOnly {
+			continue
+		}
+		for _, v := range spec.Volumes {
+			if v.Name == m.Name && v.EmptyDir != nil && v.EmptyDir.SizeLimit != nil && v.EmptyDir.SizeLimit.Value() > bound {
+				return
+			}
+		}
+	}
+	t.Errorf("the usage spool %q is not on a mount of an emptyDir sized above its bound %d: mounts %+v",
+		env["TIMING_SIDECAR_USAGE_SPOOL_DIR"], bound, sc.VolumeMounts)
 }
 
 // findSidecar returns the timing-sidecar init container, or stops the test.
