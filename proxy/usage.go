@@ -89,7 +89,8 @@ func (c *Config) usageProblems(logs telemetry.Signal) []error {
 func openUsage(cfg *Config, otlp telemetry.OTLP, reg prometheus.Registerer, log *slog.Logger) (*usage.Records, telemetry.UsageEnvelope, error) {
 	u := &cfg.Usage
 	env := telemetry.UsageEnvelope{Type: u.EventType, Source: u.EventSource}
-	if u.SpoolDir == "" || u.CloudEventsURL == "" && !otlp.Logs.On {
+	logs := usageLogs(otlp.Logs)
+	if u.SpoolDir == "" || u.CloudEventsURL == "" && !logs {
 		return nil, env, nil
 	}
 	if env.Source == "" {
@@ -107,7 +108,7 @@ func openUsage(cfg *Config, otlp telemetry.OTLP, reg prometheus.Registerer, log 
 		}
 		sinks = append(sinks, ce)
 	}
-	if otlp.Logs.On {
+	if logs {
 		exp, err := telemetry.NewLogExporter(otlp)
 		if err != nil {
 			return nil, env, fmt.Errorf("OTLP logs: %w", err)
@@ -127,3 +128,10 @@ func (p *Proxy) usageSinks() []string {
 	}
 	return p.usage.Sinks()
 }
+
+// usageLogs tells whether the usage records go out as OTLP logs: only to
+// an endpoint named for logs (--otlp-logs-endpoint or
+// OTEL_EXPORTER_OTLP_LOGS_ENDPOINT). The shared OTEL_EXPORTER_OTLP_ENDPOINT,
+// set for traces, does not turn billing records on, nor send them to a
+// collector that may have no logs pipeline.
+func usageLogs(logs telemetry.Signal) bool { return logs.On && logs.Own }

@@ -26,6 +26,7 @@ type ceReceiver struct {
 	copies map[string][]string // id -> each copy acknowledged, as sent
 	fail   func(batch int) int // the status for the nth batch (from 0)
 	hold   chan struct{}       // when set, each batch waits for it or the client
+	reject string              // a request_id whose batch is answered 400
 	batch  int
 	got    chan struct{} // signalled on each acknowledged batch
 }
@@ -62,7 +63,7 @@ func (r *ceReceiver) serve(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	var events []json.RawMessage
-	if err := json.Unmarshal(body, &events); err != nil {
+	if err := json.Unmarshal(body, &events); err != nil || r.reject != "" && strings.Contains(string(body), `"request_id":"`+r.reject+`"`) {
 		w.WriteHeader(http.StatusBadRequest)
 		return
 	}
@@ -232,12 +233,14 @@ func TestUsageRecords(t *testing.T) {
 func checkReconciled(t *testing.T, p *Proxy, sink string, want float64) {
 	t.Helper()
 	// Quiet: the receiver acknowledged the last batch a moment before the
-	// sidecar took it off its spool.
-	sum := usageCounters(t, p, sink)
-	for deadline := time.Now().Add(10 * time.Second); sum["spooled"] > 0 && time.Now().Before(deadline); {
+	// sidecar took it off its spool. A gather is no snapshot (collectors
+	// run side by side), so the figures are read once more after the one
+	// that found the spool empty: what was counted before it emptied is
+	// in them.
+	for deadline := time.Now().Add(10 * time.Second); usageCounters(t, p, sink)["spooled"] > 0 && time.Now().Before(deadline); {
 		time.Sleep(5 * time.Millisecond)
-		sum = usageCounters(t, p, sink)
 	}
+	sum := usageCounters(t, p, sink)
 	if sum["produced_total"] != want || sum["produced_total"] != sum["delivered_total"]+sum["spooled"]+sum["refused_total"] {
 		t.Errorf("%s: %v: want %v produced = delivered + spooled + refused", sink, sum, want)
 	}
@@ -340,7 +343,11 @@ func TestUsageSettings(t *testing.T) {
 		{name: "OTLP logs named without a spool", set: func(c *Config) { c.OTLP.Logs.Endpoint = "http://127.0.0.1:1" },
 			bad: []string{"need a spool"}},
 		{name: "the shared OTLP endpoint without a spool is no record", set: func(*Config) {}, env: "http://127.0.0.1:1"},
-		{name: "the shared OTLP endpoint with a spool", set: func(c *Config) { c.Usage.SpoolDir = dir }, env: "http://127.0.0.1:1",
+		{name: "the shared OTLP endpoint is not a sink", set: func(c *Config) { c.Usage.SpoolDir = dir }, env: "http://127.0.0.1:1"},
+		{name: "a logs endpoint is", set: func(c *Config) {
+			c.Usage.SpoolDir = dir
+			t.Setenv("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT", "http://127.0.0.1:1")
+		},
 			sinks: []string{usage.SinkOTLP}},
 		{name: "both sinks", set: func(c *Config) {
 			c.Usage.SpoolDir, c.Usage.CloudEventsURL, c.OTLP.Logs.Endpoint = dir, "https://openmeter.example/api/v1/events", "http://127.0.0.1:1"
@@ -377,5 +384,30 @@ func TestUsageSettings(t *testing.T) {
 				t.Errorf("sinks %v, want %v", got, tc.sinks)
 			}
 		})
+	}
+}
+
+// TestUsageRecordRejectedAlone: a record the receiver refuses as malformed
+// is found by splitting its batch and dropped, counted; the rest arrive.
+func TestUsageRecordRejectedAlone(t *testing.T) {
+	engine := newFakeEngine(t)
+	recv := newCEReceiver(t)
+	recv.hold = make(chan struct{}) // the first batch waits: the rest queue behind it
+	recv.reject = "poison"
+	p, base := startSidecar(t, engine.URL(), usageConfig(t.TempDir(), recv.srv.URL), nil)
+	for _, id := range []string{"first", "a", "b", "poison", "c", "d"} {
+		resp := post(t, base+"/v1/chat/completions", `{"model":"m","messages":[]}`, map[string]string{"X-Request-Id": id})
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	close(recv.hold)
+	recv.await(t, 5)
+	got := recv.byRequest(t)
+	if _, ok := got["poison"]; ok || len(got) != 5 {
+		t.Errorf("records %v", got)
+	}
+	checkReconciled(t, p, usage.SinkCloudEvents, 6)
+	if n := counterValue(t, p, "timing_sidecar_usage_records_refused_total", map[string]string{"sink": usage.SinkCloudEvents, "reason": usage.RefusedRejected}); n != 1 {
+		t.Errorf("rejected %v, want 1", n)
 	}
 }

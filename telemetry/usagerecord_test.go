@@ -21,8 +21,12 @@ type usageCapture struct {
 	starts, ends map[string]string
 }
 
-func (u *usageCapture) Start(id string, b []byte) { u.mu.Lock(); u.starts[id] = string(b); u.mu.Unlock() }
-func (u *usageCapture) End(id string, b []byte)   { u.mu.Lock(); u.ends[id] = string(b); u.mu.Unlock() }
+func (u *usageCapture) Start(id string, b []byte) {
+	u.mu.Lock()
+	u.starts[id] = string(b)
+	u.mu.Unlock()
+}
+func (u *usageCapture) End(id string, b []byte) { u.mu.Lock(); u.ends[id] = string(b); u.mu.Unlock() }
 
 type usageEvent struct {
 	SpecVersion, ID, Source, Type, Subject, Time, DataContentType string

@@ -113,7 +113,7 @@ func serveFlags() []cli.Flag {
 		&cli.StringFlag{Name: "otlp-metrics-protocol", EnvVars: env("otlp-metrics-protocol"),
 			Usage: "OTLP protocol for metrics: grpc or http/protobuf. Empty reads OTEL_EXPORTER_OTLP_METRICS_PROTOCOL, then OTEL_EXPORTER_OTLP_PROTOCOL, then takes grpc."},
 		&cli.StringFlag{Name: "otlp-logs-endpoint", EnvVars: env("otlp-logs-endpoint"),
-			Usage: "OTLP endpoint for the usage records as log records, as OTEL_EXPORTER_OTLP_LOGS_ENDPOINT. Empty leaves it to the OTEL_EXPORTER_OTLP_* variables; off when none is set, or without --usage-spool-dir."},
+			Usage: "OTLP endpoint for the usage records as log records, as OTEL_EXPORTER_OTLP_LOGS_ENDPOINT. Empty reads that variable; the shared OTEL_EXPORTER_OTLP_ENDPOINT alone does not send usage records. Needs --usage-spool-dir."},
 		&cli.StringFlag{Name: "otlp-logs-protocol", EnvVars: env("otlp-logs-protocol"),
 			Usage: "OTLP protocol for the usage records' logs: grpc or http/protobuf. Empty reads OTEL_EXPORTER_OTLP_LOGS_PROTOCOL, then OTEL_EXPORTER_OTLP_PROTOCOL, then takes grpc."},
 		&cli.StringFlag{Name: "usage-spool-dir", EnvVars: env("usage-spool-dir"),

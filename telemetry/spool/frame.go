@@ -32,9 +32,15 @@ const (
 	Start Kind = 'S'
 	// End is a finished request's record, delivered to every reader.
 	End Kind = 'E'
+	// Cancel withdraws a start whose end was refused: the request is
+	// not lost, its record was never taken.
+	Cancel Kind = 'C'
 )
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
+
+// crc is the checksum frames and cursor files carry.
+func crc(b []byte) uint32 { return crc32.Checksum(b, crcTable) }
 
 var (
 	errEntryTooLarge = errors.New("spool entry larger than 64 KiB")
@@ -56,7 +62,7 @@ func appendFrame(b []byte, kind Kind, id string, data []byte) ([]byte, error) {
 	b = append(b, byte(kind), byte(len(id)))
 	b = append(b, id...)
 	b = append(b, data...)
-	binary.LittleEndian.PutUint32(b[start+4:], crc32.Checksum(b[start+frameHeader:], crcTable))
+	binary.LittleEndian.PutUint32(b[start+4:], crc(b[start+frameHeader:]))
 	return b, nil
 }
 
@@ -86,11 +92,11 @@ func parseFrame(b []byte) (e entry, ok, short bool) {
 		return entry{}, false, true
 	}
 	body := b[frameHeader : frameHeader+n]
-	if crc32.Checksum(body, crcTable) != binary.LittleEndian.Uint32(b[4:]) {
+	if crc(body) != binary.LittleEndian.Uint32(b[4:]) {
 		return entry{}, false, false
 	}
 	idLen := int(body[1])
-	if 2+idLen > n || (Kind(body[0]) != Start && Kind(body[0]) != End) {
+	if k := Kind(body[0]); 2+idLen > n || k != Start && k != End && k != Cancel {
 		return entry{}, false, false
 	}
 	return entry{kind: Kind(body[0]), id: body[2 : 2+idLen], data: body[2+idLen:], size: frameHeader + n}, true, false

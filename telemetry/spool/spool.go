@@ -5,8 +5,10 @@
 //
 // An append is one write(2) into the active segment file: once it returns,
 // the entry survives the process being killed (the kernel holds it), and
-// survives the machine failing once the next sync has run (Options.Sync).
-// A frame cut short by a kill is found by its checksum and cut off at Open.
+// survives the machine failing once the next sync has run (Options.Sync);
+// a reader's position is never saved past what is synced. A frame cut
+// short by a kill is found by its checksum and cut off at Open. Nothing
+// here waits on the disk while holding what Append needs, but the write.
 package spool
 
 import (
@@ -26,13 +28,17 @@ import (
 const (
 	DefaultSegmentSize = 4 << 20
 	DefaultSync        = time.Second
-	// endRoom is what a start holds back for its end: an end whose start
-	// was taken is never refused for the spool's bound.
-	endRoom = 4 << 10
+	// endRoom is what a start holds back for its end: the end of a
+	// request whose start was taken is never refused for the bound.
+	endRoom = 8 << 10
 )
 
-// ErrFull is the refusal of an entry past the spool's bound.
-var ErrFull = errors.New("usage spool full")
+var (
+	// ErrFull is the refusal of an entry past the spool's bound.
+	ErrFull = errors.New("usage spool full")
+	// ErrClosed is the refusal of an entry after Close.
+	ErrClosed = errors.New("usage spool closed")
+)
 
 // Options configures a spool.
 type Options struct {
@@ -45,10 +51,13 @@ type Options struct {
 	SegmentSize int64
 	// Sync is how often the active segment is synced to the disk when it
 	// has new entries: what a machine failure can lose. DefaultSync when
-	// 0; negative syncs every append (tests of the cost).
+	// 0.
 	Sync time.Duration
 	// Readers names the spool's readers, one per sink.
 	Readers []string
+	// Failed, when set, hears of failures no caller sees: a new segment
+	// that could not be begun, a sync that failed.
+	Failed func(error)
 }
 
 // Recovery is what Open found.
@@ -77,6 +86,8 @@ func (p position) before(q position) bool {
 type segment struct {
 	seq  uint64
 	size int64
+	// copied is the size of the starts copied into it as it began.
+	copied int64
 }
 
 // Spool is an open spool.
@@ -90,10 +101,14 @@ type Spool struct {
 	frame    []byte
 	readers  []*Reader
 	inflight map[string][]byte // the starts not yet ended, by id
-	dirty    bool
 	closed   bool
-	// syncErr is the last sync's failure, for Close.
-	syncErr error
+	// synced is how far the disk holds the spool; dirty says the active
+	// segment or the directory has more, retired are segments left and
+	// not yet synced and closed.
+	synced   position
+	dirty    bool
+	retired  []*os.File
+	syncLock sync.Mutex // one sync at a time, outside mu
 
 	stop    chan struct{}
 	stopped chan struct{}
@@ -102,15 +117,19 @@ type Spool struct {
 
 func segmentName(seq uint64) string { return fmt.Sprintf("%016x.seg", seq) }
 
+func (s *Spool) path(seq uint64) string { return filepath.Join(s.opts.Dir, segmentName(seq)) }
+
 // Open opens the spool in opts.Dir, creating it if need be, and recovers
 // what an earlier process left: a tail cut short is cut off, a request
 // started and never ended gets its start's record, and each reader
-// resumes after what it acknowledged.
+// resumes after what it acknowledged. Only a directory it cannot read or
+// make fails it: a disk that is full leaves the spool refusing records,
+// never the process unable to start.
 func Open(opts Options) (*Spool, Recovery, error) {
 	if opts.SegmentSize <= 0 {
 		opts.SegmentSize = DefaultSegmentSize
 	}
-	if opts.Sync == 0 {
+	if opts.Sync <= 0 {
 		opts.Sync = DefaultSync
 	}
 	rec := Recovery{Pending: map[string]int{}}
@@ -122,20 +141,21 @@ func Open(opts Options) (*Spool, Recovery, error) {
 	if err != nil {
 		return nil, rec, err
 	}
-	// Every segment is read: ends and starts by id, and where each
-	// reader's unacknowledged records lie.
+	// Every segment is read: the starts not ended (an end or a cancel
+	// always follows its start), and where the ends lie.
 	starts := map[string][]byte{}
-	ended := map[string]bool{}
 	var endsAt []position
 	for i := range segs {
 		corrupt, err := s.scan(&segs[i], func(e entry, at position) {
-			id := string(e.id)
-			if e.kind == Start {
-				starts[id] = append([]byte(nil), e.data...)
-				return
+			switch e.kind {
+			case Start:
+				starts[string(e.id)] = append([]byte(nil), e.data...)
+			case End:
+				delete(starts, string(e.id))
+				endsAt = append(endsAt, at)
+			case Cancel:
+				delete(starts, string(e.id))
 			}
-			ended[id] = true
-			endsAt = append(endsAt, at)
 		})
 		if err != nil {
 			return nil, rec, err
@@ -144,12 +164,8 @@ func Open(opts Options) (*Spool, Recovery, error) {
 		s.total += segs[i].size
 	}
 	s.segs = segs
-	first := uint64(1)
-	if len(segs) > 0 {
-		first = segs[0].seq
-	}
 	for _, name := range opts.Readers {
-		cur, err := s.readCursor(name, first)
+		cur, err := s.readCursor(name)
 		if err != nil {
 			return nil, rec, err
 		}
@@ -161,33 +177,54 @@ func Open(opts Options) (*Spool, Recovery, error) {
 		}
 		s.readers = append(s.readers, r)
 	}
-	// A new segment for this process: nothing is appended after a tail
-	// an earlier one may have left.
-	if err := s.newSegment(); err != nil {
+	// What every reader is past goes before anything is written: on a
+	// full disk, that is the room.
+	s.deleteSegments(s.releasable())
+	if err := s.begin(); err != nil {
 		return nil, rec, err
 	}
-	var lost []string
+	s.synced = position{s.segs[len(s.segs)-1].seq, 0}
+	lost := make([]string, 0, len(starts))
 	for id := range starts {
-		if !ended[id] {
-			lost = append(lost, id)
-		}
+		lost = append(lost, id)
 	}
 	slices.Sort(lost)
 	for _, id := range lost {
 		// Past the bound if need be: these records were taken already.
+		// One the disk refuses stays a start, found again next time.
 		if err := s.write(End, id, starts[id]); err != nil {
-			return nil, rec, fmt.Errorf("usage spool: record a lost request: %w", err)
+			s.inflight[id] = starts[id]
+			continue
 		}
+		rec.Lost++
 		for _, r := range s.readers {
 			r.pending++
 		}
 	}
-	rec.Lost = len(lost)
 	for _, r := range s.readers {
 		rec.Pending[r.name] = r.pending
 	}
 	go s.syncLoop()
 	return s, rec, nil
+}
+
+// begin makes the spool's first active segment at Open: a new one, or, if
+// the disk cannot hold a new file, the last one.
+func (s *Spool) begin() error {
+	err := s.newSegment()
+	if err == nil {
+		return nil
+	}
+	n := len(s.segs)
+	if n == 0 {
+		return err
+	}
+	f, ferr := os.OpenFile(s.path(s.segs[n-1].seq), os.O_WRONLY|os.O_APPEND, 0o600)
+	if ferr != nil {
+		return fmt.Errorf("usage spool: %w", errors.Join(err, ferr))
+	}
+	s.active = f
+	return nil
 }
 
 // listSegments lists the segment files in order.
@@ -224,8 +261,7 @@ func (s *Spool) listSegments() ([]segment, error) {
 // the file at the first one that does not check. It sets the segment's
 // size to what is good, and returns the bytes cut.
 func (s *Spool) scan(seg *segment, each func(entry, position)) (int64, error) {
-	path := filepath.Join(s.opts.Dir, segmentName(seg.seq))
-	b, err := os.ReadFile(path)
+	b, err := os.ReadFile(s.path(seg.seq))
 	if err != nil {
 		return 0, fmt.Errorf("usage spool: %w", err)
 	}
@@ -239,40 +275,58 @@ func (s *Spool) scan(seg *segment, each func(entry, position)) (int64, error) {
 		off += e.size
 	}
 	seg.size = int64(off)
+	// What an earlier process wrote may be in the kernel alone: it is
+	// made durable before anything is delivered past it.
+	if f, err := os.OpenFile(s.path(seg.seq), os.O_WRONLY, 0); err == nil {
+		f.Sync()  //nolint:errcheck // at worst, as durable as before
+		f.Close() //nolint:errcheck
+	}
 	if off == len(b) {
 		return 0, nil
 	}
-	if err := os.Truncate(path, int64(off)); err != nil {
-		return 0, fmt.Errorf("usage spool: cut a damaged segment: %w", err)
-	}
+	// Cutting needs no room; if it fails, the bad frame is cut in
+	// memory all the same, and the next Open tries again.
+	os.Truncate(s.path(seg.seq), int64(off)) //nolint:errcheck
 	return int64(len(b) - off), nil
 }
 
-// newSegment begins a new active segment, with a copy of every start not
-// yet ended, so that older segments hold nothing a restart needs once the
-// readers are past them. Callers hold mu, or own the spool (Open).
+// newSegment begins a new active segment with a copy of every start not
+// yet ended, in one write, so that older segments hold nothing a restart
+// needs once the readers are past them. The old segment stays active if
+// the new one cannot be written whole. Callers hold mu, or own the spool
+// (Open).
 func (s *Spool) newSegment() error {
 	seq := uint64(1)
 	if n := len(s.segs); n > 0 {
 		seq = s.segs[n-1].seq + 1
 	}
-	f, err := os.OpenFile(filepath.Join(s.opts.Dir, segmentName(seq)), os.O_CREATE|os.O_EXCL|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return fmt.Errorf("usage spool: new segment: %w", err)
-	}
-	if s.active != nil {
-		// What the old one holds is synced before it is left.
-		s.active.Sync()  //nolint:errcheck // a failed sync of a file still open is retried by no one; the data is in the kernel
-		s.active.Close() //nolint:errcheck
-	}
-	s.active = f
-	s.segs = append(s.segs, segment{seq: seq})
-	s.dirty = true
+	var starts []byte
 	for id, data := range s.inflight {
-		if err := s.write(Start, id, data); err != nil {
+		var err error
+		if starts, err = appendFrame(starts, Start, id, data); err != nil {
 			return err
 		}
 	}
+	f, err := os.OpenFile(s.path(seq), os.O_CREATE|os.O_EXCL|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("usage spool: new segment: %w", err)
+	}
+	if len(starts) > 0 {
+		if _, err := f.Write(starts); err != nil {
+			f.Close()           //nolint:errcheck
+			os.Remove(f.Name()) //nolint:errcheck
+			return fmt.Errorf("usage spool: new segment: %w", err)
+		}
+	}
+	if s.active != nil {
+		// Synced and closed by the sync loop, off the requests' path.
+		s.retired = append(s.retired, s.active)
+	}
+	s.active = f
+	n := int64(len(starts))
+	s.segs = append(s.segs, segment{seq: seq, size: n, copied: n})
+	s.total += n
+	s.dirty = true
 	return nil
 }
 
@@ -298,23 +352,22 @@ func (s *Spool) write(kind Kind, id string, data []byte) error {
 }
 
 // Append adds an entry: a start when a request is forwarded, its end when
-// it is finished. It never blocks on a reader. An entry past the bound is
-// refused with ErrFull, except the end of a request whose start was taken,
-// for which room was held back; a write the filesystem refuses (no space)
-// returns its error. Either way the caller counts the refusal.
+// it is finished. It never blocks on a reader or a sync. A start, or an
+// end whose start was not taken, past the bound is refused with ErrFull;
+// the end of a started request is not, room having been held back for
+// it. A write the filesystem refuses (no space) returns its error. Either
+// way the caller counts the refusal, and calls Cancel for a refused end.
 func (s *Spool) Append(kind Kind, id string, data []byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return ErrFull
+		return ErrClosed
 	}
 	size := frameSize(id, data)
 	_, started := s.inflight[id]
 	held := int64(len(s.inflight)) * endRoom
 	switch {
 	case kind == Start && s.total+size+held+endRoom > s.opts.MaxSize:
-		return ErrFull
-	case kind == End && started && s.total+size > s.opts.MaxSize+endRoom:
 		return ErrFull
 	case kind == End && !started && s.total+size+held > s.opts.MaxSize:
 		return ErrFull
@@ -334,18 +387,35 @@ func (s *Spool) Append(kind Kind, id string, data []byte) error {
 		default:
 		}
 	}
-	if s.segs[len(s.segs)-1].size >= s.opts.SegmentSize {
-		return s.newSegment()
+	// Measured past the copied starts: with many requests in flight they
+	// alone may pass the size, and each new segment would begin another.
+	if act := s.segs[len(s.segs)-1]; act.size-act.copied >= s.opts.SegmentSize {
+		s.rotate()
 	}
 	return nil
 }
 
-// Forget drops a start whose request will have no end written (its end
-// was refused): a restart must not take it for a lost request.
-func (s *Spool) Forget(id string) {
+// rotate begins a new segment, telling Failed when it cannot: the old one
+// stays active and grows.
+func (s *Spool) rotate() {
+	if err := s.newSegment(); err != nil && s.opts.Failed != nil {
+		s.opts.Failed(err)
+	}
+}
+
+// Cancel drops the start of a request whose end was refused: no copy of
+// it is carried into new segments, and a cancel on disk, written if the
+// disk takes it, keeps the next Open from taking it for a lost request.
+func (s *Spool) Cancel(id string) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.inflight[id]; !ok {
+		return
+	}
 	delete(s.inflight, id)
-	s.mu.Unlock()
+	if !s.closed {
+		s.write(Cancel, id, nil) //nolint:errcheck // without it, a restart delivers the start's record
+	}
 }
 
 // Size is the segments' total size.
@@ -355,72 +425,96 @@ func (s *Spool) Size() int64 {
 	return s.total
 }
 
-// release deletes the segments every reader is past, and begins a new
-// segment when every reader has read the whole active one and it is worth
-// giving back: on a filesystem that filled, that is what frees room.
-func (s *Spool) release() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed || len(s.readers) == 0 {
-		return
+// releasable is the segments every reader is past, and begins a new
+// active segment first when every reader has read the whole active one
+// and it holds enough beyond its copied starts to be worth giving back
+// (on a filesystem that filled, that is what frees room). Callers hold
+// mu, or own the spool.
+func (s *Spool) releasable() []uint64 {
+	if len(s.readers) == 0 || len(s.segs) == 0 {
+		return nil
 	}
-	act := s.segs[len(s.segs)-1]
 	min := s.readers[0].cursor
 	for _, r := range s.readers[1:] {
 		if r.cursor.before(min) {
 			min = r.cursor
 		}
 	}
-	if min == (position{act.seq, act.size}) && act.size >= s.opts.SegmentSize/16 {
+	if act := s.segs[len(s.segs)-1]; min == (position{act.seq, act.size}) && act.size-act.copied >= s.opts.SegmentSize/16 && s.active != nil {
 		if err := s.newSegment(); err == nil {
 			min = position{s.segs[len(s.segs)-1].seq, 0}
 		}
 	}
+	var gone []uint64
 	for len(s.segs) > 1 && s.segs[0].seq < min.seq {
-		if err := os.Remove(filepath.Join(s.opts.Dir, segmentName(s.segs[0].seq))); err != nil && !os.IsNotExist(err) {
-			return
-		}
+		gone = append(gone, s.segs[0].seq)
 		s.total -= s.segs[0].size
 		s.segs = s.segs[1:]
 	}
+	return gone
 }
 
-// syncLoop syncs the active segment every Options.Sync when it has new
-// entries.
+// deleteSegments removes segment files, outside mu.
+func (s *Spool) deleteSegments(seqs []uint64) {
+	for _, seq := range seqs {
+		os.Remove(s.path(seq)) //nolint:errcheck // gone from the books either way; Open cleans up
+	}
+}
+
+// syncLoop syncs every Options.Sync when there is anything new.
 func (s *Spool) syncLoop() {
 	defer close(s.stopped)
-	every := s.opts.Sync
-	if every < 0 {
-		every = time.Millisecond
-	}
-	t := time.NewTicker(every)
+	t := time.NewTicker(s.opts.Sync)
 	defer t.Stop()
 	for {
 		select {
 		case <-s.stop:
 			return
 		case <-t.C:
-			s.Sync() //nolint:errcheck // kept for Close
+			if err := s.Sync(); err != nil && s.opts.Failed != nil {
+				s.opts.Failed(err)
+			}
 		}
 	}
 }
 
-// Sync writes the active segment, and the directory's new names, to the
-// disk when there is anything new.
+// Sync writes what the spool holds, and the directory's names, to the
+// disk, and closes the segments left behind. Appends go on meanwhile.
 func (s *Spool) Sync() error {
+	s.syncLock.Lock()
+	defer s.syncLock.Unlock()
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if !s.dirty || s.closed {
+		s.mu.Unlock()
 		return nil
 	}
 	s.dirty = false
-	err := s.active.Sync()
+	active, retired := s.active, s.retired
+	s.retired = nil
+	act := s.segs[len(s.segs)-1]
+	upTo := position{act.seq, act.size}
+	s.mu.Unlock()
+	var err error
+	for _, f := range retired {
+		err = errors.Join(err, f.Sync(), f.Close())
+	}
+	err = errors.Join(err, active.Sync())
 	if d, derr := os.Open(s.opts.Dir); derr == nil {
 		err = errors.Join(err, d.Sync())
 		d.Close() //nolint:errcheck
 	}
-	s.syncErr = err
-	return err
+	if err != nil {
+		s.mu.Lock()
+		s.dirty = true
+		s.mu.Unlock()
+		return fmt.Errorf("usage spool: sync: %w", err)
+	}
+	s.mu.Lock()
+	if s.synced.before(upTo) {
+		s.synced = upTo
+	}
+	s.mu.Unlock()
+	return nil
 }
 
 // Close syncs and closes the spool; what is in it stays for the next Open.
@@ -435,7 +529,7 @@ func (s *Spool) Close() error {
 	}
 	s.closed = true
 	for _, r := range s.readers {
-		r.closeFile()
+		r.closeFiles()
 	}
 	return errors.Join(err, s.active.Close())
 }
@@ -445,16 +539,19 @@ func (s *Spool) Close() error {
 type Reader struct {
 	s    *Spool
 	name string
-	// cursor is the position after the last acknowledged record, and
-	// pending the records after it; both under s.mu.
+	// cursor is the position after the last acknowledged record (or run
+	// of starts read past), and pending the records after it; both under
+	// s.mu.
 	cursor  position
 	pending int
 	wake    chan struct{}
 
 	file    *os.File
 	fileSeq uint64
-	buf     []byte
-	batch   Batch
+	// cursorFile holds the saved position, written in place.
+	cursorFile *os.File
+	buf        []byte
+	batch      Batch
 }
 
 // Reader returns the reader named name, nil when there is none.
@@ -490,8 +587,8 @@ type Batch struct {
 }
 
 // Next reads up to max records, and about maxBytes of them, after the
-// acknowledged position; an empty batch when there are none yet. The
-// batch stays valid until the next call.
+// acknowledged position; an empty batch when there are none yet. Starts
+// are read past, however many. The batch stays valid until the next call.
 func (r *Reader) Next(max, maxBytes int) (*Batch, error) {
 	s := r.s
 	s.mu.Lock()
@@ -501,6 +598,7 @@ func (r *Reader) Next(max, maxBytes int) (*Batch, error) {
 	b := &r.batch
 	b.Records, b.bytes = b.Records[:0], 0
 	r.buf = r.buf[:0]
+	full := func() bool { return len(b.Records) >= max || b.bytes >= maxBytes }
 	for _, seg := range segs {
 		if seg.seq < at.seq {
 			continue
@@ -508,106 +606,166 @@ func (r *Reader) Next(max, maxBytes int) (*Batch, error) {
 		if seg.seq > at.seq {
 			at = position{seg.seq, 0}
 		}
-		if at.off >= seg.size {
-			continue // read; the next segment follows
-		}
-		n := min(seg.size-at.off, int64(maxBytes-b.bytes)+MaxEntry)
-		if err := r.readAt(seg.seq, at.off, n); err != nil {
-			return nil, err
-		}
-		chunk := r.buf[len(r.buf)-int(n):]
-		for len(chunk) > 0 && len(b.Records) < max && b.bytes < maxBytes {
-			e, ok, _ := parseFrame(chunk)
-			if !ok {
-				break // the rest comes with the next read
+		for at.off < seg.size && !full() {
+			if len(b.Records) == 0 {
+				r.buf = r.buf[:0] // nothing read refers to it yet
 			}
-			chunk, at.off = chunk[e.size:], at.off+int64(e.size)
-			if e.kind == End {
-				b.Records = append(b.Records, Record{ID: e.id, Data: e.data})
-				b.bytes += len(e.data)
+			n := min(seg.size-at.off, int64(maxBytes-b.bytes)+MaxEntry)
+			chunk, err := r.readAt(seg.seq, at.off, n)
+			if err != nil {
+				return nil, err
+			}
+			read := at.off
+			for len(chunk) > 0 && !full() {
+				e, ok, _ := parseFrame(chunk)
+				if !ok {
+					break // a frame across the window: the next read
+				}
+				chunk, at.off = chunk[e.size:], at.off+int64(e.size)
+				if e.kind == End {
+					b.Records = append(b.Records, Record{ID: e.id, Data: e.data})
+					b.bytes += len(e.data)
+				}
+			}
+			if at.off == read {
+				// Not one whole frame in a window larger than any:
+				// the segment's size says otherwise only if it changed
+				// under a cut; read no further.
+				break
+			}
+			if len(b.Records) > 0 && at.off < seg.size {
+				break // a batch in hand; the rest is the next one's
 			}
 		}
-		if len(b.Records) >= max || b.bytes >= maxBytes || at.off < seg.size {
+		if full() || at.off < seg.size {
 			break
 		}
 	}
 	b.end = at
+	if len(b.Records) == 0 && r.cursor.before(at) {
+		// Only starts: read past, for good (they are never records).
+		s.mu.Lock()
+		r.cursor = at
+		s.mu.Unlock()
+	}
 	return b, nil
 }
 
-// readAt appends n bytes of segment seq from off to r.buf.
-func (r *Reader) readAt(seq uint64, off, n int64) error {
+// readAt reads n bytes of segment seq from off into r.buf, returning them.
+func (r *Reader) readAt(seq uint64, off, n int64) ([]byte, error) {
 	if r.file == nil || r.fileSeq != seq {
-		r.closeFile()
-		f, err := os.Open(filepath.Join(r.s.opts.Dir, segmentName(seq)))
+		if r.file != nil {
+			r.file.Close() //nolint:errcheck // read only
+		}
+		f, err := os.Open(r.s.path(seq))
 		if err != nil {
-			return fmt.Errorf("usage spool: %w", err)
+			r.file = nil
+			return nil, fmt.Errorf("usage spool: %w", err)
 		}
 		r.file, r.fileSeq = f, seq
 	}
 	start := len(r.buf)
 	r.buf = slices.Grow(r.buf, int(n))[:start+int(n)]
-	if _, err := r.file.ReadAt(r.buf[start:], off); err != nil && !errors.Is(err, io.EOF) {
-		return fmt.Errorf("usage spool: %w", err)
+	got, err := r.file.ReadAt(r.buf[start:], off)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("usage spool: %w", err)
+	}
+	r.buf = r.buf[:start+got]
+	return r.buf[start:], nil
+}
+
+func (r *Reader) closeFiles() {
+	for _, f := range []*os.File{r.file, r.cursorFile} {
+		if f != nil {
+			f.Close() //nolint:errcheck
+		}
+	}
+	r.file, r.cursorFile = nil, nil
+}
+
+// Ack records that b's records were delivered: the reader moves past
+// them, segments every reader is past are deleted, and the position is
+// saved once the disk holds what it is past (a sync first, if need be),
+// so that a machine failure can make a record delivered again, never one
+// delivered with two contents. A position that cannot be saved is
+// returned; the reader has moved on all the same, and only a restart
+// would send those records again.
+func (r *Reader) Ack(b *Batch) error {
+	s := r.s
+	s.mu.Lock()
+	if r.cursor.before(b.end) {
+		r.cursor = b.end
+	}
+	r.pending -= len(b.Records)
+	gone := s.releasable()
+	unsynced := s.synced.before(r.cursor)
+	to := r.cursor
+	s.mu.Unlock()
+	s.deleteSegments(gone)
+	if unsynced {
+		if err := s.Sync(); err != nil {
+			return err
+		}
+	}
+	if err := r.save(to); err != nil {
+		return fmt.Errorf("usage spool: save %s's position: %w", r.name, err)
 	}
 	return nil
 }
 
-func (r *Reader) closeFile() {
-	if r.file != nil {
-		r.file.Close() //nolint:errcheck // read only
-		r.file = nil
-	}
-}
+// cursorSize is a cursor file's size: two numbers and their checksum,
+// written in place over the last, so that saving takes no new room on a
+// full disk.
+const cursorSize = 48
 
-// Ack records that b's records were delivered: the cursor moves past
-// them, on disk, and segments every reader is past are deleted. A cursor
-// lost to a machine failure only means records delivered again.
-//
-// The reader moves on even when its position cannot be saved, which is
-// returned: only a restart would send those records again.
-func (r *Reader) Ack(b *Batch) error {
-	err := r.writeCursor(b.end)
-	r.s.mu.Lock()
-	r.cursor = b.end
-	r.pending -= len(b.Records)
-	r.s.mu.Unlock()
-	if err == nil {
-		// A segment goes only once every reader's saved position is past it.
-		r.s.release()
+// save writes the reader's position to its cursor file.
+func (r *Reader) save(p position) error {
+	if r.cursorFile == nil {
+		f, err := os.OpenFile(filepath.Join(r.s.opts.Dir, r.name+".cursor"), os.O_CREATE|os.O_WRONLY, 0o600)
+		if err != nil {
+			return err
+		}
+		r.cursorFile = f
 	}
+	line := fmt.Appendf(nil, "%d %d", p.seq, p.off)
+	line = fmt.Appendf(line, " %08x", crc(line))
+	line = append(line, strings.Repeat(" ", cursorSize-1-len(line))...)
+	_, err := r.cursorFile.WriteAt(append(line, '\n'), 0)
 	return err
 }
 
-// writeCursor writes the cursor file: written aside, then renamed over
-// the old one, so a kill leaves one or the other.
-func (r *Reader) writeCursor(p position) error {
-	path := filepath.Join(r.s.opts.Dir, r.name+".cursor")
-	tmp := path + ".new"
-	if err := os.WriteFile(tmp, fmt.Appendf(nil, "%d %d\n", p.seq, p.off), 0o600); err != nil {
-		return fmt.Errorf("usage spool: write %s's position: %w", r.name, err)
+// readCursor reads a reader's saved position. One that is missing,
+// unreadable, or not in a segment that exists (deleted, or cut short)
+// starts at the first segment, which at worst delivers again.
+func (s *Spool) readCursor(name string) (position, error) {
+	first := position{1, 0}
+	if len(s.segs) > 0 {
+		first = position{s.segs[0].seq, 0}
 	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("usage spool: write %s's position: %w", r.name, err)
-	}
-	return nil
-}
-
-// readCursor reads a reader's cursor; a reader with none, or with one
-// before the first segment, starts at the first segment.
-func (s *Spool) readCursor(name string, first uint64) (position, error) {
 	b, err := os.ReadFile(filepath.Join(s.opts.Dir, name+".cursor"))
 	if os.IsNotExist(err) {
-		return position{first, 0}, nil
+		return first, nil
 	}
 	if err != nil {
 		return position{}, fmt.Errorf("usage spool: read %s's position: %w", name, err)
 	}
-	var p position
-	if _, err := fmt.Sscanf(string(b), "%d %d", &p.seq, &p.off); err != nil || p.seq < first {
-		// Unreadable, or older than what is left: from the start, which
-		// at worst delivers again.
-		return position{first, 0}, nil
+	fields := strings.Fields(string(b))
+	if len(fields) != 3 {
+		return first, nil
 	}
-	return p, nil
+	var p position
+	seq, err1 := strconv.ParseUint(fields[0], 10, 64)
+	off, err2 := strconv.ParseInt(fields[1], 10, 64)
+	sum, err3 := strconv.ParseUint(fields[2], 16, 32)
+	if err1 != nil || err2 != nil || err3 != nil || uint32(sum) != crc([]byte(fields[0]+" "+fields[1])) {
+		return first, nil
+	}
+	p = position{seq, off}
+	for _, seg := range s.segs {
+		if seg.seq == p.seq {
+			// Past a tail cut short: its end.
+			return position{seq, min(off, seg.size)}, nil
+		}
+	}
+	return first, nil
 }

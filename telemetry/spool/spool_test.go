@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 )
 
@@ -198,4 +199,149 @@ func TestFullSpoolRefuses(t *testing.T) {
 		t.Errorf("size %d once all is read", s.Size())
 	}
 	record(t, s, End, "after")
+}
+
+// TestRunsOfStartsAreReadPast: a burst of starts longer than a batch's
+// window, and a rotation that copies many in-flight starts, never stall a
+// reader.
+func TestRunsOfStartsAreReadPast(t *testing.T) {
+	s, _ := open(t, t.TempDir(), Options{MaxSize: 64 << 20, SegmentSize: 256 << 10, Readers: []string{"a"}})
+	defer s.Close()
+	data := make([]byte, 700)
+	for _, id := range ids(0, 3000) {
+		if err := s.Append(Start, id, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range ids(0, 3000) {
+		if err := s.Append(End, id, []byte("data of "+id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := drain(t, s, "a", 500); !slices.Equal(got, ids(0, 3000)) {
+		t.Fatalf("read %d of 3000", len(got))
+	}
+}
+
+// TestPositionsThatCannotBeTrusted: a position ahead of every segment, or
+// unreadable, starts the reader from the first segment: records may come
+// again, none is skipped.
+func TestPositionsThatCannotBeTrusted(t *testing.T) {
+	for name, cursor := range map[string]string{"ahead": "9 0 00000000", "garbage": "x", "bad checksum": "1 0 deadbeef"} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			os.WriteFile(filepath.Join(dir, "a.cursor"), []byte(cursor), 0o600)
+			s, _ := open(t, dir, Options{SegmentSize: 1 << 10, Readers: []string{"a"}})
+			defer s.Close()
+			for _, id := range ids(0, 50) {
+				record(t, s, Start, id)
+				record(t, s, End, id)
+			}
+			if got := drain(t, s, "a", 100); !slices.Equal(got, ids(0, 50)) {
+				t.Errorf("read %v", got)
+			}
+		})
+	}
+}
+
+// TestConcurrentAppendsAndReads: many request goroutines appending, two
+// readers reading and acknowledging, small segments rotating: each reader
+// gets every end exactly once.
+func TestConcurrentAppendsAndReads(t *testing.T) {
+	s, _ := open(t, t.TempDir(), Options{SegmentSize: 2 << 10, MaxSize: 64 << 20})
+	defer s.Close()
+	const writers, each = 8, 200
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			for i := range each {
+				id := fmt.Sprintf("w%d-%04d", w, i)
+				if err := s.Append(Start, id, []byte("data of "+id)); err != nil {
+					t.Error(err)
+				}
+				if err := s.Append(End, id, []byte("data of "+id)); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	read := map[string]*[]string{"a": new([]string), "b": new([]string)}
+	var readers sync.WaitGroup
+	for name, got := range read {
+		readers.Go(func() {
+			r := s.Reader(name)
+			for len(*got) < writers*each {
+				b, err := r.Next(50, 1<<20)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if len(b.Records) == 0 {
+					<-r.Wake()
+					continue
+				}
+				for _, rec := range b.Records {
+					*got = append(*got, string(rec.ID))
+				}
+				if err := r.Ack(b); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	readers.Wait()
+	for name, got := range read {
+		seen := map[string]bool{}
+		for _, id := range *got {
+			if seen[id] {
+				t.Errorf("reader %s got %s twice", name, id)
+			}
+			seen[id] = true
+		}
+		if len(seen) != writers*each {
+			t.Errorf("reader %s got %d of %d", name, len(seen), writers*each)
+		}
+	}
+}
+
+// TestCancelledStartIsNotLost: a start whose end was refused is withdrawn,
+// so a restart does not deliver it as lost; an end after Close is refused
+// as closed.
+func TestCancelledStartIsNotLost(t *testing.T) {
+	dir := t.TempDir()
+	s, _ := open(t, dir, Options{Readers: []string{"a"}})
+	record(t, s, Start, "refused")
+	s.Cancel("refused")
+	record(t, s, Start, "late")
+	s.Close()
+	if err := s.Append(End, "late", []byte("data of late")); !errors.Is(err, ErrClosed) {
+		t.Fatalf("an end after Close: %v", err)
+	}
+	s, rec := open(t, dir, Options{Readers: []string{"a"}})
+	defer s.Close()
+	if rec.Lost != 1 {
+		t.Errorf("recovery %+v: want only the late request lost", rec)
+	}
+}
+
+// TestRotationKeepsNoRecordFromItsCaller: a new segment that cannot be
+// begun leaves the old one active, and the end that triggered it taken.
+func TestRotationFailureKeepsTheRecord(t *testing.T) {
+	dir := t.TempDir()
+	var failures int
+	s, _ := open(t, dir, Options{Readers: []string{"a"}, SegmentSize: 1 << 10, Failed: func(error) { failures++ }})
+	defer s.Close()
+	// The next segment's name is taken: its creation fails.
+	os.Mkdir(filepath.Join(dir, segmentName(s.segs[len(s.segs)-1].seq+1)), 0o700)
+	for _, id := range ids(0, 40) {
+		record(t, s, Start, id)
+		record(t, s, End, id)
+	}
+	if failures == 0 {
+		t.Fatal("no rotation failed")
+	}
+	if got := drain(t, s, "a", 100); !slices.Equal(got, ids(0, 40)) {
+		t.Errorf("read %v", got)
+	}
 }

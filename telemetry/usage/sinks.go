@@ -37,13 +37,13 @@ const (
 
 // CloudEvents posts batches in the CloudEvents HTTP binding's batched
 // mode (application/cloudevents-batch+json), OpenMeter's ingest shape:
-// any 2xx acknowledges the batch; anything else, or no answer within the
-// timeout, is a failure the delivery retries.
+// any 2xx acknowledges the batch; a 400, 413 or 422 rejects it (see
+// delivery.deliver); anything else, or no answer within the timeout, is a
+// failure the delivery retries.
 type CloudEvents struct {
 	URL     string
 	Headers http.Header
 	Client  *http.Client
-	body    bytes.Buffer
 }
 
 // NewCloudEvents makes the sink; headers are "Name: value" lines (an
@@ -82,16 +82,22 @@ func redactedHeader(line string) string {
 func (c *CloudEvents) Name() string { return SinkCloudEvents }
 
 func (c *CloudEvents) Send(ctx context.Context, records []spool.Record) error {
-	c.body.Reset()
-	c.body.WriteByte('[')
+	// A body of its own per batch: the transport may still read one
+	// after the answer came.
+	size := 2 + len(records)
+	for _, r := range records {
+		size += len(r.Data)
+	}
+	body := make([]byte, 0, size)
+	body = append(body, '[')
 	for i, r := range records {
 		if i > 0 {
-			c.body.WriteByte(',')
+			body = append(body, ',')
 		}
-		c.body.Write(r.Data)
+		body = append(body, r.Data...)
 	}
-	c.body.WriteByte(']')
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.URL, bytes.NewReader(c.body.Bytes()))
+	body = append(body, ']')
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.URL, bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
@@ -105,7 +111,13 @@ func (c *CloudEvents) Send(ctx context.Context, records []spool.Record) error {
 	}
 	defer resp.Body.Close()
 	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) //nolint:errcheck // the status is the answer
-	if resp.StatusCode/100 != 2 {
+	switch {
+	case resp.StatusCode/100 == 2:
+	case resp.StatusCode == http.StatusBadRequest || resp.StatusCode == http.StatusRequestEntityTooLarge || resp.StatusCode == http.StatusUnprocessableEntity:
+		// Malformed or too large: the delivery splits the batch.
+		return &Rejected{Status: resp.StatusCode}
+	default:
+		// 401 and 403 too: a token put right lets them through.
 		return fmt.Errorf("CloudEvents receiver answered %s", resp.Status)
 	}
 	return nil

@@ -6,6 +6,7 @@ package usage
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
@@ -33,8 +34,10 @@ const (
 
 // Refusal reasons, as the "reason" label says them.
 const (
-	RefusedFull  = "spool_full"   // past --usage-spool-max-size
-	RefusedWrite = "write_failed" // the filesystem refused the write (full, or failing)
+	RefusedFull     = "spool_full"   // past --usage-spool-max-size
+	RefusedWrite    = "write_failed" // the filesystem refused the write (full, or failing)
+	RefusedClosed   = "closed"       // the request ended after the spool closed, past the shutdown grace
+	RefusedRejected = "rejected"     // the sink refused the record itself as malformed (a 400, 413 or 422 to it alone)
 )
 
 // Options configures the records.
@@ -52,11 +55,11 @@ type Records struct {
 
 	produced, refused *prometheus.CounterVec
 	sinkNames         []string
+	// producedBySink is each sink's produced counter, resolved once.
+	producedBySink []prometheus.Counter
 
-	// reported rate-limits the report of refusals.
-	mu           sync.Mutex
-	refusedSince int
-	lastReport   time.Time
+	// refusals reports refused records.
+	refusals reporter
 
 	stop    chan struct{}
 	done    sync.WaitGroup
@@ -69,15 +72,17 @@ func Open(opts Options, reg prometheus.Registerer) (*Records, error) {
 	for _, s := range opts.Sinks {
 		opts.Spool.Readers = append(opts.Spool.Readers, s.Name())
 	}
+	failures := &reporter{log: opts.Log}
+	opts.Spool.Failed = func(err error) { failures.report("usage spool: a segment could not be begun or synced", 1, "err", err) }
 	sp, rec, err := spool.Open(opts.Spool)
 	if err != nil {
 		return nil, err
 	}
-	r := &Records{spool: sp, log: opts.Log, stop: make(chan struct{}),
+	r := &Records{spool: sp, log: opts.Log, stop: make(chan struct{}), refusals: reporter{log: opts.Log},
 		produced: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_usage_records_produced_total",
 			Help: "Usage records taken for each sink: one per request forwarded to the engine, and those found in the spool at start (recovered). produced = delivered + spooled + refused."}, []string{"sink"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_usage_records_refused_total",
-			Help: "Usage records not spooled, by reason: spool_full (past --usage-spool-max-size) or write_failed (the filesystem refused the write)."}, []string{"sink", "reason"}),
+			Help: "Usage records not delivered, by reason: spool_full (past --usage-spool-max-size), write_failed (the filesystem refused the write), closed (the request ended past the shutdown grace), rejected (the sink refused the record itself as malformed)."}, []string{"sink", "reason"}),
 	}
 	recovered := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_usage_records_recovered_total",
 		Help: "Usage records found in the spool at start, not yet delivered (counted in produced too); lost ones among them."}, []string{"sink"})
@@ -102,12 +107,14 @@ func Open(opts Options, reg prometheus.Registerer) (*Records, error) {
 			func() float64 { return float64(reader.Pending()) }))
 		r.produced.WithLabelValues(name).Add(float64(rec.Pending[name]))
 		recovered.WithLabelValues(name).Add(float64(rec.Pending[name]))
-		for _, reason := range []string{RefusedFull, RefusedWrite} {
+		for _, reason := range []string{RefusedFull, RefusedWrite, RefusedClosed, RefusedRejected} {
 			r.refused.WithLabelValues(name, reason)
 		}
 		r.sinkNames = append(r.sinkNames, name)
-		d := &delivery{sink: s, reader: reader, log: opts.Log, stop: r.stop,
-			delivered: delivered.WithLabelValues(name), retried: retried.WithLabelValues(name)}
+		r.producedBySink = append(r.producedBySink, r.produced.WithLabelValues(name))
+		d := &delivery{sink: s, reader: reader, stop: r.stop, kick: make(chan struct{}, 1), report: reporter{log: opts.Log},
+			delivered: delivered.WithLabelValues(name), retried: retried.WithLabelValues(name),
+			rejected: r.refused.WithLabelValues(name, RefusedRejected)}
 		r.deliveries = append(r.deliveries, d)
 		r.done.Go(d.run)
 	}
@@ -132,30 +139,46 @@ func (r *Records) Start(id string, record []byte) {
 // once a minute.
 func (r *Records) End(id string, record []byte) {
 	err := r.spool.Append(spool.End, id, record)
-	for _, name := range r.sinkNames {
-		r.produced.WithLabelValues(name).Inc()
+	for _, c := range r.producedBySink {
+		c.Inc()
 	}
 	if err == nil {
 		return
 	}
-	r.spool.Forget(id)
+	r.spool.Cancel(id)
 	reason := RefusedWrite
-	if errors.Is(err, spool.ErrFull) {
+	switch {
+	case errors.Is(err, spool.ErrFull):
 		reason = RefusedFull
+	case errors.Is(err, spool.ErrClosed):
+		reason = RefusedClosed
 	}
 	for _, name := range r.sinkNames {
 		r.refused.WithLabelValues(name, reason).Inc()
 	}
-	r.mu.Lock()
-	r.refusedSince++
-	report := time.Since(r.lastReport) >= reportEvery
-	n := r.refusedSince
-	if report {
-		r.refusedSince, r.lastReport = 0, time.Now()
+	r.refusals.report("usage records refused: the spool cannot take them; they are not delivered", 1, "reason", reason, "err", err)
+}
+
+// reporter logs a kind of failure at most once a minute, with how many
+// there were since the last report.
+type reporter struct {
+	log   *slog.Logger
+	mu    sync.Mutex
+	since int
+	last  time.Time
+}
+
+func (p *reporter) report(msg string, n int, args ...any) {
+	p.mu.Lock()
+	p.since += n
+	due := time.Since(p.last) >= reportEvery
+	count := p.since
+	if due {
+		p.since, p.last = 0, time.Now()
 	}
-	r.mu.Unlock()
-	if report {
-		r.log.Error("usage records refused: the spool cannot take them; they are not delivered", "records", n, "reason", reason, "err", err)
+	p.mu.Unlock()
+	if due {
+		p.log.Error(msg, append(args, "count", count)...)
 	}
 }
 
@@ -190,15 +213,16 @@ func (r *Records) Close(ctx context.Context) map[string]int {
 type delivery struct {
 	sink   Sink
 	reader *spool.Reader
-	log    *slog.Logger
 	stop   chan struct{}
+	// kick ends a backoff early: at shutdown, the last tries go at once.
+	kick   chan struct{}
+	report reporter
 
-	delivered, retried prometheus.Counter
+	delivered, retried, rejected prometheus.Counter
 }
 
 func (d *delivery) run() {
 	backoff := time.Duration(0)
-	var lastReport time.Time
 	failures := 0
 	for {
 		b, err := d.reader.Next(maxBatch, maxBatchBytes)
@@ -209,11 +233,13 @@ func (d *delivery) run() {
 			continue
 		}
 		if err == nil {
-			if err = d.send(b.Records); err == nil {
-				d.delivered.Add(float64(len(b.Records)))
+			var rejected int
+			if rejected, err = d.deliver(b.Records); err == nil {
+				d.delivered.Add(float64(len(b.Records) - rejected))
+				d.rejected.Add(float64(rejected))
 				if err := d.reader.Ack(b); err != nil {
 					// Delivered all the same: only a restart sends them again.
-					d.log.Warn("usage spool: a sink's position was not saved", "sink", d.sink.Name(), "err", err)
+					d.report.report("usage spool: a sink's position was not saved", 1, "sink", d.sink.Name(), "err", err)
 				}
 				backoff, failures = 0, 0
 				continue
@@ -221,20 +247,46 @@ func (d *delivery) run() {
 			d.retried.Add(float64(len(b.Records)))
 		}
 		failures++
-		if time.Since(lastReport) >= reportEvery {
-			d.log.Warn("usage records not delivered; retrying", "sink", d.sink.Name(), "err", err,
-				"failures", failures, "pending", d.reader.Pending())
-			lastReport = time.Now()
-		}
+		d.report.report("usage records not delivered; retrying", 1, "sink", d.sink.Name(), "err", err, "pending", d.reader.Pending())
 		backoff = min(max(2*backoff, minBackoff), maxBackoff)
 		t := time.NewTimer(backoff/2 + rand.N(backoff/2+1))
 		select {
 		case <-t.C:
+		case <-d.kick:
+			t.Stop()
 		case <-d.stop:
 			t.Stop()
 			return
 		}
 	}
+}
+
+// Rejected is a sink's refusal of a batch as malformed: sending it again
+// would be refused again.
+type Rejected struct{ Status int }
+
+func (r *Rejected) Error() string { return fmt.Sprintf("the sink rejected the batch (%d)", r.Status) }
+
+// deliver sends records. A batch the sink rejects is split until the
+// records it rejects alone are found; those are dropped, logged and
+// returned as rejected, so that one bad record never holds the rest.
+func (d *delivery) deliver(records []spool.Record) (rejected int, err error) {
+	err = d.send(records)
+	var rej *Rejected
+	if !errors.As(err, &rej) {
+		return 0, err
+	}
+	if len(records) == 1 {
+		d.report.report("usage record rejected by its sink, and dropped", 1, "sink", d.sink.Name(), "status", rej.Status, "id", string(records[0].ID))
+		return 1, nil
+	}
+	half := len(records) / 2
+	first, err := d.deliver(records[:half])
+	if err != nil {
+		return 0, err
+	}
+	second, err := d.deliver(records[half:])
+	return first + second, err
 }
 
 // send sends a batch, giving up at stop.
@@ -261,8 +313,13 @@ func (d *delivery) wait(wake <-chan struct{}) bool {
 	}
 }
 
-// drain waits until the sink has every record spooled, or ctx is done.
+// drain waits until the sink has every record spooled, or ctx is done. A
+// delivery waiting out a backoff tries again at once.
 func (d *delivery) drain(ctx context.Context) {
+	select {
+	case d.kick <- struct{}{}:
+	default:
+	}
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
 	for d.reader.Pending() > 0 {
