@@ -15,18 +15,18 @@ import (
 	"github.com/timing-sidecar/timing-sidecar/e2e/needs"
 )
 
-// The tracing and GenAI metrics tests send OTLP to a real OpenTelemetry
-// Collector: e2e/otelcol (a module of its own, so its dependencies stay out
-// of the product's), with only the otlp receiver and the file exporter,
-// built on first use into the user's cache directory (needs.Collector) and started on free
-// loopback ports. It writes what arrives to a file per signal, one OTLP/JSON
+// The tracing, GenAI metrics and usage records tests send OTLP to a real
+// OpenTelemetry Collector: e2e/otelcol (a module of its own, so its
+// dependencies stay out of the product's), with only the otlp receiver and
+// the file exporter, built on first use into the user's cache directory
+// (needs.Collector) and started on free loopback ports. It writes what arrives to a file per signal, one OTLP/JSON
 // export request a line, and the tests read those files.
 
 // collector is a running collector: its OTLP receivers and the files its
 // file exporters write.
 type collector struct {
-	grpc, http      string // host:port
-	traces, metrics string // paths
+	grpc, http            string // host:port
+	traces, metrics, logs string // paths
 }
 
 // freePorts reserves n loopback ports and frees them for the caller.
@@ -59,10 +59,12 @@ const collectorConfig = `receivers:
 exporters:
   file/traces: {path: %q, format: json, flush_interval: 100ms}
   file/metrics: {path: %q, format: json, flush_interval: 100ms}
+  file/logs: {path: %q, format: json, flush_interval: 100ms}
 service:
   pipelines:
     traces: {receivers: [otlp], exporters: [file/traces]}
     metrics: {receivers: [otlp], exporters: [file/metrics]}
+    logs: {receivers: [otlp], exporters: [file/logs]}
 `
 
 // startCollector runs the collector for one test and waits until both
@@ -75,9 +77,10 @@ func startCollector(t *testing.T) *collector {
 	}
 	dir := t.TempDir()
 	ports := freePorts(t, 2)
-	c := &collector{grpc: ports[0], http: ports[1], traces: filepath.Join(dir, "traces.jsonl"), metrics: filepath.Join(dir, "metrics.jsonl")}
+	c := &collector{grpc: ports[0], http: ports[1], traces: filepath.Join(dir, "traces.jsonl"), metrics: filepath.Join(dir, "metrics.jsonl"),
+		logs: filepath.Join(dir, "logs.jsonl")}
 	config := filepath.Join(dir, "otelcol.yaml")
-	if err := os.WriteFile(config, fmt.Appendf(nil, collectorConfig, c.grpc, c.http, c.traces, c.metrics), 0o644); err != nil {
+	if err := os.WriteFile(config, fmt.Appendf(nil, collectorConfig, c.grpc, c.http, c.traces, c.metrics, c.logs), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	startBackend(t, "otelcol", exec.Command(path, "--config", "file:"+config), func() bool { return listening(c.grpc, c.http) })
@@ -306,6 +309,50 @@ func serverAndClient(t *testing.T, tr []otlpSpan) (server, client otlpSpan) {
 		t.Fatalf("no SERVER and CLIENT span pair among %d spans: %+v", len(tr), tr)
 	}
 	return server, client
+}
+
+// otlpLogRecord is a log record as the collector wrote it, with the
+// resource of the batch it came in.
+type otlpLogRecord struct {
+	Time       int64      `json:"timeUnixNano,string"` // ns since the epoch; 0 when unset
+	EventName  string     `json:"eventName"`
+	Severity   int        `json:"severityNumber"`
+	Attributes attributes `json:"attributes"`
+	Resource   attributes `json:"-"`
+}
+
+// logRecords reads every log record the collector has written so far;
+// none while it has written no file.
+func (c *collector) logRecords(t *testing.T) []otlpLogRecord {
+	t.Helper()
+	if _, err := os.Stat(c.logs); os.IsNotExist(err) {
+		return nil
+	}
+	var all []otlpLogRecord
+	for _, line := range lines(t, c.logs) {
+		var req struct {
+			ResourceLogs []struct {
+				Resource struct {
+					Attributes attributes `json:"attributes"`
+				} `json:"resource"`
+				ScopeLogs []struct {
+					LogRecords []otlpLogRecord `json:"logRecords"`
+				} `json:"scopeLogs"`
+			} `json:"resourceLogs"`
+		}
+		if err := json.Unmarshal(line, &req); err != nil {
+			t.Fatalf("%s: %v", c.logs, err)
+		}
+		for _, rl := range req.ResourceLogs {
+			for _, sl := range rl.ScopeLogs {
+				for _, r := range sl.LogRecords {
+					r.Resource = rl.Resource.Attributes
+					all = append(all, r)
+				}
+			}
+		}
+	}
+	return all
 }
 
 // histogramSeries is the newest data point of one histogram series: the

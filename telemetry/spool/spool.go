@@ -96,6 +96,7 @@ type Spool struct {
 
 	mu       sync.Mutex
 	segs     []segment // in order; the last is active
+	nextSeq  uint64    // the next segment's: names only ever grow
 	active   *os.File
 	total    int64
 	frame    []byte
@@ -164,6 +165,10 @@ func Open(opts Options) (*Spool, Recovery, error) {
 		s.total += segs[i].size
 	}
 	s.segs = segs
+	s.nextSeq = 1
+	if n := len(segs); n > 0 {
+		s.nextSeq = segs[n-1].seq + 1
+	}
 	for _, name := range opts.Readers {
 		cur, err := s.readCursor(name)
 		if err != nil {
@@ -295,13 +300,17 @@ func (s *Spool) scan(seg *segment, each func(entry, position)) (int64, error) {
 // needs once the readers are past them. The old segment stays active if
 // the new one cannot be written whole. Callers hold mu, or own the spool
 // (Open).
-func (s *Spool) newSegment() error {
-	seq := uint64(1)
-	if n := len(s.segs); n > 0 {
-		seq = s.segs[n-1].seq + 1
-	}
+func (s *Spool) newSegment() error { return s.beginSegment(true) }
+
+// beginSegment begins a new active segment, with the copies of the starts
+// or without.
+func (s *Spool) beginSegment(copies bool) error {
+	seq := s.nextSeq
 	var starts []byte
 	for id, data := range s.inflight {
+		if !copies {
+			break
+		}
 		var err error
 		if starts, err = appendFrame(starts, Start, id, data); err != nil {
 			return err
@@ -318,6 +327,7 @@ func (s *Spool) newSegment() error {
 			return fmt.Errorf("usage spool: new segment: %w", err)
 		}
 	}
+	s.nextSeq++
 	if s.active != nil {
 		// Synced and closed by the sync loop, off the requests' path.
 		s.retired = append(s.retired, s.active)
@@ -330,12 +340,30 @@ func (s *Spool) newSegment() error {
 	return nil
 }
 
+// dropActive deletes the active segment, which every reader has read
+// whole: it holds nothing but starts, which memory holds too. On a full
+// filesystem that is the only way to the room a new segment needs.
+func (s *Spool) dropActive() {
+	act := s.segs[len(s.segs)-1]
+	s.active.Close()           //nolint:errcheck
+	os.Remove(s.path(act.seq)) //nolint:errcheck // gone from the books either way; Open cleans up
+	s.active = nil
+	s.total -= act.size
+	s.segs = s.segs[:len(s.segs)-1]
+}
+
 // write appends one frame to the active segment, in one write. A failed
 // write is cut back off, so the segment holds whole frames only.
 func (s *Spool) write(kind Kind, id string, data []byte) error {
 	var err error
 	if s.frame, err = appendFrame(s.frame[:0], kind, id, data); err != nil {
 		return err
+	}
+	if s.active == nil {
+		// The last segment went to make room, and none could be begun.
+		if err := s.newSegment(); err != nil {
+			return err
+		}
 	}
 	seg := &s.segs[len(s.segs)-1]
 	n, err := s.active.Write(s.frame)
@@ -441,8 +469,19 @@ func (s *Spool) releasable() []uint64 {
 		}
 	}
 	if act := s.segs[len(s.segs)-1]; min == (position{act.seq, act.size}) && act.size-act.copied >= s.opts.SegmentSize/16 && s.active != nil {
-		if err := s.newSegment(); err == nil {
+		err := s.newSegment()
+		if err != nil {
+			s.dropActive()
+			if err = s.newSegment(); err != nil {
+				// No room even for the copies: memory keeps the starts
+				// and the next new segment carries them.
+				err = s.beginSegment(false)
+			}
+		}
+		if err == nil {
 			min = position{s.segs[len(s.segs)-1].seq, 0}
+		} else if s.opts.Failed != nil {
+			s.opts.Failed(err)
 		}
 	}
 	var gone []uint64
@@ -491,14 +530,18 @@ func (s *Spool) Sync() error {
 	s.dirty = false
 	active, retired := s.active, s.retired
 	s.retired = nil
-	act := s.segs[len(s.segs)-1]
-	upTo := position{act.seq, act.size}
+	var upTo position
+	if n := len(s.segs); n > 0 {
+		upTo = position{s.segs[n-1].seq, s.segs[n-1].size}
+	}
 	s.mu.Unlock()
 	var err error
 	for _, f := range retired {
 		err = errors.Join(err, f.Sync(), f.Close())
 	}
-	err = errors.Join(err, active.Sync())
+	if active != nil {
+		err = errors.Join(err, active.Sync())
+	}
 	if d, derr := os.Open(s.opts.Dir); derr == nil {
 		err = errors.Join(err, d.Sync())
 		d.Close() //nolint:errcheck
@@ -531,7 +574,10 @@ func (s *Spool) Close() error {
 	for _, r := range s.readers {
 		r.closeFiles()
 	}
-	return errors.Join(err, s.active.Close())
+	if s.active != nil {
+		err = errors.Join(err, s.active.Close())
+	}
+	return err
 }
 
 // Reader reads one sink's records in order, from its acknowledged
@@ -598,6 +644,9 @@ func (r *Reader) Next(max, maxBytes int) (*Batch, error) {
 	b := &r.batch
 	b.Records, b.bytes = b.Records[:0], 0
 	r.buf = r.buf[:0]
+	// Not kept open between batches: a segment deleted meanwhile gives
+	// its room back at once.
+	defer r.closeSegment()
 	full := func() bool { return len(b.Records) >= max || b.bytes >= maxBytes }
 	for _, seg := range segs {
 		if seg.seq < at.seq {
@@ -672,6 +721,13 @@ func (r *Reader) readAt(seq uint64, off, n int64) ([]byte, error) {
 	}
 	r.buf = r.buf[:start+got]
 	return r.buf[start:], nil
+}
+
+func (r *Reader) closeSegment() {
+	if r.file != nil {
+		r.file.Close() //nolint:errcheck // read only
+		r.file = nil
+	}
 }
 
 func (r *Reader) closeFiles() {
