@@ -74,7 +74,7 @@ func TestOTLPLogsCarryTheRecord(t *testing.T) {
 		"prompt_tokens": attribute.Int64Value(7), "time_to_first_token_ms": attribute.Float64Value(80.5), "schema_version": attribute.Int64Value(1),
 	} {
 		if got[k] != want {
-			t.Errorf("%s = %v, want %v", k, got[k].Emit(), want.Emit())
+			t.Errorf("%s = %v, want %v", k, got[k].String(), want.String())
 		}
 	}
 	if _, ok := got["cached_tokens"]; ok {
