@@ -144,6 +144,7 @@ func TestDashboardAndRulesInPrometheus(t *testing.T) {
 	// takes it, well inside the 400 ms objective.
 	const streams = 24
 	bodyTTFT := sendKnownStreams(t, s, streams)
+	misses := sendPrefillMix(t, s, prefillMisses/2)
 	sendUnaryAndEmbeddings(t, s)
 	prom.await(t, `sum(timing_sidecar_time_to_first_token_seconds_count)`, func(v float64) bool { return v >= streams }, "the streams scraped")
 
@@ -153,6 +154,7 @@ func TestDashboardAndRulesInPrometheus(t *testing.T) {
 	mustReturn := dashboardAndRuleExpressions(t, prom)
 	awaitAllReturnData(t, prom, mustReturn)
 	t.Logf("%d dashboard and rule expressions return data before any failure", len(mustReturn))
+	checkPrefillPanel(t, prom, s, misses)
 
 	// Failures now: a stream the engine cuts (an upstream error), a
 	// client that leaves.
@@ -207,6 +209,102 @@ func sendKnownStreams(t *testing.T, s *sidecar, n int) []float64 {
 		t.FailNow()
 	}
 	return bodyTTFT
+}
+
+// Prefill mix: 600-token prompts, each first token 150 ms after the
+// engine takes it (the emulator's TTFT shrinks to the share computed), as
+// the known streams' are, so the TTFT median stays theirs: prefillMisses
+// computed whole, 4,000 tokens a second; twice as many full hits, one
+// token computed, which would read 6.7 tokens a second and pull the
+// panel's median below every miss.
+const (
+	prefillPrompt = 600
+	prefillMisses = 4
+)
+
+// sendPrefillMix sends misses of the prefill mix and twice as many full
+// hits, and returns the misses' speed, in tokens a second, as the engine
+// paced it.
+func sendPrefillMix(t *testing.T, s *sidecar, misses int) float64 {
+	t.Helper()
+	prompt := strings.TrimSpace(strings.Repeat("word ", prefillPrompt))
+	body := `{"model":"m","stream":true,"max_tokens":2,"messages":[{"role":"user","content":"` + prompt + `"}]}`
+	for i := range 3 * misses {
+		cached, ttft := "0", 150*time.Millisecond
+		if i%3 != 0 {
+			cached, ttft = strconv.Itoa(prefillPrompt-1), 150*time.Millisecond*prefillPrompt
+		}
+		req, err := http.NewRequest("POST", s.base+"/v1/chat/completions", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set(emulator.HeaderCachedTokens, cached)
+		req.Header.Set(emulator.HeaderTTFT, ttft.String())
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("prefill mix %d: %d", i, resp.StatusCode)
+		}
+	}
+	return prefillPrompt / 0.150
+}
+
+// checkPrefillPanel checks the dashboard's prefill speed panel against the
+// mix: the first half of it scraped, the second is sent, so that the
+// panel's rate() sees it; only the misses are observed, and the panel's
+// median lies in their bucket.
+func checkPrefillPanel(t *testing.T, prom *promServer, s *sidecar, misses float64) {
+	t.Helper()
+	count := `sum(timing_sidecar_prefill_tokens_per_second_count)`
+	prom.await(t, count, func(v float64) bool { return v >= prefillMisses/2 }, "the first prefill speeds scraped")
+	sendPrefillMix(t, s, prefillMisses/2)
+	prom.await(t, count, func(v float64) bool { return v >= prefillMisses }, "the prefill speeds scraped")
+	if n := prom.query(t, count); len(n) != 1 || n[0].value() != prefillMisses {
+		t.Errorf("prefill speeds observed: %v, want the %d misses alone", n, prefillMisses)
+	}
+	raw, err := os.ReadFile(dashboardFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dashboard any
+	if err := json.Unmarshal(raw, &dashboard); err != nil {
+		t.Fatal(err)
+	}
+	var median string
+	var walk func(v any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			if e, ok := v["expr"].(string); ok && strings.HasPrefix(e, "histogram_quantile(0.5,") && strings.Contains(e, "timing_sidecar_prefill_tokens_per_second_bucket") {
+				median = e
+			}
+			for _, x := range v {
+				walk(x)
+			}
+		case []any:
+			for _, x := range v {
+				walk(x)
+			}
+		}
+	}
+	walk(dashboard)
+	if median == "" {
+		t.Fatal("no median prefill speed panel in the dashboard")
+	}
+	// The misses' speed is about 4,000 (the sidecar's interval holds a
+	// little more than the engine's 150 ms): the 2,500–5,000 bucket.
+	// Observed full hits would have put it under 100.
+	inBucket := func(v float64) bool { return v > 2500 && v <= 5000 }
+	prom.await(t, fillVariables(median), func(v float64) bool { return !math.IsNaN(v) }, "the panel's median after the second half")
+	if r := prom.query(t, fillVariables(median)); len(r) != 1 || !inBucket(r[0].value()) {
+		t.Errorf("the panel's median prefill speed %v, want the misses' bucket, 2,500 to 5,000 (%.0f tokens/s)", r, misses)
+	} else {
+		t.Logf("the panel's median prefill speed %.0f tokens/s, the misses' %.0f", r[0].value(), misses)
+	}
 }
 
 // sendUnaryAndEmbeddings sends a non-streaming request (the other panels'

@@ -24,24 +24,26 @@ func TestPromptCacheIsAttributed(t *testing.T) {
 		Timing: emulator.Timing{TTFT: 20 * time.Millisecond, ITL: 5 * time.Millisecond, OutputTokens: 3}})
 	var log syncBuffer
 	p, base := startSidecar(t, engine.URL(), nil, &log)
-	prompt := strings.TrimSpace(strings.Repeat("word ", 60)) // 60 prompt tokens, as the emulator counts
+	prompt := strings.TrimSpace(strings.Repeat("word ", 600)) // 600 prompt tokens, as the emulator counts
 	type call struct {
 		name, path, body string
 		cached           string // X-Emulator-Cached-Tokens
 		wantCached       int    // what the engine serves of it: all but the last token at most
 		class            string
 		written          string // what the engine wrote to its cache, as the log says it
+		prefill          bool   // a prefill speed: a stream with timing.MinPrefillTokens computed
 	}
 	chat := `{"model":"m","stream":%s,"messages":[{"role":"user","content":"` + prompt + `"}]}`
 	calls := []call{
-		{"chat stream, nothing cached", "/v1/chat/completions", fmt.Sprintf(chat, "true"), "0", 0, "none", "48"},
-		{"chat stream, half cached", "/v1/chat/completions", fmt.Sprintf(chat, "true"), "30", 30, "partial", "16"},
-		{"chat stream, all but the last cached", "/v1/chat/completions", fmt.Sprintf(chat, "true"), "100", 59, "full", "0"},
-		{"chat body", "/v1/chat/completions", fmt.Sprintf(chat, "false"), "30", 30, "partial", "16"},
-		{"completions stream", "/v1/completions", `{"model":"m","stream":true,"prompt":"` + prompt + `"}`, "50", 50, "full", "0"},
-		{"responses stream", "/v1/responses", `{"model":"m","stream":true,"input":"` + prompt + `"}`, "30", 30, "partial", "null"},
-		{"messages stream", "/v1/messages", `{"model":"m","max_tokens":3,"stream":true,"messages":[{"role":"user","content":"` + prompt + `"}]}`, "30", 30, "partial", "0"},
-		{"messages body", "/v1/messages", `{"model":"m","max_tokens":3,"messages":[{"role":"user","content":"` + prompt + `"}]}`, "0", 0, "none", "0"},
+		{"chat stream, nothing cached", "/v1/chat/completions", fmt.Sprintf(chat, "true"), "0", 0, "none", "592", true},
+		{"chat stream, half cached", "/v1/chat/completions", fmt.Sprintf(chat, "true"), "300", 300, "partial", "288", true},
+		{"chat stream, 100 computed", "/v1/chat/completions", fmt.Sprintf(chat, "true"), "500", 500, "partial", "96", false},
+		{"chat stream, all but the last cached", "/v1/chat/completions", fmt.Sprintf(chat, "true"), "1000", 599, "full", "0", false},
+		{"chat body", "/v1/chat/completions", fmt.Sprintf(chat, "false"), "300", 300, "partial", "288", false},
+		{"completions stream", "/v1/completions", `{"model":"m","stream":true,"prompt":"` + prompt + `"}`, "50", 50, "partial", "544", true},
+		{"responses stream", "/v1/responses", `{"model":"m","stream":true,"input":"` + prompt + `"}`, "300", 300, "partial", "null", true},
+		{"messages stream", "/v1/messages", `{"model":"m","max_tokens":3,"stream":true,"messages":[{"role":"user","content":"` + prompt + `"}]}`, "599", 599, "full", "0", false},
+		{"messages body", "/v1/messages", `{"model":"m","max_tokens":3,"messages":[{"role":"user","content":"` + prompt + `"}]}`, "0", 0, "none", "0", false},
 	}
 	want := map[string]float64{}
 	for _, c := range calls {
@@ -66,16 +68,23 @@ func TestPromptCacheIsAttributed(t *testing.T) {
 		t.Fatalf("%d access-log lines for %d requests", len(lines), len(calls))
 	}
 	classes := map[[2]string]uint64{}
+	prefills := map[string]uint64{}
 	for i, l := range lines {
 		c := calls[i]
 		if !strings.Contains(l, `"cache_write_tokens":`+c.written+`,`) {
 			t.Errorf("%s: want cache_write_tokens %s in %s", c.name, c.written, l)
 		}
-		if stream := checkCacheLogLine(t, c.name, l, c.wantCached, c.class); stream {
-			classes[[2]string{routeOf([]byte(c.path)).label, c.class}]++
+		endpoint := routeOf([]byte(c.path)).label
+		if stream := checkCacheLogLine(t, c.name, l, c.wantCached, c.class, c.prefill); stream {
+			classes[[2]string{endpoint, c.class}]++
+		}
+		if c.prefill {
+			prefills[endpoint]++
+		} else if _, ok := prefills[endpoint]; !ok {
+			prefills[endpoint] = 0
 		}
 	}
-	checkCacheSeries(t, p, want, classes)
+	checkCacheSeries(t, p, want, classes, prefills)
 }
 
 // checkMetricsCountWholePrompt checks the metrics object in the response
@@ -104,15 +113,16 @@ func checkMetricsCountWholePrompt(t *testing.T, name string, body []byte, prompt
 // checkCacheLogLine checks the access-log line l of the call named name
 // for its cached tokens, cache class and prefill speed, and returns
 // whether it logged a stream.
-func checkCacheLogLine(t *testing.T, name, l string, wantCached int, class string) (stream bool) {
+func checkCacheLogLine(t *testing.T, name, l string, wantCached int, class string, prefill bool) (stream bool) {
 	t.Helper()
 	var e struct {
-		Path    string   `json:"path"`
-		Stream  bool     `json:"stream"`
-		Cached  *int     `json:"cached_tokens"`
-		Cache   string   `json:"cache"`
-		Prefill *float64 `json:"prefill_tokens_per_second"`
-		Prompt  int      `json:"prompt_tokens"`
+		Path      string   `json:"path"`
+		Stream    bool     `json:"stream"`
+		Cached    *int     `json:"cached_tokens"`
+		Cache     string   `json:"cache"`
+		Prefill   *float64 `json:"prefill_tokens_per_second"`
+		PrefillMs *float64 `json:"prefill_ms"`
+		Prompt    int      `json:"prompt_tokens"`
 	}
 	if err := json.Unmarshal([]byte(l), &e); err != nil {
 		t.Fatal(err)
@@ -123,17 +133,21 @@ func checkCacheLogLine(t *testing.T, name, l string, wantCached int, class strin
 	if e.Cache != class {
 		t.Errorf("%s: cache %q, want %q", name, e.Cache, class)
 	}
-	// Prefill speed needs a first token: streams only.
-	if (e.Prefill != nil) != e.Stream || e.Prefill != nil && *e.Prefill <= 0 {
-		t.Errorf("%s: prefill_tokens_per_second %v", name, e.Prefill)
+	// Prefill speed needs a first token, and enough tokens computed that
+	// what comes before the prefill is small beside it; its interval is
+	// logged with it.
+	if (e.Prefill != nil) != prefill || e.Prefill != nil && *e.Prefill <= 0 || (e.PrefillMs != nil) != prefill ||
+		e.Prefill != nil && math.Abs(float64(e.Prompt-wantCached)/(*e.PrefillMs/1000)-*e.Prefill) > 0.01**e.Prefill {
+		t.Errorf("%s: prefill_tokens_per_second %v over prefill_ms %v, want one: %v", name, e.Prefill, e.PrefillMs, prefill)
 	}
 	return e.Stream
 }
 
 // checkCacheSeries checks the cached prompt tokens counted per endpoint,
 // want, and the TTFT histogram's count per endpoint and cache class,
-// classes, with a prefill speed observed for each.
-func checkCacheSeries(t *testing.T, p *Proxy, want map[string]float64, classes map[[2]string]uint64) {
+// classes, and the prefill speeds observed per endpoint: none for a full
+// hit, or too few tokens computed.
+func checkCacheSeries(t *testing.T, p *Proxy, want map[string]float64, classes map[[2]string]uint64, prefills map[string]uint64) {
 	t.Helper()
 	for endpoint, n := range want {
 		if got := counterValue(t, p, "timing_sidecar_cached_prompt_tokens_total", map[string]string{"endpoint": endpoint, "model": "m"}); got != n {
@@ -145,8 +159,10 @@ func checkCacheSeries(t *testing.T, p *Proxy, want map[string]float64, classes m
 		if got, _ := histogramCount(t, p, "timing_sidecar_time_to_first_token_seconds", l); got != n {
 			t.Errorf("TTFT count%v = %d, want %d", l, got, n)
 		}
-		if got, _ := histogramCount(t, p, "timing_sidecar_prefill_tokens_per_second", map[string]string{"endpoint": k[0], "model": "m"}); got == 0 {
-			t.Errorf("no prefill speed observed for %s", k[0])
+	}
+	for endpoint, n := range prefills {
+		if got, _ := histogramCount(t, p, "timing_sidecar_prefill_tokens_per_second", map[string]string{"endpoint": endpoint, "model": "m"}); got != n {
+			t.Errorf("%d prefill speeds observed for %s, want %d", got, endpoint, n)
 		}
 	}
 }
@@ -293,4 +309,85 @@ func engineReportOf(t *testing.T, resp *http.Response) engineReport {
 		t.Fatalf("%d %s: %v", resp.StatusCode, got, err)
 	}
 	return doc
+}
+
+// TestPrefillSpeedBesideTheEngines: beside an engine that reports its own
+// prefill (vLLM's per-request metrics) and spends time before its clock
+// starts (the template, the tokenizer), a new prompt and a partial hit
+// with enough tokens computed get a speed: never above the engine's, as
+// the sidecar's interval holds the engine's prefill, and within a factor
+// of two of it, as the prefill is long beside the time before it; a full
+// hit and a few tokens computed get none, and are not observed; the log
+// says both speeds and both intervals.
+func TestPrefillSpeedBesideTheEngines(t *testing.T) {
+	engine := startEmulator(t, emulator.Config{PromptTokensDetails: true, PerRequestMetrics: true,
+		Timing: emulator.Timing{ITL: time.Millisecond, OutputTokens: 2}})
+	var log syncBuffer
+	p, base := startSidecar(t, engine.URL(), nil, &log)
+	type call struct {
+		name           string
+		prompt, cached int
+		prefill        time.Duration // the whole prompt's, at the engine's pace
+		preprocess     time.Duration
+		measured       bool
+	}
+	// Paced so that the prefill of the tokens computed (the emulator's TTFT
+	// shrinks to their share) lasts 100 ms or more where measured, beside
+	// 10 ms before the engine's clock starts.
+	calls := []call{
+		{"a new prompt", 400, 0, 100 * time.Millisecond, 10 * time.Millisecond, true},
+		{"a partial hit, 300 computed", 1200, 900, 400 * time.Millisecond, 10 * time.Millisecond, true},
+		{"38 computed after a cached prefix", 463, 425, 100 * time.Millisecond, 10 * time.Millisecond, false},
+		{"a full hit", 461, 460, 100 * time.Millisecond, 10 * time.Millisecond, false},
+	}
+	for _, c := range calls {
+		prompt := strings.TrimSpace(strings.Repeat("word ", c.prompt))
+		resp := post(t, base+"/v1/chat/completions", `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"`+prompt+`"}]}`,
+			map[string]string{emulator.HeaderCachedTokens: strconv.Itoa(c.cached), emulator.HeaderTTFT: c.prefill.String(), emulator.HeaderPreprocess: c.preprocess.String()})
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	p.telemetry.Flush()
+	lines := log.lines()
+	if len(lines) != len(calls) {
+		t.Fatalf("%d access-log lines for %d requests", len(lines), len(calls))
+	}
+	measured := uint64(0)
+	for i, l := range lines {
+		c := calls[i]
+		var e struct {
+			Prompt, Cached     int
+			Prefill, PrefillMs *float64
+			Engine, EngineMs   *float64
+		}
+		var raw map[string]json.RawMessage
+		json.Unmarshal([]byte(l), &raw)
+		for k, dst := range map[string]any{"prompt_tokens": &e.Prompt, "cached_tokens": &e.Cached, "prefill_tokens_per_second": &e.Prefill,
+			"prefill_ms": &e.PrefillMs, "engine_prefill_tokens_per_second": &e.Engine, "engine_prefill_ms": &e.EngineMs} {
+			json.Unmarshal(raw[k], dst)
+		}
+		computed := float64(e.Prompt - e.Cached)
+		if e.Engine == nil || e.EngineMs == nil || math.Abs(computed/(*e.EngineMs/1000)-*e.Engine) > 0.01**e.Engine {
+			t.Errorf("%s: the engine's speed %v over %v ms, want its prefill's", c.name, e.Engine, e.EngineMs)
+			continue
+		}
+		if (e.Prefill != nil) != c.measured || (e.PrefillMs != nil) != c.measured {
+			t.Errorf("%s: prefill_tokens_per_second %v over %v ms, want one: %v", c.name, e.Prefill, e.PrefillMs, c.measured)
+			continue
+		}
+		if !c.measured {
+			continue
+		}
+		measured++
+		// The sidecar's interval holds the engine's prefill: never a
+		// higher speed. The prefill is ten times the time before it.
+		if *e.Prefill > *e.Engine || *e.Prefill < *e.Engine/2 {
+			t.Errorf("%s: %.0f tokens/s over %.1f ms, the engine's %.0f over %.1f ms: want within a factor of two below",
+				c.name, *e.Prefill, *e.PrefillMs, *e.Engine, *e.EngineMs)
+		}
+		t.Logf("%s: %.0f tokens/s over %.1f ms, the engine's %.0f over %.1f ms", c.name, *e.Prefill, *e.PrefillMs, *e.Engine, *e.EngineMs)
+	}
+	if got, _ := histogramCount(t, p, "timing_sidecar_prefill_tokens_per_second", map[string]string{"endpoint": "chat_completions", "model": "m"}); got != measured {
+		t.Errorf("%d prefill speeds observed, want %d: no full hit, nor too few tokens computed", got, measured)
+	}
 }

@@ -307,6 +307,9 @@ func appendLine(b []byte, now time.Time, r *Record, j *judgement) []byte {
 	b = append(b, `,"cache":`...)
 	b = appendString(b, m.Cache.String())
 	b = appendNumber(b, `,"prefill_tokens_per_second":`, m.PrefillTokensPerSecond)
+	b = appendNumber(b, `,"prefill_ms":`, m.PrefillTime)
+	b = appendNumber(b, `,"engine_prefill_tokens_per_second":`, m.EnginePrefillTokensPerSecond)
+	b = appendNumber(b, `,"engine_prefill_ms":`, enginePrefill(m))
 	b = appendNumber(b, `,"relay_delay_p50_ms":`, relayDelay(&r.RelayDelays, (*timing.Delays).Median))
 	b = appendNumber(b, `,"relay_delay_max_ms":`, relayDelay(&r.RelayDelays, (*timing.Delays).Max))
 	b = appendNumber(b, `,"spec_acceptance_length":`, m.Engine.AcceptanceLength)
@@ -346,6 +349,15 @@ func cachedTokens(m *timing.Metrics) timing.Count {
 		return timing.Count{}
 	}
 	return m.CachedTokens
+}
+
+// enginePrefill is the interval the engine's prefill speed divides by:
+// its own prefill time, where the speed is known.
+func enginePrefill(m *timing.Metrics) timing.Number {
+	if !m.EnginePrefillTokensPerSecond.Set {
+		return timing.Number{}
+	}
+	return m.Engine.TimeToFirstToken
 }
 
 // objectiveMillis is an objective in ms, unset when it is not set.

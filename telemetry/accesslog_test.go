@@ -69,6 +69,7 @@ func slogLine(r *Record) []byte {
 		cnt("completion_tokens", m.CompletionTokens), cnt("token_events", m.TokenEvents),
 		num("tokens_per_event", m.TokensPerEvent), cnt("max_tokens_per_event", m.MaxTokensPerEvent),
 		cnt("cached_tokens", cachedTokens(m)), cnt("cache_write_tokens", m.CacheWriteTokens), slog.String("cache", m.Cache.String()), num("prefill_tokens_per_second", m.PrefillTokensPerSecond),
+		num("prefill_ms", m.PrefillTime), num("engine_prefill_tokens_per_second", m.EnginePrefillTokensPerSecond), num("engine_prefill_ms", enginePrefill(m)),
 		num("relay_delay_p50_ms", relayDelay(&r.RelayDelays, (*timing.Delays).Median)),
 		num("relay_delay_max_ms", relayDelay(&r.RelayDelays, (*timing.Delays).Max)),
 		num("spec_acceptance_length", m.Engine.AcceptanceLength), num("spec_acceptance_rate", m.Engine.AcceptanceRate),

@@ -660,18 +660,20 @@ func TestPrefillAndCacheClass(t *testing.T) {
 		{"no cache report", Usage{PromptTokens: count(1100)}, EngineTiming{}, true, CacheUnknown, Number{}},
 		{"nothing cached", Usage{PromptTokens: count(1100), CachedTokens: count(0)}, EngineTiming{}, true, CacheNone, Number{10000, true}},
 		{"partly cached", Usage{PromptTokens: count(1100), CachedTokens: count(550)}, EngineTiming{}, true, CachePartial, Number{5000, true}},
-		{"all but a block", Usage{PromptTokens: count(1100), CachedTokens: count(1088)}, EngineTiming{}, true, CacheFull, Number{12 / 0.110, true}},
-		{"all but a block and one", Usage{PromptTokens: count(1100), CachedTokens: count(1083)}, EngineTiming{}, true, CachePartial, Number{17 / 0.110, true}},
+		{"as few computed as measured", Usage{PromptTokens: count(1100), CachedTokens: count(1100 - MinPrefillTokens)}, EngineTiming{}, true, CachePartial,
+			Number{MinPrefillTokens / 0.110, true}},
+		{"fewer computed: the overhead's share is too large", Usage{PromptTokens: count(1100), CachedTokens: count(1101 - MinPrefillTokens)}, EngineTiming{}, true, CachePartial, Number{}},
+		{"a full hit is never measured", Usage{PromptTokens: count(1100), CachedTokens: count(1088)}, EngineTiming{}, true, CacheFull, Number{}},
 		{"the engine's queue time is not prefill", Usage{PromptTokens: count(1100), CachedTokens: count(0)},
 			EngineTiming{Reported: true, QueueTime: Number{55, true}}, true, CacheNone, Number{20000, true}},
 		{"an engine queue time longer than the TTFT is not believed", Usage{PromptTokens: count(1100), CachedTokens: count(0)},
 			EngineTiming{Reported: true, QueueTime: Number{500, true}}, true, CacheNone, Number{10000, true}},
 		{"every token cached: no prefill to measure", Usage{PromptTokens: count(64), CachedTokens: count(64)}, EngineTiming{}, true, CacheFull, Number{}},
-		{"a short prompt's few cached tokens are not a full hit", Usage{PromptTokens: count(20), CachedTokens: count(4)}, EngineTiming{}, true, CachePartial, Number{16 / 0.110, true}},
+		{"a short prompt's few cached tokens are not a full hit", Usage{PromptTokens: count(20), CachedTokens: count(4)}, EngineTiming{}, true, CachePartial, Number{}},
 		{"more cached than the prompt", Usage{PromptTokens: count(10), CachedTokens: count(64)}, EngineTiming{}, true, CacheUnknown, Number{}},
 		{"not streamed: no first token", Usage{PromptTokens: count(1100), CachedTokens: count(0)}, EngineTiming{}, false, CacheNone, Number{}},
-		{"Anthropic's shape counts the whole prompt", Usage{PromptTokens: count(100), CachedTokens: count(990), CacheWriteTokens: count(10), CacheApart: true},
-			EngineTiming{}, true, CachePartial, Number{110 / 0.110, true}},
+		{"Anthropic's shape counts the whole prompt", Usage{PromptTokens: count(1000), CachedTokens: count(990), CacheWriteTokens: count(10), CacheApart: true},
+			EngineTiming{}, true, CachePartial, Number{1010 / 0.110, true}},
 	} {
 		m := Compute(clock(), tc.usage, tc.streamed, tc.engine)
 		if m.Cache != tc.class {
@@ -683,6 +685,9 @@ func TestPrefillAndCacheClass(t *testing.T) {
 		// Late counts give what the counts in time would have given.
 		late := Compute(clock(), Usage{}, tc.streamed, tc.engine)
 		late.CountLate(clock(), tc.usage, tc.streamed)
+		if p := m.PrefillTime; p.Set != m.PrefillTokensPerSecond.Set || p.Set && math.Abs(float64(m.PromptTokens.Value-m.CachedTokens.Value)/(p.Value/1000)-m.PrefillTokensPerSecond.Value) > 1e-6 {
+			t.Errorf("%s: prefill time %+v does not give the speed %+v", tc.name, p, m.PrefillTokensPerSecond)
+		}
 		if late.Cache != m.Cache || late.PrefillTokensPerSecond != m.PrefillTokensPerSecond {
 			t.Errorf("%s: late counts gave %v %+v, in time %v %+v", tc.name, late.Cache, late.PrefillTokensPerSecond, m.Cache, m.PrefillTokensPerSecond)
 		}
@@ -816,5 +821,38 @@ func TestSentTokens(t *testing.T) {
 				t.Fatalf("completion_tokens %+v: the object's count is the usage's only", m.CompletionTokens)
 			}
 		})
+	}
+}
+
+// TestEnginePrefillSpeed: where the engine reports its prefill, the same
+// tokens over it are its speed, full hits included (the engine's figure,
+// as llama.cpp's prompt_per_second); the sidecar's own needs
+// MinPrefillTokens.
+func TestEnginePrefillSpeed(t *testing.T) {
+	clock := func() *Clock { return streamClock(10, []float64{110, 130}, 140) }
+	for _, tc := range []struct {
+		name            string
+		usage           Usage
+		engineMs        float64
+		engine, sidecar Number
+	}{
+		{"a new prompt", Usage{PromptTokens: count(392), CachedTokens: count(0)}, 24.1, Number{392 / 0.0241, true}, Number{392 / 0.110, true}},
+		{"38 new tokens after a cached prefix", Usage{PromptTokens: count(463), CachedTokens: count(425)}, 6.6, Number{38 / 0.0066, true}, Number{}},
+		{"the same prompt again", Usage{PromptTokens: count(461), CachedTokens: count(460)}, 1.6, Number{1 / 0.0016, true}, Number{}},
+		{"no engine figure", Usage{PromptTokens: count(392), CachedTokens: count(0)}, 0, Number{}, Number{392 / 0.110, true}},
+	} {
+		e := EngineTiming{}
+		if tc.engineMs > 0 {
+			e = EngineTiming{Reported: true, Source: "llama.cpp", TimeToFirstToken: Number{tc.engineMs, true}}
+		}
+		m := Compute(clock(), tc.usage, true, e)
+		for _, f := range []struct {
+			name      string
+			got, want Number
+		}{{"engine", m.EnginePrefillTokensPerSecond, tc.engine}, {"sidecar", m.PrefillTokensPerSecond, tc.sidecar}} {
+			if f.got.Set != f.want.Set || math.Abs(f.got.Value-f.want.Value) > 1e-6 {
+				t.Errorf("%s: %s speed %+v, want %+v", tc.name, f.name, f.got, f.want)
+			}
+		}
 	}
 }

@@ -35,12 +35,17 @@ type Timing struct {
 	// KVTransfer is a decode leg's wait before its first token, pulling
 	// the KV cache the prefill engine computed (in place of TTFT).
 	KVTransfer time.Duration
+	// Preprocess is the work before the engine's own clock starts (the
+	// HTTP request read, the chat template, the tokenizer), spent before
+	// the headers and in no interval the engine reports.
+	Preprocess time.Duration
 }
 
 // Per-request overrides and fault injection, as request headers.
 const (
 	HeaderHeaderDelay    = "X-Emulator-Header-Delay"     // duration, e.g. "20ms"
 	HeaderTTFT           = "X-Emulator-TTFT"             // duration
+	HeaderPreprocess     = "X-Emulator-Preprocess"       // duration, before the engine's clock (Timing.Preprocess)
 	HeaderITL            = "X-Emulator-ITL"              // duration
 	HeaderTokensPerEvent = "X-Emulator-Tokens-Per-Event" // integer
 	HeaderStatus         = "X-Emulator-Status"           // answer with this HTTP error status

@@ -198,7 +198,7 @@ func (g *generation) timingFor(h http.Header) (Timing, error) {
 	for _, d := range []struct {
 		header string
 		dst    *time.Duration
-	}{{HeaderHeaderDelay, &t.HeaderDelay}, {HeaderTTFT, &t.TTFT}, {HeaderITL, &t.ITL}, {HeaderKVTransfer, &t.KVTransfer}} {
+	}{{HeaderHeaderDelay, &t.HeaderDelay}, {HeaderTTFT, &t.TTFT}, {HeaderITL, &t.ITL}, {HeaderKVTransfer, &t.KVTransfer}, {HeaderPreprocess, &t.Preprocess}} {
 		if v := h.Get(d.header); v != "" {
 			parsed, err := time.ParseDuration(v)
 			if err != nil {
@@ -207,6 +207,8 @@ func (g *generation) timingFor(h http.Header) (Timing, error) {
 			*d.dst = parsed
 		}
 	}
+	// The preprocessing comes before the headers, as the queue does.
+	t.HeaderDelay += t.Preprocess
 	if v := h.Get(HeaderTokensPerEvent); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 {
@@ -589,8 +591,8 @@ func (g *generation) statsHeaders(scheduled, first, last time.Time, completion i
 	ms := func(d time.Duration) string {
 		return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 2, 64)
 	}
-	h.Set("x-vllm-total-time", ms(time.Since(g.e.rec.Received)))
-	h.Set("x-vllm-queue-time", ms(scheduled.Sub(g.e.rec.Received)))
+	h.Set("x-vllm-total-time", ms(time.Since(g.engineClock())))
+	h.Set("x-vllm-queue-time", ms(scheduled.Sub(g.engineClock())))
 	h.Set("x-vllm-prefill-time", ms(first.Sub(scheduled)))
 	h.Set("x-vllm-decode-time", ms(last.Sub(first)))
 	h.Set("x-vllm-inference-time", ms(last.Sub(scheduled)))
@@ -603,6 +605,10 @@ func (g *generation) statsHeaders(scheduled, first, last time.Time, completion i
 	h.Set("x-vllm-completion-tokens", strconv.Itoa(completion))
 	h.Set("x-vllm-cached-tokens", strconv.Itoa(g.cached))
 }
+
+// engineClock is when the engine's own clock starts: past the
+// preprocessing, which no interval it reports holds.
+func (g *generation) engineClock() time.Time { return g.e.rec.Received.Add(g.timing.Preprocess) }
 
 // engineMetrics is the engine's own report when it plays vLLM's
 // per-request metrics, which need no request field: from scheduling
@@ -623,7 +629,7 @@ func (g *generation) engineMetrics(scheduled, first, last time.Time, tokens int)
 	}
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	m := engineMetrics{
-		QueueTime:        ms(scheduled.Sub(g.e.rec.Received)),
+		QueueTime:        ms(scheduled.Sub(g.engineClock())),
 		TimeToFirstToken: ms(first.Sub(scheduled)),
 		GenerationTime:   ms(last.Sub(first)),
 	}
@@ -688,13 +694,13 @@ func (g *generation) tgiHeaders(scheduled, last time.Time, completion int) {
 	}
 	h := g.w.Header()
 	ms := func(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
-	total := time.Since(g.e.rec.Received)
+	total := time.Since(g.engineClock())
 	inference := last.Sub(scheduled)
 	h.Set("x-compute-type", "gpu+optimized")
 	h.Set("x-compute-time", strconv.FormatFloat(total.Seconds(), 'f', -1, 64))
 	h.Set("x-total-time", ms(total))
 	h.Set("x-validation-time", "0")
-	h.Set("x-queue-time", ms(scheduled.Sub(g.e.rec.Received)))
+	h.Set("x-queue-time", ms(scheduled.Sub(g.engineClock())))
 	h.Set("x-inference-time", ms(inference))
 	h.Set("x-time-per-token", ms(inference/time.Duration(max(completion, 1))))
 	h.Set("x-prompt-tokens", strconv.Itoa(g.prompt))
