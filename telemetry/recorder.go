@@ -224,7 +224,7 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 	r.ttft = histogram("timing_sidecar_time_to_first_token_seconds",
 		"Time from the sidecar holding the whole request to the first token event (as vLLM's histogram; the body field counts from the engine's response headers), by how much of the prompt the engine's prefix cache served: cache none, partial, full (all but at most 16 tokens), or unknown (the engine did not say).", ttftBuckets, "cache")
 	r.prefill = histogram("timing_sidecar_prefill_tokens_per_second",
-		"Each streamed request's prefill speed: prompt tokens the engine computed (prompt - cached) over arrival to first token, less the engine's own queue time when it reports one. Only from engines that report cached tokens.", prefillBuckets)
+		"Each streamed request's prefill speed: prompt tokens the engine computed (prompt - cached) over arrival to first token, less the engine's own queue time when it reports one. Only from engines that report cached tokens, and with 256 tokens computed or more: a full cache hit is not observed.", prefillBuckets)
 	r.ttfc = histogram("timing_sidecar_time_to_first_content_token_seconds",
 		"Time from the sidecar holding the whole request to the first content (answer) token event, past any reasoning; for streams.", ttftBuckets)
 	r.itl = histogram("timing_sidecar_inter_token_latency_seconds",

@@ -688,7 +688,8 @@ func TestPrefillAndCacheClass(t *testing.T) {
 		if p := m.PrefillTime; p.Set != m.PrefillTokensPerSecond.Set || p.Set && math.Abs(float64(m.PromptTokens.Value-m.CachedTokens.Value)/(p.Value/1000)-m.PrefillTokensPerSecond.Value) > 1e-6 {
 			t.Errorf("%s: prefill time %+v does not give the speed %+v", tc.name, p, m.PrefillTokensPerSecond)
 		}
-		if late.Cache != m.Cache || late.PrefillTokensPerSecond != m.PrefillTokensPerSecond {
+		if late.Cache != m.Cache || late.PrefillTokensPerSecond != m.PrefillTokensPerSecond || late.PrefillTime != m.PrefillTime ||
+			late.EnginePrefillTokensPerSecond != m.EnginePrefillTokensPerSecond {
 			t.Errorf("%s: late counts gave %v %+v, in time %v %+v", tc.name, late.Cache, late.PrefillTokensPerSecond, m.Cache, m.PrefillTokensPerSecond)
 		}
 	}
@@ -846,6 +847,19 @@ func TestEnginePrefillSpeed(t *testing.T) {
 			e = EngineTiming{Reported: true, Source: "llama.cpp", TimeToFirstToken: Number{tc.engineMs, true}}
 		}
 		m := Compute(clock(), tc.usage, true, e)
+		// The engine's speed goes into its member of the object.
+		var obj struct {
+			Engine *struct {
+				Prefill *float64 `json:"prefill_tokens_per_second"`
+			} `json:"engine"`
+		}
+		if err := json.Unmarshal(m.AppendJSON(nil), &obj); err != nil {
+			t.Fatal(err)
+		}
+		if got := obj.Engine != nil && obj.Engine.Prefill != nil; got != tc.engine.Set ||
+			got && math.Abs(*obj.Engine.Prefill-tc.engine.Value) > 0.001 {
+			t.Errorf("%s: metrics.engine %+v, want the engine's speed %+v", tc.name, obj.Engine, tc.engine)
+		}
 		for _, f := range []struct {
 			name      string
 			got, want Number

@@ -102,7 +102,11 @@ type Spool struct {
 	frame    []byte
 	readers  []*Reader
 	inflight map[string][]byte // the starts not yet ended, by id
-	closed   bool
+	// copiedAll says every start in flight is in the active segment
+	// (copied as it began, or written to it since): older segments hold
+	// nothing a restart needs, once the readers are past them.
+	copiedAll bool
+	closed    bool
 	// synced is how far the disk holds the spool; dirty says the active
 	// segment or the directory has more, retired are segments left and
 	// not yet synced and closed.
@@ -174,6 +178,10 @@ func Open(opts Options) (*Spool, Recovery, error) {
 		if err != nil {
 			return nil, rec, err
 		}
+		// A name a position saw is never given to a new segment: the
+		// position would point into other records.
+		s.nextSeq = max(s.nextSeq, cur.seq+1)
+		cur = s.resume(cur)
 		r := &Reader{s: s, name: name, cursor: cur, wake: make(chan struct{}, 1)}
 		for _, at := range endsAt {
 			if !at.before(cur) {
@@ -182,30 +190,33 @@ func Open(opts Options) (*Spool, Recovery, error) {
 		}
 		s.readers = append(s.readers, r)
 	}
-	// What every reader is past goes before anything is written: on a
-	// full disk, that is the room.
-	s.deleteSegments(s.releasable())
-	if err := s.begin(); err != nil {
-		return nil, rec, err
-	}
-	s.synced = position{s.segs[len(s.segs)-1].seq, 0}
+	// The lost requests' starts are in flight until their ends are
+	// written: the new segment carries copies of them, so that the old
+	// ones can go. A disk too full for it leaves the spool refusing
+	// records, and the old segments where they are; never the process
+	// unable to start.
 	lost := make([]string, 0, len(starts))
-	for id := range starts {
+	for id, data := range starts {
 		lost = append(lost, id)
+		s.inflight[id] = data
 	}
 	slices.Sort(lost)
+	if s.begin() == nil {
+		s.synced = position{s.segs[len(s.segs)-1].seq, 0}
+	}
 	for _, id := range lost {
 		// Past the bound if need be: these records were taken already.
 		// One the disk refuses stays a start, found again next time.
 		if err := s.write(End, id, starts[id]); err != nil {
-			s.inflight[id] = starts[id]
 			continue
 		}
+		delete(s.inflight, id)
 		rec.Lost++
 		for _, r := range s.readers {
 			r.pending++
 		}
 	}
+	s.deleteSegments(s.releasable())
 	for _, r := range s.readers {
 		rec.Pending[r.name] = r.pending
 	}
@@ -213,8 +224,9 @@ func Open(opts Options) (*Spool, Recovery, error) {
 	return s, rec, nil
 }
 
-// begin makes the spool's first active segment at Open: a new one, or, if
-// the disk cannot hold a new file, the last one.
+// begin makes the spool's first active segment at Open, with copies of
+// the starts in flight: a new one, or, if the disk cannot hold a new file,
+// the last one, appended to (it holds every start already).
 func (s *Spool) begin() error {
 	err := s.newSegment()
 	if err == nil {
@@ -226,9 +238,10 @@ func (s *Spool) begin() error {
 	}
 	f, ferr := os.OpenFile(s.path(s.segs[n-1].seq), os.O_WRONLY|os.O_APPEND, 0o600)
 	if ferr != nil {
-		return fmt.Errorf("usage spool: %w", errors.Join(err, ferr))
+		return errors.Join(err, ferr)
 	}
 	s.active = f
+	s.copiedAll = false // the starts may be in older segments
 	return nil
 }
 
@@ -337,19 +350,53 @@ func (s *Spool) beginSegment(copies bool) error {
 	s.segs = append(s.segs, segment{seq: seq, size: n, copied: n})
 	s.total += n
 	s.dirty = true
+	s.copiedAll = copies
 	return nil
 }
 
-// dropActive deletes the active segment, which every reader has read
-// whole: it holds nothing but starts, which memory holds too. On a full
-// filesystem that is the only way to the room a new segment needs.
-func (s *Spool) dropActive() {
+// compactActive makes room on a full filesystem, when there is none for
+// a new segment beside the active one, which every reader has read whole:
+// all it holds that a restart needs is the starts in flight, so they are
+// written over its head (room it has already), it is cut after them and
+// renamed as the next segment (no saved position points into it then). A
+// kill at any step leaves the starts on disk, and frames after them that
+// are whole and read, or cut at Open. Only when every start in flight is
+// in the active segment, and the older segments are gone: they may hold
+// the start of a request whose end goes with this one. Callers hold mu.
+func (s *Spool) compactActive() error {
+	if !s.copiedAll && len(s.inflight) > 0 {
+		return errors.New("usage spool: no room for a new segment, and starts in flight in older ones")
+	}
 	act := s.segs[len(s.segs)-1]
-	s.active.Close()           //nolint:errcheck
-	os.Remove(s.path(act.seq)) //nolint:errcheck // gone from the books either way; Open cleans up
-	s.active = nil
-	s.total -= act.size
-	s.segs = s.segs[:len(s.segs)-1]
+	var starts []byte
+	for id, data := range s.inflight {
+		var err error
+		if starts, err = appendFrame(starts, Start, id, data); err != nil {
+			return err
+		}
+	}
+	f, err := os.OpenFile(s.path(act.seq), os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close() //nolint:errcheck // written and cut, or failed before
+	if _, err := f.WriteAt(starts, 0); err != nil {
+		return err
+	}
+	if err := f.Truncate(int64(len(starts))); err != nil {
+		return err
+	}
+	seq := s.nextSeq
+	if err := os.Rename(s.path(act.seq), s.path(seq)); err != nil {
+		return err
+	}
+	s.nextSeq++
+	n := int64(len(starts))
+	s.total += n - act.size
+	s.segs[len(s.segs)-1] = segment{seq: seq, size: n, copied: n}
+	s.copiedAll = true
+	s.dirty = true
+	return nil
 }
 
 // write appends one frame to the active segment, in one write. A failed
@@ -470,19 +517,25 @@ func (s *Spool) releasable() []uint64 {
 	}
 	if act := s.segs[len(s.segs)-1]; min == (position{act.seq, act.size}) && act.size-act.copied >= s.opts.SegmentSize/16 && s.active != nil {
 		err := s.newSegment()
-		if err != nil {
-			s.dropActive()
-			if err = s.newSegment(); err != nil {
-				// No room even for the copies: memory keeps the starts
-				// and the next new segment carries them.
-				err = s.beginSegment(false)
+		if err != nil && (s.copiedAll || len(s.inflight) == 0) {
+			// No room beside it: the older segments go now, then the
+			// active one is cut to its starts.
+			for len(s.segs) > 1 {
+				os.Remove(s.path(s.segs[0].seq)) //nolint:errcheck // gone from the books either way; Open cleans up
+				s.total -= s.segs[0].size
+				s.segs = s.segs[1:]
 			}
+			err = s.compactActive()
 		}
 		if err == nil {
 			min = position{s.segs[len(s.segs)-1].seq, 0}
 		} else if s.opts.Failed != nil {
 			s.opts.Failed(err)
 		}
+	}
+	if !s.copiedAll {
+		// Some start in flight is only in an older segment (and memory).
+		return nil
 	}
 	var gone []uint64
 	for len(s.segs) > 1 && s.segs[0].seq < min.seq {
@@ -790,38 +843,49 @@ func (r *Reader) save(p position) error {
 	return err
 }
 
-// readCursor reads a reader's saved position. One that is missing,
-// unreadable, or not in a segment that exists (deleted, or cut short)
-// starts at the first segment, which at worst delivers again.
+// readCursor reads a reader's saved position; the zero position when it
+// has none, or one that does not read back whole.
 func (s *Spool) readCursor(name string) (position, error) {
-	first := position{1, 0}
-	if len(s.segs) > 0 {
-		first = position{s.segs[0].seq, 0}
-	}
 	b, err := os.ReadFile(filepath.Join(s.opts.Dir, name+".cursor"))
 	if os.IsNotExist(err) {
-		return first, nil
+		return position{}, nil
 	}
 	if err != nil {
 		return position{}, fmt.Errorf("usage spool: read %s's position: %w", name, err)
 	}
 	fields := strings.Fields(string(b))
 	if len(fields) != 3 {
-		return first, nil
+		return position{}, nil
 	}
-	var p position
 	seq, err1 := strconv.ParseUint(fields[0], 10, 64)
 	off, err2 := strconv.ParseInt(fields[1], 10, 64)
 	sum, err3 := strconv.ParseUint(fields[2], 16, 32)
 	if err1 != nil || err2 != nil || err3 != nil || uint32(sum) != crc([]byte(fields[0]+" "+fields[1])) {
-		return first, nil
+		return position{}, nil
 	}
-	p = position{seq, off}
+	return position{seq, off}, nil
+}
+
+// resume is where a reader saved at p goes on: p in its segment (at most
+// its end, past a tail cut short); the start of the next segment, when
+// its own is gone (every reader was past it); from the first segment when
+// p is none, or past every segment (a directory emptied by hand), which
+// at worst delivers again.
+func (s *Spool) resume(p position) position {
+	if len(s.segs) == 0 {
+		return position{s.nextSeq, 0}
+	}
+	first, last := s.segs[0], s.segs[len(s.segs)-1]
+	if p.seq == 0 || p.seq > last.seq {
+		return position{first.seq, 0}
+	}
 	for _, seg := range s.segs {
-		if seg.seq == p.seq {
-			// Past a tail cut short: its end.
-			return position{seq, min(off, seg.size)}, nil
+		switch {
+		case seg.seq == p.seq:
+			return position{p.seq, min(p.off, seg.size)}
+		case seg.seq > p.seq:
+			return position{seg.seq, 0}
 		}
 	}
-	return first, nil
+	return position{first.seq, 0}
 }
