@@ -313,21 +313,11 @@ func (s *Spool) scan(seg *segment, each func(entry, position)) (int64, error) {
 // needs once the readers are past them. The old segment stays active if
 // the new one cannot be written whole. Callers hold mu, or own the spool
 // (Open).
-func (s *Spool) newSegment() error { return s.beginSegment(true) }
-
-// beginSegment begins a new active segment, with the copies of the starts
-// or without.
-func (s *Spool) beginSegment(copies bool) error {
+func (s *Spool) newSegment() error {
 	seq := s.nextSeq
-	var starts []byte
-	for id, data := range s.inflight {
-		if !copies {
-			break
-		}
-		var err error
-		if starts, err = appendFrame(starts, Start, id, data); err != nil {
-			return err
-		}
+	starts, err := s.inflightFrames()
+	if err != nil {
+		return err
 	}
 	f, err := os.OpenFile(s.path(seq), os.O_CREATE|os.O_EXCL|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -350,9 +340,27 @@ func (s *Spool) beginSegment(copies bool) error {
 	s.segs = append(s.segs, segment{seq: seq, size: n, copied: n})
 	s.total += n
 	s.dirty = true
-	s.copiedAll = copies
+	s.copiedAll = true
 	return nil
 }
+
+// inflightFrames is the frames of the starts in flight, for a segment's
+// head.
+func (s *Spool) inflightFrames() ([]byte, error) {
+	var b []byte
+	for id, data := range s.inflight {
+		var err error
+		if b, err = appendFrame(b, Start, id, data); err != nil {
+			return nil, err
+		}
+	}
+	return b, nil
+}
+
+// startsInActive says the active segment holds every start in flight:
+// older segments hold nothing a restart needs, once the readers are past
+// them.
+func (s *Spool) startsInActive() bool { return s.copiedAll || len(s.inflight) == 0 }
 
 // compactActive makes room on a full filesystem, when there is none for
 // a new segment beside the active one, which every reader has read whole:
@@ -364,16 +372,13 @@ func (s *Spool) beginSegment(copies bool) error {
 // in the active segment, and the older segments are gone: they may hold
 // the start of a request whose end goes with this one. Callers hold mu.
 func (s *Spool) compactActive() error {
-	if !s.copiedAll && len(s.inflight) > 0 {
+	if !s.startsInActive() {
 		return errors.New("usage spool: no room for a new segment, and starts in flight in older ones")
 	}
 	act := s.segs[len(s.segs)-1]
-	var starts []byte
-	for id, data := range s.inflight {
-		var err error
-		if starts, err = appendFrame(starts, Start, id, data); err != nil {
-			return err
-		}
+	starts, err := s.inflightFrames()
+	if err != nil {
+		return err
 	}
 	f, err := os.OpenFile(s.path(act.seq), os.O_WRONLY, 0)
 	if err != nil {
@@ -407,7 +412,7 @@ func (s *Spool) write(kind Kind, id string, data []byte) error {
 		return err
 	}
 	if s.active == nil {
-		// The last segment went to make room, and none could be begun.
+		// Open could begin none (a full disk): try again.
 		if err := s.newSegment(); err != nil {
 			return err
 		}
@@ -517,7 +522,7 @@ func (s *Spool) releasable() []uint64 {
 	}
 	if act := s.segs[len(s.segs)-1]; min == (position{act.seq, act.size}) && act.size-act.copied >= s.opts.SegmentSize/16 && s.active != nil {
 		err := s.newSegment()
-		if err != nil && (s.copiedAll || len(s.inflight) == 0) {
+		if err != nil && s.startsInActive() {
 			// No room beside it: the older segments go now, then the
 			// active one is cut to its starts.
 			for len(s.segs) > 1 {
@@ -533,9 +538,8 @@ func (s *Spool) releasable() []uint64 {
 			s.opts.Failed(err)
 		}
 	}
-	if !s.copiedAll {
-		// Some start in flight is only in an older segment (and memory).
-		return nil
+	if !s.startsInActive() {
+		return nil // an older segment holds a start in flight
 	}
 	var gone []uint64
 	for len(s.segs) > 1 && s.segs[0].seq < min.seq {

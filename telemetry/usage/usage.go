@@ -61,7 +61,9 @@ type Records struct {
 	// refusals reports refused records.
 	refusals reporter
 
-	stop    chan struct{}
+	// stopped ends the deliveries, and a batch being sent.
+	stopped context.Context
+	stop    context.CancelFunc
 	done    sync.WaitGroup
 	closing sync.Once
 }
@@ -73,12 +75,12 @@ func Open(opts Options, reg prometheus.Registerer) (*Records, error) {
 		opts.Spool.Readers = append(opts.Spool.Readers, s.Name())
 	}
 	failures := &reporter{log: opts.Log}
-	opts.Spool.Failed = func(err error) { failures.report("usage spool: a segment could not be begun or synced", 1, "err", err) }
+	opts.Spool.Failed = func(err error) { failures.report("usage spool: a segment could not be begun or synced", "err", err) }
 	sp, rec, err := spool.Open(opts.Spool)
 	if err != nil {
 		return nil, err
 	}
-	r := &Records{spool: sp, log: opts.Log, stop: make(chan struct{}), refusals: reporter{log: opts.Log},
+	r := &Records{spool: sp, log: opts.Log, refusals: reporter{log: opts.Log},
 		produced: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_usage_records_produced_total",
 			Help: "Usage records taken for each sink: one per request forwarded to the engine, and those found in the spool at start (recovered). produced = delivered + spooled + refused."}, []string{"sink"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_usage_records_refused_total",
@@ -97,6 +99,7 @@ func Open(opts Options, reg prometheus.Registerer) (*Records, error) {
 	bytes := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "timing_sidecar_usage_spool_bytes",
 		Help: "Bytes the usage spool holds on disk."}, func() float64 { return float64(sp.Size()) })
 	reg.MustRegister(r.produced, r.refused, recovered, lost, corrupt, delivered, retried, bytes)
+	r.stopped, r.stop = context.WithCancel(context.Background())
 	lost.Add(float64(rec.Lost))
 	corrupt.Add(float64(rec.Corrupt))
 	for _, s := range opts.Sinks {
@@ -112,7 +115,8 @@ func Open(opts Options, reg prometheus.Registerer) (*Records, error) {
 		}
 		r.sinkNames = append(r.sinkNames, name)
 		r.producedBySink = append(r.producedBySink, r.produced.WithLabelValues(name))
-		d := &delivery{sink: s, reader: reader, stop: r.stop, kick: make(chan struct{}, 1), report: reporter{log: opts.Log},
+		d := &delivery{sink: s, reader: reader, stopped: r.stopped, kick: make(chan struct{}, 1),
+			retrying: reporter{log: opts.Log}, rejects: reporter{log: opts.Log}, saves: reporter{log: opts.Log},
 			delivered: delivered.WithLabelValues(name), retried: retried.WithLabelValues(name),
 			rejected: r.refused.WithLabelValues(name, RefusedRejected)}
 		r.deliveries = append(r.deliveries, d)
@@ -156,7 +160,7 @@ func (r *Records) End(id string, record []byte) {
 	for _, name := range r.sinkNames {
 		r.refused.WithLabelValues(name, reason).Inc()
 	}
-	r.refusals.report("usage records refused: the spool cannot take them; they are not delivered", 1, "reason", reason, "err", err)
+	r.refusals.report("usage records refused: the spool cannot take them; they are not delivered", "reason", reason, "err", err)
 }
 
 // reporter logs a kind of failure at most once a minute, with how many
@@ -168,9 +172,9 @@ type reporter struct {
 	last  time.Time
 }
 
-func (p *reporter) report(msg string, n int, args ...any) {
+func (p *reporter) report(msg string, args ...any) {
 	p.mu.Lock()
-	p.since += n
+	p.since++
 	due := time.Since(p.last) >= reportEvery
 	count := p.since
 	if due {
@@ -191,7 +195,7 @@ func (r *Records) Close(ctx context.Context) map[string]int {
 		for _, d := range r.deliveries {
 			d.drain(ctx)
 		}
-		close(r.stop)
+		r.stop()
 		r.done.Wait()
 		for _, d := range r.deliveries {
 			d.sink.Close(ctx) //nolint:errcheck // nothing left to send
@@ -213,17 +217,18 @@ func (r *Records) Close(ctx context.Context) map[string]int {
 type delivery struct {
 	sink   Sink
 	reader *spool.Reader
-	stop   chan struct{}
+	// stopped ends the delivery, and the batch being sent.
+	stopped context.Context
 	// kick ends a backoff early: at shutdown, the last tries go at once.
-	kick   chan struct{}
-	report reporter
+	kick chan struct{}
+	// Each kind of failure is reported apart, at most once a minute.
+	retrying, rejects, saves reporter
 
 	delivered, retried, rejected prometheus.Counter
 }
 
 func (d *delivery) run() {
 	backoff := time.Duration(0)
-	failures := 0
 	for {
 		b, err := d.reader.Next(maxBatch, maxBatchBytes)
 		if err == nil && len(b.Records) == 0 {
@@ -239,22 +244,21 @@ func (d *delivery) run() {
 				d.rejected.Add(float64(rejected))
 				if err := d.reader.Ack(b); err != nil {
 					// Delivered all the same: only a restart sends them again.
-					d.report.report("usage spool: a sink's position was not saved", 1, "sink", d.sink.Name(), "err", err)
+					d.saves.report("usage spool: a sink's position was not saved", "sink", d.sink.Name(), "err", err)
 				}
-				backoff, failures = 0, 0
+				backoff = 0
 				continue
 			}
 			d.retried.Add(float64(len(b.Records)))
 		}
-		failures++
-		d.report.report("usage records not delivered; retrying", 1, "sink", d.sink.Name(), "err", err, "pending", d.reader.Pending())
+		d.retrying.report("usage records not delivered; retrying", "sink", d.sink.Name(), "err", err, "pending", d.reader.Pending())
 		backoff = min(max(2*backoff, minBackoff), maxBackoff)
 		t := time.NewTimer(backoff/2 + rand.N(backoff/2+1))
 		select {
 		case <-t.C:
 		case <-d.kick:
 			t.Stop()
-		case <-d.stop:
+		case <-d.stopped.Done():
 			t.Stop()
 			return
 		}
@@ -271,13 +275,13 @@ func (r *Rejected) Error() string { return fmt.Sprintf("the sink rejected the ba
 // records it rejects alone are found; those are dropped, logged and
 // returned as rejected, so that one bad record never holds the rest.
 func (d *delivery) deliver(records []spool.Record) (rejected int, err error) {
-	err = d.send(records)
+	err = d.sink.Send(d.stopped, records)
 	var rej *Rejected
 	if !errors.As(err, &rej) {
 		return 0, err
 	}
 	if len(records) == 1 {
-		d.report.report("usage record rejected by its sink, and dropped", 1, "sink", d.sink.Name(), "status", rej.Status, "id", string(records[0].ID))
+		d.rejects.report("usage record rejected by its sink, and dropped", "sink", d.sink.Name(), "status", rej.Status, "id", string(records[0].ID))
 		return 1, nil
 	}
 	half := len(records) / 2
@@ -289,26 +293,12 @@ func (d *delivery) deliver(records []spool.Record) (rejected int, err error) {
 	return first + second, err
 }
 
-// send sends a batch, giving up at stop.
-func (d *delivery) send(records []spool.Record) error {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		select {
-		case <-d.stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	return d.sink.Send(ctx, records)
-}
-
 // wait waits for a record, or the stop; false at the stop.
 func (d *delivery) wait(wake <-chan struct{}) bool {
 	select {
 	case <-wake:
 		return true
-	case <-d.stop:
+	case <-d.stopped.Done():
 		return false
 	}
 }
