@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/timing-sidecar/timing-sidecar/telemetry/spool"
 	"github.com/timing-sidecar/timing-sidecar/telemetry/usage"
 )
 
@@ -409,5 +411,34 @@ func TestUsageRecordRejectedAlone(t *testing.T) {
 	checkReconciled(t, p, usage.SinkCloudEvents, 6)
 	if n := counterValue(t, p, "timing_sidecar_usage_records_refused_total", map[string]string{"sink": usage.SinkCloudEvents, "reason": usage.RefusedRejected}); n != 1 {
 		t.Errorf("rejected %v, want 1", n)
+	}
+}
+
+// TestASecondSidecarIsRefusedTheSpool: a second sidecar given a spool
+// directory another holds does not start, and says which directory; the
+// first keeps taking and delivering records.
+func TestASecondSidecarIsRefusedTheSpool(t *testing.T) {
+	engine := newFakeEngine(t)
+	recv := newCEReceiver(t)
+	dir := t.TempDir()
+	_, base := startSidecar(t, engine.URL(), usageConfig(dir, recv.srv.URL), nil)
+
+	cfg := DefaultConfig()
+	cfg.Upstream, cfg.Listen = engine.URL(), "127.0.0.1:0"
+	usageConfig(dir, recv.srv.URL)(&cfg)
+	second, err := New(cfg, slog.New(slog.DiscardHandler), nil)
+	if !errors.Is(err, spool.ErrInUse) || !strings.Contains(err.Error(), dir) {
+		if second != nil {
+			second.Shutdown(context.Background())
+		}
+		t.Fatalf("a second sidecar on a held spool: %v, want a refusal naming %s", err, dir)
+	}
+
+	resp := post(t, base+"/v1/chat/completions", `{"model":"m","messages":[]}`, map[string]string{"X-Request-Id": "after"})
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	recv.await(t, 1)
+	if rec, ok := recv.byRequest(t)["after"]; !ok || rec.Data["end"] != "completed" {
+		t.Fatalf("the first sidecar's record after the refusal: %+v", rec)
 	}
 }

@@ -107,6 +107,8 @@ type Spool struct {
 	// nothing a restart needs, once the readers are past them.
 	copiedAll bool
 	closed    bool
+	// lock is the directory's lock file, held until Close (lock.go).
+	lock *os.File
 	// synced is how far the disk holds the spool; dirty says the active
 	// segment or the directory has more, retired are segments left and
 	// not yet synced and closed.
@@ -128,8 +130,9 @@ func (s *Spool) path(seq uint64) string { return filepath.Join(s.opts.Dir, segme
 // what an earlier process left: a tail cut short is cut off, a request
 // started and never ended gets its start's record, and each reader
 // resumes after what it acknowledged. Only a directory it cannot read or
-// make fails it: a disk that is full leaves the spool refusing records,
-// never the process unable to start.
+// make, or one another open spool holds (ErrInUse), fails it: a disk that
+// is full leaves the spool refusing records, never the process unable to
+// start.
 func Open(opts Options) (*Spool, Recovery, error) {
 	if opts.SegmentSize <= 0 {
 		opts.SegmentSize = DefaultSegmentSize
@@ -141,7 +144,22 @@ func Open(opts Options) (*Spool, Recovery, error) {
 	if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
 		return nil, rec, fmt.Errorf("usage spool: %w", err)
 	}
-	s := &Spool{opts: opts, inflight: map[string][]byte{}, stop: make(chan struct{}), stopped: make(chan struct{})}
+	lock, err := lockDir(opts.Dir)
+	if err != nil {
+		return nil, rec, err
+	}
+	s, rec, err := recoverSpool(opts, lock)
+	if err != nil {
+		lock.Close()
+		return nil, rec, err
+	}
+	return s, rec, nil
+}
+
+// recoverSpool opens the spool in opts.Dir, whose lock is held.
+func recoverSpool(opts Options, lock *os.File) (*Spool, Recovery, error) {
+	rec := Recovery{Pending: map[string]int{}}
+	s := &Spool{opts: opts, lock: lock, inflight: map[string][]byte{}, stop: make(chan struct{}), stopped: make(chan struct{})}
 	segs, err := s.listSegments()
 	if err != nil {
 		return nil, rec, err
@@ -634,7 +652,8 @@ func (s *Spool) Close() error {
 	if s.active != nil {
 		err = errors.Join(err, s.active.Close())
 	}
-	return err
+	// Last: a process that opens the spool next finds every file closed.
+	return errors.Join(err, s.lock.Close())
 }
 
 // Reader reads one sink's records in order, from its acknowledged

@@ -10,8 +10,17 @@ import (
 	"testing"
 )
 
+// opened is the spools these tests opened, by directory. Opening a
+// directory again stands for a restart after the process was killed: the
+// kill released the earlier spool's lock, as the kernel does for a process
+// that dies, and nothing else of it.
+var opened sync.Map
+
 func open(t testing.TB, dir string, opts Options) (*Spool, Recovery) {
 	t.Helper()
+	if earlier, ok := opened.Load(dir); ok {
+		earlier.(*Spool).lock.Close()
+	}
 	opts.Dir = dir
 	if opts.MaxSize == 0 {
 		opts.MaxSize = 1 << 20
@@ -23,6 +32,7 @@ func open(t testing.TB, dir string, opts Options) (*Spool, Recovery) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	opened.Store(dir, s)
 	return s, rec
 }
 
