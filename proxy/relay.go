@@ -189,7 +189,9 @@ func (b *bodyRelay) exchange() *upstream.Exchange { return b.x }
 // write failed (the client left).
 func (b *bodyRelay) CloseWithError(writeErr error) error {
 	f := b.f
-	noteEnd(f, b.x, b.err, writeErr)
+	// The last byte read and written: whatever the client did after, it
+	// has the whole body.
+	noteEnd(f, b.x, b.err, writeErr, b.eof && writeErr == nil)
 	if b.capture != nil {
 		if b.eof {
 			f.usage = rewrite.BodyUsage(b.capture.B)
@@ -232,10 +234,14 @@ func (p *Proxy) countPanic() {
 	}
 }
 
-// noteEnd records how a relayed body ended: an engine failure (readErr) or
-// a client that left (writeErr, or the watcher's abort).
-func noteEnd(f *flight, x *upstream.Exchange, readErr, writeErr error) {
+// noteEnd records how a relayed body ended: delivered whole, an engine
+// failure (readErr) or a client that left (writeErr, or the watcher's
+// abort). A body delivered is complete, whatever came after it: the
+// client's close noticed, the engine's connection let go, a write of the
+// chunked terminator that failed.
+func noteEnd(f *flight, x *upstream.Exchange, readErr, writeErr error, delivered bool) {
 	switch {
+	case delivered:
 	case f.cut != nil && f.cut.Load():
 		f.rec.CutAtShutdown = true // neither the client's doing nor the engine's
 	case x.IsAborted() || (writeErr != nil && readErr == nil):
@@ -407,6 +413,13 @@ type eventRelay struct {
 	metrics                     []byte // scratch for the metrics JSON
 	readErr                     error
 	eof                         bool
+	// answerEnded: the event that ends the answer (Event.EndsAnswer) has
+	// arrived, at answerEndedAt; delivered: it, and all before it, or the
+	// whole stream, reached the client's socket. A client that leaves
+	// after that was served, and a stream cut after that is complete.
+	answerEnded   bool
+	answerEndedAt time.Time
+	delivered     bool
 	// hold decides which event carries the metrics and which waits.
 	hold rewrite.FinishHold
 	// engine is the engine's own timing from a usage event removed
@@ -449,6 +462,7 @@ func (r *eventRelay) WriteTo(w io.Writer) (written int64, err error) {
 		if werr != nil {
 			return written, werr
 		}
+		r.noteDelivery()
 		if c := r.f.client; len(r.pending) == 0 && (c == nil || !r.pendingAt.Before(c.StallEnded())) {
 			r.p.relayed(r.f, delay)
 		}
@@ -459,6 +473,8 @@ func (r *eventRelay) WriteTo(w io.Writer) (written int64, err error) {
 // call.
 func (r *eventRelay) Read(p []byte) (n int, err error) {
 	defer r.p.recoverRead(r.f, &err)
+	// The caller reads again once it has written what it was given.
+	r.noteDelivery()
 	if err := r.fill(); err != nil {
 		return 0, err
 	}
@@ -479,6 +495,9 @@ func (r *eventRelay) fill() error {
 			continue
 		}
 		if r.eof {
+			// Everything was handed out, and written: the caller asks for
+			// more only then.
+			r.delivered = true
 			return io.EOF
 		}
 		if r.readErr != nil {
@@ -530,6 +549,14 @@ func (r *eventRelay) fill() error {
 	return nil
 }
 
+// noteDelivery records, once everything handed out so far was written,
+// that the answer was delivered if its final event was among it.
+func (r *eventRelay) noteDelivery() {
+	if r.answerEnded && len(r.pending) == 0 && r.queued == nil && r.held == nil {
+		r.delivered = true
+	}
+}
+
 // inspect marks the clock for a whole event that arrived at at, takes its
 // usage, and carries out what the hold makes of it: the metrics spliced
 // in, the event removed or held back, and a held event released ahead of
@@ -539,6 +566,9 @@ func (r *eventRelay) inspect(raw []byte, at time.Time) {
 	ev := f.route.api.ClassifyEvent(raw)
 	if ev.Kind == rewrite.EventToken {
 		f.clock.MarkOutput(at, ev.Output)
+	}
+	if ev.EndsAnswer() && !r.answerEnded {
+		r.answerEnded, r.answerEndedAt = true, at
 	}
 	f.clock.CountOutput(ev.CompletionCount(), ev.Kind == rewrite.EventToken)
 	if f.readsAnswer() {
@@ -671,7 +701,13 @@ func (r *eventRelay) fillTrailer() {
 func (r *eventRelay) exchange() *upstream.Exchange { return r.x }
 
 func (r *eventRelay) CloseWithError(writeErr error) error {
-	noteEnd(r.f, r.x, r.readErr, writeErr)
+	if r.delivered && r.f.clock.Done.IsZero() {
+		// Cut after the answer's end (the client left, and the watch
+		// let go of the engine before its stream closed): the request
+		// ended with the event that ended the answer.
+		r.f.markEnd(r.answerEndedAt)
+	}
+	noteEnd(r.f, r.x, r.readErr, writeErr, r.delivered)
 	if c := r.f.client; c != nil {
 		c.OnStall(nil)
 	}

@@ -249,6 +249,8 @@ func classifyMessages(ev *Event, s, typ string) {
 			ev.Kind = EventUsage
 			ev.Usage = parseUsage(u)
 		}
+	case "message_stop":
+		ev.ends = true
 	case "error":
 		ev.Kind = EventError
 	}
@@ -264,6 +266,7 @@ func classifyResponses(ev *Event, s, typ string) {
 			}
 		}
 	case typ == "response.completed" || typ == "response.incomplete":
+		ev.ends = true
 		r := gjson.Get(s, "response")
 		if !r.IsObject() {
 			return

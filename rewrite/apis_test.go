@@ -185,3 +185,29 @@ func TestTranscriptionFormFields(t *testing.T) {
 		}
 	}
 }
+
+// TestEachAPINamesTheEventThatEndsTheAnswer: after it a client has been
+// served, whatever it does next; no other event says so.
+func TestEachAPINamesTheEventThatEndsTheAnswer(t *testing.T) {
+	for _, tt := range []struct {
+		api  API
+		raw  string
+		ends bool
+	}{
+		{ChatCompletions, "data: [DONE]\n\n", true},
+		{Completions, "data: [DONE]\n\n", true},
+		{ChatCompletions, `data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}` + "\n\n", false},
+		{ChatCompletions, `data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}` + "\n\n", false},
+		{Messages, "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n", true},
+		{Messages, "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":1}}\n\n", false},
+		{Messages, "data: [DONE]\n\n", false},
+		{Responses, "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"status\":\"completed\"}}\n\n", true},
+		{Responses, "event: response.incomplete\ndata: {\"type\":\"response.incomplete\",\"response\":{\"status\":\"incomplete\"}}\n\n", true},
+		{Responses, "event: response.failed\ndata: {\"type\":\"response.failed\",\"response\":{\"status\":\"failed\"}}\n\n", false},
+		{Responses, "event: response.output_text.done\ndata: {\"type\":\"response.output_text.done\",\"text\":\"a\"}\n\n", false},
+	} {
+		if got := tt.api.ClassifyEvent([]byte(tt.raw)).EndsAnswer(); got != tt.ends {
+			t.Errorf("%T %q: EndsAnswer %v, want %v", tt.api, tt.raw, got, tt.ends)
+		}
+	}
+}

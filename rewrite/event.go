@@ -54,7 +54,17 @@ type Event struct {
 	carriesChoices bool
 	// finishes: at least one choice has a finish_reason that is not null.
 	finishes bool
+	// ends: the event is the typed APIs' last of a whole answer (see
+	// EndsAnswer).
+	ends bool
 }
+
+// EndsAnswer tells the event after which the engine has nothing more to
+// say of the answer: Chat Completions' and Completions' "data: [DONE]",
+// the Messages API's message_stop, the Responses API's response.completed
+// or response.incomplete. A client that has it has been served, whatever
+// it does next.
+func (ev Event) EndsAnswer() bool { return ev.Kind == EventDone || ev.ends }
 
 var dataField = []byte("data:")
 
