@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"os"
@@ -69,23 +68,22 @@ func sidecarSettings(sets []string) ([]inject.EnvVar, error) {
 
 // readInputs is the files' contents one after the other, as YAML
 // documents, or stdin without files. One file is passed as it is, so that
-// JSON comes back JSON.
+// JSON comes back JSON. The files are read as inject reads, up to its
+// bound, not whole into memory first.
 func readInputs(files []string, stdin io.Reader) (io.Reader, error) {
 	if len(files) == 0 {
 		return stdin, nil
 	}
-	if len(files) == 1 {
-		b, err := os.ReadFile(files[0])
-		return bytes.NewReader(b), err
-	}
-	var buf bytes.Buffer
-	for _, f := range files {
-		b, err := os.ReadFile(f)
+	var parts []io.Reader
+	for _, name := range files {
+		f, err := os.Open(name)
 		if err != nil {
 			return nil, err
 		}
-		buf.WriteString("\n---\n")
-		buf.Write(b)
+		if len(files) > 1 {
+			parts = append(parts, strings.NewReader("\n---\n"))
+		}
+		parts = append(parts, f)
 	}
-	return &buf, nil
+	return io.MultiReader(parts...), nil
 }

@@ -153,6 +153,9 @@ var kubeletRef = regexp.MustCompile(`^\$\(([^()\s]+)\)$`)
 // shellRuns parses a shell line and returns its simple commands.
 func shellRuns(script *yaml.Node, env containerEnv) ([]*invocation, error) {
 	src := script.Value
+	if len(src) > maxArg {
+		return nil, fmt.Errorf("the shell line is %d bytes, longer than the kernel passes to a program (%d KiB)", len(src), maxArg>>10)
+	}
 	file, err := syntax.NewParser(syntax.KeepComments(true), syntax.Variant(syntax.LangBash)).Parse(strings.NewReader(src), "")
 	if err != nil {
 		return nil, fmt.Errorf("the shell line does not parse: %w", err)

@@ -92,6 +92,10 @@ func (e containerEnv) expand(s string) (string, bool) {
 			case !defined, !v.known:
 				known = false
 				b.WriteString(unknownPart)
+			case b.Len()+len(v.value) > maxArg:
+				// Values built of values double at each step: the kernel
+				// would refuse the result (E2BIG), and inject reads none.
+				return unknownPart, false
 			default:
 				b.WriteString(v.value)
 			}

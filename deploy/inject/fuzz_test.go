@@ -45,3 +45,32 @@ func FuzzShellLine(f *testing.F) {
 		}
 	})
 }
+
+// FuzzManifest injects arbitrary YAML: inject never panics, writes nothing
+// when it refuses, and allocates within a bound of the input's size
+// whatever its aliases, anchors and nesting (an alias that escaped the
+// bound would cost gigabytes).
+func FuzzManifest(f *testing.F) {
+	for _, seed := range []string{
+		nestedAnchors(9, 9),
+		nestedAnchors(3, 12),
+		mergeChain(4, 10),
+		"apiVersion: v1\nkind: Pod\nmetadata:\n  name: loop\n  annotations:\n    a: &a [x, *a]\n" + engineTail,
+		"apiVersion: v1\nkind: Pod\nmetadata: &m\n  name: p\n  labels: {<<: *m}\n" + engineTail,
+		"apiVersion: v1\nkind: List\nitems:\n- &p {apiVersion: v1, kind: Pod, metadata: {name: a}, spec: {containers: [{name: e, args: [vllm, serve, m]}]}}\n- *p\n",
+		"a: &a [*b]\nb: &b [*a]\n",
+	} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		var out strings.Builder
+		var err error
+		n := allocated(func() { err = Inject(strings.NewReader(in), &out, Options{}) })
+		if limit := uint64(256<<20 + 1000*len(in)); n > limit {
+			t.Fatalf("allocated %d MiB for %d bytes of input (bound %d MiB)", n>>20, len(in), limit>>20)
+		}
+		if err != nil && out.Len() > 0 {
+			t.Fatalf("refused (%v) and wrote:\n%s", err, out.String())
+		}
+	})
+}

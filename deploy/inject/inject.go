@@ -63,9 +63,15 @@ func Inject(in io.Reader, out io.Writer, opts Options) error {
 	if err := opts.Validate(); err != nil {
 		return err
 	}
-	src, err := io.ReadAll(in)
+	src, err := io.ReadAll(io.LimitReader(in, maxInput+1))
 	if err != nil {
 		return fmt.Errorf("read the manifests: %w", err)
+	}
+	if len(src) > maxInput {
+		return errTooLarge
+	}
+	if err := countDocuments(src); err != nil {
+		return err
 	}
 	var buf bytes.Buffer
 	rw := &kio.ByteReadWriter{Reader: bytes.NewReader(src), Writer: &buf, PreserveSeqIndent: true}
@@ -76,7 +82,10 @@ func Inject(in io.Reader, out io.Writer, opts Options) error {
 	count := map[outcome]int{}
 	for i, doc := range docs {
 		// An alias shares its anchor's nodes: an edit through one would
-		// change the other unseen. Each gets its own copy.
+		// change the other unseen. Each gets its own copy, within a bound.
+		if err := boundAliases(doc.YNode()); err != nil {
+			return fmt.Errorf("document %d (%s %q): %w", i+1, doc.GetKind(), doc.GetName(), err)
+		}
 		if err := doc.DeAnchor(); err != nil {
 			return fmt.Errorf("document %d: %w", i+1, err)
 		}
