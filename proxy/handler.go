@@ -221,19 +221,7 @@ func (p *Proxy) relayMeasured(ctx *fasthttp.RequestCtx, f *flight, x *upstream.E
 // failure it answers the client itself and returns false.
 func (p *Proxy) forward(ctx *fasthttp.RequestCtx, f *flight, identity bool) (*upstream.Exchange, *fasthttp.Response, bool) {
 	req := fasthttp.AcquireRequest()
-	upstreamRequest(req, ctx, identity, p.up.Host())
-	if ctx.IsPost() && f.route.measured && f.route.api != rewrite.Pooling && p.cfg.Mode != rewrite.ModeOff {
-		req.Header.Set(sidecarHeader, "1")
-	}
-	if f.rec.Trace.On() {
-		// The engine's span is the child of the sidecar's CLIENT span,
-		// not of the client's: the client's trace context is replaced.
-		req.Header.Del("Tracestate")
-		p.tracer.Send(&f.rec.Trace, requestCarrier{&req.Header}, time.Now(), f.rec.Method, f.rec.Path)
-	}
-	if ctx.IsPost() && f.route.measured && f.rec.UsageID == "" {
-		p.telemetry.StartUsage(&f.rec, f.clock.Arrival)
-	}
+	p.prepareUpstream(req, ctx, f, identity)
 	resp := fasthttp.AcquireResponse()
 	resp.SkipBody = ctx.IsHead()
 	// A response without Content-Type must not read as text/plain.
@@ -252,46 +240,85 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, f *flight, identity bool) (*up
 	x := p.up.NewExchange(body, watcher, f.unread != nil)
 	err := x.RoundTrip(req, resp)
 	fasthttp.ReleaseRequest(req)
-	if f.unread != nil && cc != nil && f.clock.Arrival.Before(cc.Arrival()) {
-		// The body streamed through: it had arrived when it was sent.
-		f.clock.Arrival = cc.Arrival()
-		if err == nil && x.HeadersRead().Before(f.clock.Arrival) {
-			f.clock.Arrival = x.HeadersRead() // an answer before the body's end
-		}
-	}
+	f.bodyStreamedThrough(cc, x, err)
 	p.sent(f)
 	if err == nil {
-		if x.Early() && f.unread != nil {
-			// The rest of the client's body was never read: the
-			// connection ends after the answer, lingering so that the
-			// client reads it rather than a reset.
-			clientconn.CloseAfterError(ctx)
-		}
-		f.clock.Accepted = x.HeadersRead()
-		f.rec.Trace.EngineStatus = resp.StatusCode()
-		if f.route.measured {
-			f.readEngineHeaders(&resp.Header)
-		}
+		f.accepted(ctx, x, resp)
 		return x, resp, true
 	}
 	if cc != nil {
 		cc.Unwatch()
 	}
 	fasthttp.ReleaseResponse(resp)
+	p.forwardFailed(ctx, f, err)
+	return nil, nil, false
+}
+
+// prepareUpstream makes req the request the engine gets: the client's, its
+// hop-by-hop headers gone, marked as measured for a sidecar further in,
+// with the sidecar's trace context; and starts the request's usage record.
+func (p *Proxy) prepareUpstream(req *fasthttp.Request, ctx *fasthttp.RequestCtx, f *flight, identity bool) {
+	upstreamRequest(req, ctx, identity, p.up.Host())
+	if ctx.IsPost() && f.route.measured && f.route.api != rewrite.Pooling && p.cfg.Mode != rewrite.ModeOff {
+		req.Header.Set(sidecarHeader, "1")
+	}
+	if f.rec.Trace.On() {
+		// The engine's span is the child of the sidecar's CLIENT span,
+		// not of the client's: the client's trace context is replaced.
+		req.Header.Del("Tracestate")
+		p.tracer.Send(&f.rec.Trace, requestCarrier{&req.Header}, time.Now(), f.rec.Method, f.rec.Path)
+	}
+	if ctx.IsPost() && f.route.measured && f.rec.UsageID == "" {
+		p.telemetry.StartUsage(&f.rec, f.clock.Arrival)
+	}
+}
+
+// bodyStreamedThrough moves the arrival of a request whose body streamed
+// through to the engine to when that body had arrived, or to the engine's
+// answer if that came before the body's end.
+func (f *flight) bodyStreamedThrough(cc *clientconn.Conn, x *upstream.Exchange, err error) {
+	if f.unread == nil || cc == nil || !f.clock.Arrival.Before(cc.Arrival()) {
+		return
+	}
+	f.clock.Arrival = cc.Arrival()
+	if err == nil && x.HeadersRead().Before(f.clock.Arrival) {
+		f.clock.Arrival = x.HeadersRead()
+	}
+}
+
+// accepted records the engine's answer head: its acceptance mark, status
+// and timing headers.
+func (f *flight) accepted(ctx *fasthttp.RequestCtx, x *upstream.Exchange, resp *fasthttp.Response) {
+	if x.Early() && f.unread != nil {
+		// The rest of the client's body was never read: the connection
+		// ends after the answer, lingering so that the client reads it
+		// rather than a reset.
+		clientconn.CloseAfterError(ctx)
+	}
+	f.clock.Accepted = x.HeadersRead()
+	f.rec.Trace.EngineStatus = resp.StatusCode()
+	if f.route.measured {
+		f.readEngineHeaders(&resp.Header)
+	}
+}
+
+// forwardFailed answers a request the engine did not answer: nothing for a
+// client that left, the client's own failure for a body that broke on the
+// way, else an OpenAI-style error for the engine's.
+func (p *Proxy) forwardFailed(ctx *fasthttp.RequestCtx, f *flight, err error) {
 	if errors.Is(err, upstream.ErrAborted) {
 		closeUnanswered(ctx, f)
-		return nil, nil, false
+		return
 	}
 	if f.unread != nil && f.unread.err != nil {
 		// The client failed while its body streamed through.
 		p.refuseBody(ctx, f, f.unread.err)
-		return nil, nil, false
+		return
 	}
 	p.log.Warn("upstream request failed", "path", f.rec.Path, "request_id", f.rec.ID, "err", safeError(err))
 	f.rec.UpstreamError = upstreamErrorKind(err, true)
 	upstreamError(err).write(ctx)
 	setResponseID(ctx, f)
-	return nil, nil, false
 }
 
 // closeUnanswered ends a request whose client left before it was answered:

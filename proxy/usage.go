@@ -17,9 +17,7 @@ import (
 
 // Usage records' defaults.
 const (
-	// DefaultUsageSpoolMaxSize: at about a kilobyte a record, hours of
-	// a busy engine's records while a receiver is down.
-	DefaultUsageSpoolMaxSize = 256 << 20
+	DefaultUsageSpoolMaxSize = spool.DefaultMaxSize
 	DefaultUsageSpoolSync    = spool.DefaultSync
 	DefaultUsageTimeout      = 10 * time.Second
 	DefaultUsageEventType    = "timing-sidecar.usage.v1"

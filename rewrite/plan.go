@@ -75,10 +75,7 @@ func PlanFor(pol Policy, req Request) Plan {
 	if pol.Mode == ModeOff || req.Untouched {
 		return Plan{} // a transparent proxy: measured, never changed
 	}
-	// A stream whose client gets no usage event: only OpenAI's APIs have
-	// such streams, and ForceUsage gives them one.
-	forced := pol.ForceUsage && req.Understood && req.Stream && !req.IncludeUsage
-	noUsage := req.Stream && !req.IncludeUsage && !forced
+	forced, noUsage := streamUsage(pol, req)
 	p := Plan{
 		Refuse:      req.InvalidIncludeMetrics,
 		Multiple:    req.MultipleChoices,
@@ -88,14 +85,26 @@ func PlanFor(pol Policy, req Request) Plan {
 		// reports its own timing.
 		CutIncludeMetrics: req.HasIncludeMetrics && !pol.ForwardIncludeMetrics,
 	}
-	// Where the metrics ride in a stream whose client did not ask for
-	// usage, and whether the engine is asked for the usage. Not with
-	// running usage asked for and usage off, unless forced: asking would
-	// put usage on every event (as vLLM's forcing does).
+	p.planUsage(pol, req, forced, noUsage)
+	return p
+}
+
+// streamUsage says whether a stream's usage event is forced on it
+// (ForceUsage), and whether its client gets none: only OpenAI's APIs have
+// such streams.
+func streamUsage(pol Policy, req Request) (forced, noUsage bool) {
+	forced = pol.ForceUsage && req.Understood && req.Stream && !req.IncludeUsage
+	return forced, req.Stream && !req.IncludeUsage && !forced
+}
+
+// planUsage decides where the metrics ride in a stream whose client did
+// not ask for usage, and whether the engine is asked for the usage. Not
+// with running usage asked for and usage off, unless forced: asking would
+// put usage on every event (as vLLM's forcing does).
+func (p *Plan) planUsage(pol Policy, req Request, forced, noUsage bool) {
 	p.MetricsOnFinish = p.WantMetrics && noUsage
 	p.HideUsage = !p.WantMetrics && pol.InjectUsage && req.Understood && noUsage && !req.ContinuousUsage
 	p.AskUsage = forced || (p.WantMetrics || p.HideUsage) && noUsage && !req.ContinuousUsage
-	return p
 }
 
 // byMode tells whether the mode gives req's response metrics without the

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 
 	"sigs.k8s.io/kustomize/kyaml/yaml"
 )
@@ -37,6 +38,19 @@ const (
 
 // errTooLarge is the refusal of input past maxInput.
 var errTooLarge = fmt.Errorf("the manifests are over %d MiB: inject reads at most that much at once; split them", maxInput>>20)
+
+// readBounded reads the manifests, refusing them past maxInput or
+// maxDocuments.
+func readBounded(in io.Reader) ([]byte, error) {
+	src, err := io.ReadAll(io.LimitReader(in, maxInput+1))
+	if err != nil {
+		return nil, fmt.Errorf("read the manifests: %w", err)
+	}
+	if len(src) > maxInput {
+		return nil, errTooLarge
+	}
+	return src, countDocuments(src)
+}
 
 // countDocuments refuses input with more than maxDocuments documents,
 // before they are parsed: each costs a decoder of its own.

@@ -11,7 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
-	"github.com/timing-sidecar/timing-sidecar/proxy"
+	"github.com/timing-sidecar/timing-sidecar/telemetry/spool"
 )
 
 // podWith is a Pod whose spec is spec, indented under it.
@@ -593,7 +593,7 @@ func TestSGLangLegs(t *testing.T) {
 // the pod has is kept, unless the spool cannot live on it.
 func TestSpoolVolume(t *testing.T) {
 	engine := "containers:\n  - name: e\n    command: [vllm, serve, m]\n"
-	spool := func(spec corev1.PodSpec) corev1.Volume {
+	spoolOf := func(spec corev1.PodSpec) corev1.Volume {
 		for _, v := range spec.Volumes {
 			if v.Name == spoolVolume {
 				return v
@@ -606,7 +606,7 @@ func TestSpoolVolume(t *testing.T) {
 		name, maxSize, want string
 		bound               int64
 	}{
-		{"the default bound", "", "320Mi", proxy.DefaultUsageSpoolMaxSize},
+		{"the default bound", "", "320Mi", spool.DefaultMaxSize},
 		{"a bound of 1 GiB", "1073741824", "1280Mi", 1 << 30},
 		{"a bound of 100 MiB: at least 64Mi more", "104857600", "164Mi", 100 << 20},
 		{"a bound in hexadecimal, as the flag reads it", "0x4000000", "128Mi", 64 << 20},
@@ -618,7 +618,7 @@ func TestSpoolVolume(t *testing.T) {
 				opts.Env = []EnvVar{{"TIMING_SIDECAR_USAGE_SPOOL_MAX_SIZE", tc.maxSize}}
 			}
 			p, _ := injectPodOK(t, podWith(engine), opts)
-			v := spool(p.Spec)
+			v := spoolOf(p.Spec)
 			if v.EmptyDir == nil || v.EmptyDir.SizeLimit == nil || v.EmptyDir.SizeLimit.String() != tc.want || v.EmptyDir.SizeLimit.Value() <= tc.bound {
 				t.Errorf("volume %+v, want an emptyDir of %s, above %d bytes", v, tc.want, tc.bound)
 			}
@@ -631,7 +631,7 @@ func TestSpoolVolume(t *testing.T) {
 	} {
 		t.Run("the pod's own: "+tc.name, func(t *testing.T) {
 			p, _ := injectPodOK(t, podWith(engine+"volumes:\n  - name: "+spoolVolume+"\n    "+tc.volume+"\n"), Options{})
-			if got := spool(p.Spec); len(p.Spec.Volumes) != 1 || got.EmptyDir != nil && got.EmptyDir.SizeLimit != nil && got.EmptyDir.SizeLimit.String() != "2Gi" {
+			if got := spoolOf(p.Spec); len(p.Spec.Volumes) != 1 || got.EmptyDir != nil && got.EmptyDir.SizeLimit != nil && got.EmptyDir.SizeLimit.String() != "2Gi" {
 				t.Errorf("volumes %+v", p.Spec.Volumes)
 			}
 		})

@@ -210,74 +210,80 @@ func (r *shellReader) word(w *syntax.Word, script *yaml.Node) word {
 }
 
 func (r *shellReader) part(p syntax.WordPart, quoted bool, b *strings.Builder, out *word) {
-	unknown := func() {
-		out.known = false
-		b.WriteString(unknownPart)
-	}
+	v, known := unknownPart, false
 	switch p := p.(type) {
 	case *syntax.Lit:
-		b.WriteString(unescape(p.Value, quoted))
+		v, known = unescape(p.Value, quoted), true
 	case *syntax.SglQuoted:
-		if p.Dollar {
-			unknown()
-			return
+		if !p.Dollar {
+			v, known = r.singleQuoted(p.Value, out)
 		}
-		// The kubelet expands $(VAR) before the shell sees the quotes.
-		v, known := r.env.expand(p.Value)
-		if strings.Contains(v, "'") {
-			// A quote the kubelet put in ends the shell's quotes.
-			known, out.maySplit = false, true
-			v = unknownPart
-		}
-		out.known = out.known && known
-		b.WriteString(v)
 	case *syntax.DblQuoted:
-		if p.Dollar {
-			unknown()
+		if !p.Dollar {
+			for _, q := range p.Parts {
+				r.part(q, true, b, out)
+			}
 			return
-		}
-		for _, q := range p.Parts {
-			r.part(q, true, b, out)
 		}
 	case *syntax.ParamExp:
-		v, ok := r.param(p, out)
-		// Unquoted, the shell splits what it cannot be shown to be one
-		// word.
-		out.mayHold = out.mayHold || !quoted && !ok
-		out.maySplit = out.maySplit || !quoted && ok && strings.ContainsAny(v, " \t\n")
-		if !ok {
-			unknown()
-			return
-		}
-		b.WriteString(v)
+		v, known = r.paramPart(p, quoted, out)
 	case *syntax.CmdSubst:
-		text := r.src[p.Pos().Offset():p.End().Offset()]
-		m := kubeletRef.FindStringSubmatch(text)
-		if m == nil {
-			out.mayHold = out.mayHold || !quoted
-			unknown()
-			return
-		}
-		v, defined := r.env.lookup(m[1])
-		// A value with blanks or shell syntax changes the line's words
-		// once the kubelet puts it in: not read.
-		if !defined || !v.known || strings.ContainsAny(v.value, " \t\n;&|<>()$`'\"\\") {
-			out.mayHold = out.mayHold || !quoted
-			out.maySplit = out.maySplit || defined && v.known && (!quoted || strings.ContainsAny(v.value, "\"`$\\"))
-			unknown()
-			return
-		}
-		b.WriteString(v.value)
-	default:
-		unknown()
+		v, known = r.kubeletPart(p, quoted, out)
 	}
+	out.known = out.known && known
+	b.WriteString(v)
+}
+
+// singleQuoted is the text of '...': the shell reads none of it, but the
+// kubelet expands $(VAR) in it first.
+func (r *shellReader) singleQuoted(text string, out *word) (string, bool) {
+	v, known := r.env.expand(text)
+	if strings.Contains(v, "'") {
+		// A quote the kubelet put in ends the shell's quotes.
+		out.maySplit = true
+		return unknownPart, false
+	}
+	return v, known
+}
+
+// paramPart is a parameter expansion's value, where param reads it.
+func (r *shellReader) paramPart(p *syntax.ParamExp, quoted bool, out *word) (string, bool) {
+	v, ok := r.param(p, out)
+	// Unquoted, the shell splits what it cannot be shown to be one word.
+	out.mayHold = out.mayHold || !quoted && !ok
+	out.maySplit = out.maySplit || !quoted && ok && strings.ContainsAny(v, " \t\n")
+	if !ok {
+		return unknownPart, false
+	}
+	return v, true
+}
+
+// kubeletPart is a $(...) the kubelet replaces before the shell runs (a
+// $(VAR) of the container's), read only when its value is one plain word;
+// any other command substitution is not read.
+func (r *shellReader) kubeletPart(p *syntax.CmdSubst, quoted bool, out *word) (string, bool) {
+	text := r.src[p.Pos().Offset():p.End().Offset()]
+	m := kubeletRef.FindStringSubmatch(text)
+	if m == nil {
+		out.mayHold = out.mayHold || !quoted
+		return unknownPart, false
+	}
+	v, defined := r.env.lookup(m[1])
+	// A value with blanks or shell syntax changes the line's words once
+	// the kubelet puts it in: not read.
+	if !defined || !v.known || strings.ContainsAny(v.value, " \t\n;&|<>()$`'\"\\") {
+		out.mayHold = out.mayHold || !quoted
+		out.maySplit = out.maySplit || defined && v.known && (!quoted || strings.ContainsAny(v.value, "\"`$\\"))
+		return unknownPart, false
+	}
+	return v.value, true
 }
 
 // param reads $VAR, ${VAR}, ${VAR:-default} and ${VAR-default} from the
 // container's env; anything else, or a variable the line sets itself, is
 // not read.
 func (r *shellReader) param(p *syntax.ParamExp, out *word) (string, bool) {
-	if p.Param == nil || p.Excl || p.Length || p.Width || p.Index != nil || p.Slice != nil || p.Repl != nil || p.Names != 0 {
+	if !plainParam(p) {
 		return "", false
 	}
 	name := p.Param.Value
@@ -297,12 +303,25 @@ func (r *shellReader) param(p *syntax.ParamExp, out *word) (string, bool) {
 	if defined && (v.value != "" || p.Exp.Op == syntax.DefaultUnset) {
 		return v.value, true
 	}
-	if p.Exp.Word == nil {
+	return r.defaultValue(p.Exp.Word)
+}
+
+// plainParam tells a parameter expansion that names a variable and, at
+// most, gives a default: no length, indirection, index, slice or
+// replacement.
+func plainParam(p *syntax.ParamExp) bool {
+	return p.Param != nil && !p.Excl && !p.Length && !p.Width && p.Index == nil && p.Slice == nil && p.Repl == nil && p.Names == 0
+}
+
+// defaultValue is the value of a ${VAR:-default}'s default, as the shell
+// reads it.
+func (r *shellReader) defaultValue(w *syntax.Word) (string, bool) {
+	if w == nil {
 		return "", true
 	}
 	var b strings.Builder
 	inner := word{known: true}
-	for _, q := range p.Exp.Word.Parts {
+	for _, q := range w.Parts {
 		r.part(q, false, &b, &inner)
 	}
 	return b.String(), inner.known

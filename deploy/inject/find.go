@@ -56,7 +56,10 @@ func findEngine(ps *podSpec, opts *Options) (*found, error) {
 }
 
 // engineIn tells whether c runs an engine, and how; named says the user
-// named it.
+// named it. A known engine is recognised by its program, else by its
+// image; a container that names one where inject cannot read it is
+// refused; one the user marked, by name or port, is an engine inject does
+// not know.
 func engineIn(c *yaml.RNode, ps *podSpec, opts *Options, named bool) (*found, error) {
 	for _, field := range []string{"command", "args"} {
 		if f := c.Field(field); f != nil && f.Value.YNode().Kind != yaml.SequenceNode && !yaml.IsMissingOrNull(f.Value) {
@@ -66,56 +69,89 @@ func engineIn(c *yaml.RNode, ps *podSpec, opts *Options, named bool) (*found, er
 	env := envOf(c)
 	runs, parseErr := runsOf(c, env)
 	f := &found{c: c, env: env}
-	for i := range engines {
-		e := &engines[i]
-		for _, run := range runs {
-			for at := range run.words {
-				if args, ok := e.programAt(run.words, at); ok {
-					if f.engine != nil && f.engine != e {
-						return nil, fmt.Errorf("runs both %s and %s", f.engine.name, e.name)
-					}
-					run.args, f.engine = args, e
-					f.runs = append(f.runs, run)
-					break
-				}
-			}
-		}
+	if err := f.knownEngine(runs); err != nil {
+		return nil, err
 	}
 	if f.engine == nil && parseErr == nil && len(runs) == 1 && runs[0].shell == nil {
-		for i := range engines {
-			if engines[i].runByImage(c) {
-				f.engine, f.runs = &engines[i], runs
-			}
-		}
+		f.byImage(runs)
 	}
 	if f.engine != nil {
 		return f, nil
 	}
-	// Neither a known engine nor a shell line inject could read: an
-	// engine's name in the text means an engine it cannot place a port
-	// in (nested in another shell's quotes, started through eval or a
-	// variable).
-	if name := engineMention(c); name != "" && !named {
-		reason := "its command names " + name + " but runs it where inject cannot place a port safely (inside another shell's quotes, through eval or a variable)"
-		if parseErr != nil {
-			reason = parseErr.Error()
-		}
-		return nil, mention{reason + ": write the engine's start as a command of its own, or add the sidecar by hand; if this container is not the engine, name the engine's with --engine-container"}
-	}
-	if parseErr != nil {
-		if named {
-			return nil, parseErr
-		}
-		return nil, nil
+	if err := unreadable(c, parseErr, named); err != nil || parseErr != nil {
+		return nil, err
 	}
 	byPort := opts.EnginePort > 0 && hasPort(c, opts.EnginePort)
 	if (!named && !byPort) || isRouter(c) {
 		return nil, nil
 	}
-	// An engine inject does not know: the one start with a --port.
+	return f.unknownEngine(runs)
+}
+
+// knownEngine finds the known engine among runs' programs, keeping the
+// runs that start it; two different engines in one container are refused.
+func (f *found) knownEngine(runs []*invocation) error {
+	for i := range engines {
+		e := &engines[i]
+		for _, run := range runs {
+			args, ok := e.startedBy(run.words)
+			if !ok {
+				continue
+			}
+			if f.engine != nil && f.engine != e {
+				return fmt.Errorf("runs both %s and %s", f.engine.name, e.name)
+			}
+			run.args, f.engine = args, e
+			f.runs = append(f.runs, run)
+		}
+	}
+	return nil
+}
+
+// startedBy is where e's arguments begin in words, if words start it.
+func (e *engine) startedBy(words []word) (args int, ok bool) {
+	for at := range words {
+		if args, ok := e.programAt(words, at); ok {
+			return args, true
+		}
+	}
+	return 0, false
+}
+
+// byImage takes the engine whose image c runs without a command of its
+// own: the image's entrypoint starts it.
+func (f *found) byImage(runs []*invocation) {
+	for i := range engines {
+		if engines[i].runByImage(f.c) {
+			f.engine, f.runs = &engines[i], runs
+		}
+	}
+}
+
+// unreadable is the refusal of a container with no engine inject could
+// read: one whose text names an engine it cannot place a port in (nested
+// in another shell's quotes, started through eval or a variable), or a
+// shell line that does not parse in the container the user named.
+func unreadable(c *yaml.RNode, parseErr error, named bool) error {
+	if name := engineMention(c); name != "" && !named {
+		reason := "its command names " + name + " but runs it where inject cannot place a port safely (inside another shell's quotes, through eval or a variable)"
+		if parseErr != nil {
+			reason = parseErr.Error()
+		}
+		return mention{reason + ": write the engine's start as a command of its own, or add the sidecar by hand; if this container is not the engine, name the engine's with --engine-container"}
+	}
+	if named {
+		return parseErr
+	}
+	return nil
+}
+
+// unknownEngine takes the container the user marked as an engine inject
+// does not know, moved through its one start with a --port.
+func (f *found) unknownEngine(runs []*invocation) (*found, error) {
 	f.engine = &unknownEngine
 	for _, run := range runs {
-		if run.shell == nil && len(stringsOf(c, "command")) > 0 {
+		if run.shell == nil && len(stringsOf(f.c, "command")) > 0 {
 			run.args = 1 // the program's name
 		}
 		if len(run.flags(unknownEngine.portFlags)) > 0 {

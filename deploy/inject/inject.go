@@ -63,14 +63,8 @@ func Inject(in io.Reader, out io.Writer, opts Options) error {
 	if err := opts.Validate(); err != nil {
 		return err
 	}
-	src, err := io.ReadAll(io.LimitReader(in, maxInput+1))
+	src, err := readBounded(in)
 	if err != nil {
-		return fmt.Errorf("read the manifests: %w", err)
-	}
-	if len(src) > maxInput {
-		return errTooLarge
-	}
-	if err := countDocuments(src); err != nil {
 		return err
 	}
 	var buf bytes.Buffer
@@ -176,77 +170,109 @@ func hasContainer(pod *yaml.RNode, name string) bool {
 // injectPod adds the sidecar to a pod spec that runs an engine: what to
 // write is decided first, then written.
 func injectPod(ps *podSpec, opts *Options) (outcome, error) {
-	pod := ps.node
-	if hasContainer(pod, Name) {
-		return hadSidecar, nil
+	plan, did, err := planPod(ps, opts)
+	if err != nil || plan == nil {
+		return did, err
+	}
+	if err := plan.write(ps, opts); err != nil {
+		return noEngine, err
+	}
+	return injected, nil
+}
+
+// podPlan is what inject writes into a pod spec.
+type podPlan struct {
+	front *found // what the sidecar stands in front of
+	ports *portPlan
+	// sidecar is its container, spool the pod's new spool volume (nil
+	// when the pod has one).
+	sidecar, spool *yaml.RNode
+}
+
+// planPod decides what a pod spec gets: nothing (with the outcome that
+// says why), or a plan. Nothing is written to the pod.
+func planPod(ps *podSpec, opts *Options) (*podPlan, outcome, error) {
+	if hasContainer(ps.node, Name) {
+		return nil, hadSidecar, nil
 	}
 	f, err := frontOf(ps, opts)
 	if err != nil || f == nil {
-		return noEngine, err
+		return nil, noEngine, err
 	}
-	if f.engine.worker != nil {
-		for _, run := range f.runs {
-			worker, err := f.engine.worker(run, ps)
-			if err != nil {
-				return noEngine, err
-			}
-			if worker {
-				return headless, nil
-			}
+	if worker, err := servesNoAPI(f, ps); err != nil || worker {
+		return nil, headless, err
+	}
+	if isTrue(scalar(ps.node, "hostNetwork")) {
+		return nil, noEngine, errors.New("the engine's pod is on hostNetwork: its ports are the node's, and moving the engine's could collide with another pod's; add the sidecar by hand")
+	}
+	plan := &podPlan{front: f}
+	if plan.ports, err = planPorts(ps, f, opts); err != nil {
+		return nil, noEngine, err
+	}
+	if plan.sidecar, err = sidecarContainer(opts, plan.ports, ps); err != nil {
+		return nil, noEngine, err
+	}
+	if plan.spool, err = planSpool(ps, opts); err != nil {
+		return nil, noEngine, err
+	}
+	return plan, injected, nil
+}
+
+// servesNoAPI tells an engine started as a worker of a multi-node engine.
+func servesNoAPI(f *found, ps *podSpec) (bool, error) {
+	if f.engine.worker == nil {
+		return false, nil
+	}
+	for _, run := range f.runs {
+		if worker, err := f.engine.worker(run, ps); err != nil || worker {
+			return worker, err
 		}
 	}
-	if isTrue(scalar(pod, "hostNetwork")) {
-		return noEngine, errors.New("the engine's pod is on hostNetwork: its ports are the node's, and moving the engine's could collide with another pod's; add the sidecar by hand")
-	}
-	plan, err := planPorts(ps, f, opts)
-	if err != nil {
-		return noEngine, err
-	}
-	sidecar, err := sidecarContainer(opts, plan, ps)
-	if err != nil {
-		return noEngine, err
-	}
-	spool, err := planSpool(ps, opts)
-	if err != nil {
-		return noEngine, err
-	}
+	return false, nil
+}
+
+// write carries the plan out: the engine moved (and checked moved), its
+// ports and probes, the sidecar, the spool volume, the sysctl for a low
+// port, and a grace period long enough.
+func (p *podPlan) write(ps *podSpec, opts *Options) error {
+	pod, f, plan := ps.node, p.front, p.ports
 	list := "initContainers"
 	if ps.knative {
 		list = "containers"
 	}
 	target, err := sequenceField(pod, list)
 	if err != nil {
-		return noEngine, err
+		return err
 	}
 	apply(f.setPort(plan.engineReading, plan.engine))
 	if err := verifyMoved(ps, opts, plan.engine); err != nil {
-		return noEngine, err
+		return err
 	}
 	if err := placePorts(f.c, cmp.Or(f.engine.movedName, "engine"), plan, ps); err != nil {
-		return noEngine, err
+		return err
 	}
 	if err := moveProbes(f.c, plan.listen, plan.listenName, plan.engine); err != nil {
-		return noEngine, err
+		return err
 	}
-	if err := target.PipeE(yaml.Append(sidecar.YNode())); err != nil {
-		return noEngine, err
+	if err := target.PipeE(yaml.Append(p.sidecar.YNode())); err != nil {
+		return err
 	}
-	if spool != nil {
-		if err := addSpool(pod, spool); err != nil {
-			return noEngine, err
+	if p.spool != nil {
+		if err := addSpool(pod, p.spool); err != nil {
+			return err
 		}
 	}
 	if plan.listen < 1024 && !ps.knative {
 		if err := unprivilegedPorts(pod, plan.listen); err != nil {
-			return noEngine, err
+			return err
 		}
 	}
 	if ps.knative {
 		// KServe's runtime spec has no grace period of its own: Knative's
 		// (or the InferenceService's) applies.
-		return injected, nil
+		return nil
 	}
-	return injected, longEnoughGrace(pod, sidecar)
+	return longEnoughGrace(pod, p.sidecar)
 }
 
 // unprivilegedPorts lets the sidecar, which runs as a user without

@@ -22,7 +22,7 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/yaml"
 	sigsyaml "sigs.k8s.io/yaml"
 
-	"github.com/timing-sidecar/timing-sidecar/proxy"
+	"github.com/timing-sidecar/timing-sidecar/telemetry/spool"
 )
 
 // checkOutput decodes every document inject wrote from in into its
@@ -284,7 +284,7 @@ func spoolProblems(spec corev1.PodSpec, sidecar *corev1.Container) []string {
 	if mount == nil {
 		return []string{fmt.Sprintf("the usage spool %s is on no writable mount of the sidecar %v: its root filesystem is read-only", dir, sidecar.VolumeMounts)}
 	}
-	bound := int64(proxy.DefaultUsageSpoolMaxSize)
+	bound := int64(spool.DefaultMaxSize)
 	if v, ok := env["TIMING_SIDECAR_USAGE_SPOOL_MAX_SIZE"]; ok {
 		bound, _ = strconv.ParseInt(v, 0, 64)
 	}

@@ -1,6 +1,7 @@
 package inject
 
 import (
+	"cmp"
 	_ "embed"
 	"strconv"
 
@@ -90,46 +91,50 @@ func sidecarPorts(c *yaml.RNode, plan *portPlan, ps *podSpec) error {
 		return err
 	}
 	if !plan.declared && plan.addr.scope == loopbackOnly {
-		if err := c.PipeE(yaml.Lookup("ports"), yaml.ElementSetter{Keys: []string{"name"}, Values: []string{"http"}}); err != nil {
-			return err
-		}
+		err = c.PipeE(yaml.Lookup("ports"), yaml.ElementSetter{Keys: []string{"name"}, Values: []string{"http"}})
 	} else {
-		name := plan.listenName
-		if name == "" {
-			name = "http"
-		}
-		if _, taken := plan.names[name]; taken && name != plan.listenName {
-			name = "timing-http"
-		}
-		if _, taken := plan.names[name]; taken && name != plan.listenName {
-			name = "" // both taken: unnamed, found by number
-		}
-		var set yaml.Filter = yaml.SetField("name", yaml.NewStringRNode(name))
-		if name == "" {
-			set = yaml.Clear("name")
-		}
-		if err := proxy.PipeE(set); err != nil {
-			return err
-		}
-		if err := setInt(proxy, "containerPort", plan.listen); err != nil {
-			return err
-		}
-		if plan.hostPort != "" {
-			if err := proxy.PipeE(yaml.SetField("hostPort", yaml.NewRNode(&yaml.Node{Kind: yaml.ScalarNode, Tag: "!!int", Value: plan.hostPort}))); err != nil {
-				return err
-			}
-		}
-		if plan.hostIP != "" {
-			if err := proxy.PipeE(yaml.SetField("hostIP", yaml.NewStringRNode(plan.hostIP))); err != nil {
-				return err
-			}
-		}
+		err = listenPort(proxy, plan)
+	}
+	if err != nil {
+		return err
 	}
 	admin, err := c.Pipe(yaml.Lookup("ports", "[name="+adminPortName+"]"))
 	if err != nil || admin == nil {
 		return err
 	}
 	return setInt(admin, "containerPort", plan.admin)
+}
+
+// listenPort makes the template's http port the engine's old one: its
+// number, its name where no other port has it (else timing-http, else
+// none), and its hostPort and hostIP.
+func listenPort(port *yaml.RNode, plan *portPlan) error {
+	name := cmp.Or(plan.listenName, "http")
+	for _, candidate := range []string{name, "timing-http", ""} {
+		name = candidate
+		if _, taken := plan.names[name]; !taken || name == plan.listenName {
+			break
+		}
+	}
+	var set yaml.Filter = yaml.SetField("name", yaml.NewStringRNode(name))
+	if name == "" {
+		set = yaml.Clear("name") // both taken: unnamed, found by number
+	}
+	if err := port.PipeE(set); err != nil {
+		return err
+	}
+	if err := setInt(port, "containerPort", plan.listen); err != nil {
+		return err
+	}
+	if plan.hostPort != "" {
+		if err := port.PipeE(yaml.SetField("hostPort", yaml.NewRNode(&yaml.Node{Kind: yaml.ScalarNode, Tag: "!!int", Value: plan.hostPort}))); err != nil {
+			return err
+		}
+	}
+	if plan.hostIP != "" {
+		return port.PipeE(yaml.SetField("hostIP", yaml.NewStringRNode(plan.hostIP)))
+	}
+	return nil
 }
 
 // underKnative fits the sidecar to Knative Serving's checks of a

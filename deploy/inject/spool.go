@@ -9,7 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/kustomize/kyaml/yaml"
 
-	"github.com/timing-sidecar/timing-sidecar/proxy"
+	"github.com/timing-sidecar/timing-sidecar/telemetry/spool"
 )
 
 // spoolVolume is the pod's volume that holds the sidecar's usage records'
@@ -33,7 +33,7 @@ const spoolMarginMi = 64
 // TIMING_SIDECAR_USAGE_SPOOL_MAX_SIZE, read as its flag reads it (Go's
 // integer syntax), else its default.
 func spoolBound(opts *Options) (int64, error) {
-	bound := int64(proxy.DefaultUsageSpoolMaxSize)
+	bound := int64(spool.DefaultMaxSize)
 	for _, v := range opts.Env {
 		if v.Name != "TIMING_SIDECAR_USAGE_SPOOL_MAX_SIZE" {
 			continue

@@ -30,6 +30,7 @@ import (
 
 	"github.com/timing-sidecar/timing-sidecar/deploy/inject"
 	"github.com/timing-sidecar/timing-sidecar/proxy"
+	"github.com/timing-sidecar/timing-sidecar/telemetry/spool"
 )
 
 // serviceMonitor is the part of the Prometheus Operator's CRD the example
@@ -183,7 +184,7 @@ func checkSidecar(t *testing.T, spec *corev1.PodSpec) *corev1.Container {
 // (deploy/inject's spoolProblems has the rule and the margin).
 func checkSpool(t *testing.T, spec *corev1.PodSpec, sc *corev1.Container, env map[string]string) {
 	t.Helper()
-	bound := int64(proxy.DefaultUsageSpoolMaxSize)
+	bound := int64(spool.DefaultMaxSize)
 	if v, ok := env["TIMING_SIDECAR_USAGE_SPOOL_MAX_SIZE"]; ok {
 		bound, _ = strconv.ParseInt(v, 0, 64)
 	}

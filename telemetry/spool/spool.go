@@ -26,6 +26,10 @@ import (
 
 // Defaults.
 const (
+	// DefaultMaxSize is the spool's bound the sidecar and the manifests
+	// inject writes use unless told otherwise: at about a kilobyte a
+	// record, hours of a busy engine's records while a receiver is down.
+	DefaultMaxSize     = 256 << 20
 	DefaultSegmentSize = 4 << 20
 	DefaultSync        = time.Second
 	// endRoom is what a start holds back for its end: the end of a
