@@ -368,14 +368,20 @@ func histogramSamples(t *testing.T, p *Proxy, name string) uint64 {
 	return n
 }
 
-// TestReadAheadKeepsTheEnginesMarksThroughAPause: a client that pauses
-// for a second and a half mid-stream, while the engine sends its last
-// events 20 ms apart: the stream is read ahead of the client, so the
-// marks are the engine's (its largest gap far under the pause), the
-// request is not counted as paced, and its latencies are observed. The
-// client gets every event.
+// TestReadAheadKeepsTheEnginesMarksThroughAPause: a client pauses
+// mid-stream while the engine sends its last events 20 ms apart: the
+// stream is read ahead of the client, so the marks are the engine's (its
+// largest gap under the pause), the request is not counted as paced, and
+// its latencies are observed. The client gets every event.
+//
+// The bounds are causal, from what each side saw: the engine paces only
+// once the client is seen stalled, and the client's pause outlasts every
+// engine send and everything before the stall, so the pause is longer
+// than any gap between the engine's marks however slow the machine, and
+// any mark the pause moved would span it.
 func TestReadAheadKeepsTheEnginesMarksThroughAPause(t *testing.T) {
 	const pause = 1500 * time.Millisecond
+	pacing, sentAll := make(chan struct{}), make(chan struct{})
 	engine := newScriptedEngine(t, func(c net.Conn, _ *http.Request, _ []byte) {
 		defer c.Close()
 		// Enough at once to fill a small client window and the
@@ -386,10 +392,12 @@ func TestReadAheadKeepsTheEnginesMarksThroughAPause(t *testing.T) {
 			burst.WriteString(chunk(tokenEvent("b")))
 		}
 		io.WriteString(c, burst.String())
+		<-pacing
 		for range 10 {
 			time.Sleep(20 * time.Millisecond) // the engine's pace, under test
 			io.WriteString(c, chunk(tokenEvent("s")))
 		}
+		close(sentAll)
 		io.WriteString(c, chunk(shapeEvent(0, `{}`, "", "stop", ""))+chunk("data: [DONE]\n\n")+"0\r\n\r\n")
 	})
 	var log syncBuffer
@@ -405,13 +413,19 @@ func TestReadAheadKeepsTheEnginesMarksThroughAPause(t *testing.T) {
 	}
 	defer c.Close()
 	body := `{"model":"m","stream":true,"messages":[]}`
+	asked := time.Now()
 	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 	awaitBlocked(t, blocked)
-	time.Sleep(pause) // the client's pause, under test
+	stalled := time.Now()
+	close(pacing)
+	<-sentAll
+	time.Sleep(max(pause, 2*stalled.Sub(asked))) // the client's pause, under test
+	resumed := time.Now()
 	rest, err := io.ReadAll(c)
 	if err != nil || !bytes.Contains(rest, []byte("data: [DONE]")) || bytes.Count(rest, []byte(`"content":"s"`)) != 10 {
 		t.Fatalf("the stream did not end whole after the pause: %v", err)
 	}
+	paused := float64(resumed.Sub(stalled)) / float64(time.Millisecond)
 	p.telemetry.Flush()
 	lines := log.lines()
 	if len(lines) != 1 {
@@ -422,11 +436,11 @@ func TestReadAheadKeepsTheEnginesMarksThroughAPause(t *testing.T) {
 		Stall  float64 `json:"client_stall_ms"`
 	}
 	json.Unmarshal([]byte(lines[0]), &rec)
-	if rec.Stall < float64(pause/time.Millisecond) {
-		t.Errorf("client_stall_ms %v, want the pause of %v at least", rec.Stall, pause)
+	if rec.Stall < paused {
+		t.Errorf("client_stall_ms %v, want the pause of %.3f ms at least", rec.Stall, paused)
 	}
-	if rec.MaxITL >= float64(pause/time.Millisecond)*2/3 {
-		t.Errorf("max_itl_ms %v: the client's pause of %v reads as the engine's", rec.MaxITL, pause)
+	if rec.MaxITL >= paused {
+		t.Errorf("max_itl_ms %v: the client's pause of %.3f ms reads as the engine's", rec.MaxITL, paused)
 	}
 	if got := counterValue(t, p, "timing_sidecar_client_paced_requests_total", nil); got != 0 {
 		t.Errorf("counted as paced by its client, though the read-ahead held the pause")
