@@ -233,6 +233,24 @@ func TestPodPorts(t *testing.T) {
 			t.Errorf("upstream %q", got)
 		}
 	})
+	// Ports a neighbour may bind without declaring them: the engine's new
+	// port goes past each.
+	for _, tc := range []struct{ name, neighbour string }{
+		{"a --web.listen-address", "    args: [--web.listen-address=:18000]\n"},
+		{"a host:port argument", "    args: [serve, 0.0.0.0:18000]\n"},
+		{"a PORT in env", "    env: [{name: PORT, value: \"18000\"}]\n"},
+		{"a *_PORT in env", "    env: [{name: METRICS_PORT, value: \"18000\"}]\n"},
+		{"an address in env", "    env: [{name: LISTEN, value: \"127.0.0.1:18000\"}]\n"},
+		{"a --*-port flag", "    args: [--kv-port, \"18000\"]\n"},
+		{"a port field in a JSON argument", "    args: [--kv-transfer-config, '{\"kv_connector\":\"NixlConnector\",\"kv_port\":18000}']\n"},
+	} {
+		t.Run("a neighbour's "+tc.name, func(t *testing.T) {
+			p, _ := injectPodOK(t, podWith("containers:\n  - name: e\n    command: [vllm, serve, m]\n  - name: other\n    image: x\n"+tc.neighbour), Options{})
+			if got := sidecarEnv(p.Spec)["TIMING_SIDECAR_UPSTREAM"]; got != "http://127.0.0.1:18001" {
+				t.Errorf("upstream %q beside a neighbour that may bind 18000", got)
+			}
+		})
+	}
 	t.Run("admin-listen set", func(t *testing.T) {
 		p, _ := injectPodOK(t, podWith("containers:\n  - name: e\n    command: [vllm, serve, m]\n"), Options{Env: []EnvVar{{"TIMING_SIDECAR_ADMIN_LISTEN", ":9200"}}})
 		if adminPortOf(p.Spec) != 9200 || sidecarEnv(p.Spec)["TIMING_SIDECAR_ADMIN_LISTEN"] != ":9200" {
@@ -584,6 +602,27 @@ func TestSGLangLegs(t *testing.T) {
 		if got := sidecarEnv(p.Spec)["TIMING_SIDECAR_DISAGGREGATION_LEG"]; got != want {
 			t.Errorf("--disaggregation-mode %s: the sidecar's leg %q, want %q", mode, got, want)
 		}
+	}
+}
+
+// TestSGLangGRPC: an SGLang that serves gRPC alone is refused; the gRPC
+// server SGLang starts beside its HTTP one, at its port + 10000 or at
+// SGLANG_GRPC_PORT, never lands on a port something else holds.
+func TestSGLangGRPC(t *testing.T) {
+	const sglang = "containers:\n  - name: e\n    command: [python3, -m, sglang.launch_server, --model-path, m, --host, 0.0.0.0"
+	refused(t, "--grpc-mode", podWith(sglang+", --grpc-mode]\n"), Options{}, "SGLang is started with --grpc-mode and serves gRPC alone")
+	refused(t, "--grpc-mode in a shell line", shellPod("exec python3 -m sglang.launch_server --model-path m --grpc-mode --host 0.0.0.0"), Options{}, "serves gRPC alone")
+	for _, tc := range []struct{ name, pod, upstream string }{
+		{"its port + 10000 held at the usual move", sglang + "]\n  - name: other\n    image: x\n    ports: [{containerPort: 50000}]\n", "http://127.0.0.1:40001"},
+		{"SGLANG_GRPC_PORT on the usual move", sglang + "]\n    env: [{name: SGLANG_GRPC_PORT, value: \"40000\"}]\n", "http://127.0.0.1:40001"},
+		{"SGLANG_GRPC_PORT elsewhere frees its port + 10000", sglang + "]\n    env: [{name: SGLANG_GRPC_PORT, value: \"31000\"}]\n  - name: other\n    image: x\n    ports: [{containerPort: 50000}]\n", "http://127.0.0.1:40000"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, _ := injectPodOK(t, podWith(tc.pod), Options{})
+			if got := sidecarEnv(p.Spec)["TIMING_SIDECAR_UPSTREAM"]; got != tc.upstream {
+				t.Errorf("upstream %q, want %q", got, tc.upstream)
+			}
+		})
 	}
 }
 

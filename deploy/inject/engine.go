@@ -3,6 +3,7 @@ package inject
 import (
 	"fmt"
 	"path"
+	"slices"
 	"strings"
 
 	"sigs.k8s.io/kustomize/kyaml/yaml"
@@ -29,10 +30,18 @@ type engine struct {
 	// overridingPortEnv, where the container sets it, is the port
 	// whatever the flags say.
 	overridingPortEnv string
-	// impliedPorts are other ports it listens on by default.
+	// impliedPorts are other ports it listens on by default; shiftedPorts
+	// are offsets from its own port where it listens too, unless
+	// shiftedEnv names the port instead, so that a port it moves to must
+	// have those free too.
 	impliedPorts []int
-	defaultPort  int
-	defaultHost  string // "" is every interface
+	shiftedPorts []int
+	shiftedEnv   string
+	// httpOff are its flags that make it serve no HTTP API, which the
+	// sidecar relays.
+	httpOff     []string
+	defaultPort int
+	defaultHost string // "" is every interface
 	// worker tells a node of a multi-node engine that serves no API.
 	worker func(run *invocation, in *podSpec) (bool, error)
 	// movedName names its moved port ("engine" when empty).
@@ -57,15 +66,19 @@ var engines = []engine{
 	},
 	{
 		// SGLang: python/sglang/srt/server_args.py (host 127.0.0.1, port
-		// 30000).
-		name:        "SGLang",
-		programs:    [][]string{{"sglang.launch_server"}},
-		portFlags:   []string{"--port"},
-		hostFlags:   []string{"--host"},
-		defaultPort: 30000,
-		defaultHost: "127.0.0.1",
-		worker:      sglangNonZeroRank,
-		legFlag:     "--disaggregation-mode",
+		// 30000); its gRPC server listens on SGLANG_GRPC_PORT, else its
+		// port + 10000, and with --grpc-mode it serves gRPC alone.
+		name:         "SGLang",
+		programs:     [][]string{{"sglang.launch_server"}},
+		portFlags:    []string{"--port"},
+		hostFlags:    []string{"--host"},
+		defaultPort:  30000,
+		defaultHost:  "127.0.0.1",
+		shiftedPorts: []int{10000},
+		shiftedEnv:   "SGLANG_GRPC_PORT",
+		httpOff:      []string{"--grpc-mode"},
+		worker:       sglangNonZeroRank,
+		legFlag:      "--disaggregation-mode",
 	},
 	{
 		// llama.cpp: common/arg.cpp (--host, LLAMA_ARG_HOST, 127.0.0.1;
@@ -136,6 +149,21 @@ var routers = []string{"vllm_router", "vllm-router", "llm-d-routing-sidecar", "r
 // unknownEngine is a program inject does not know, named by the user: it
 // is moved only through a --port flag it already has.
 var unknownEngine = engine{name: "the engine", portFlags: []string{"--port"}, hostFlags: []string{"--host"}}
+
+// servesHTTP refuses an engine started to serve no HTTP API: there is
+// nothing for the sidecar to relay, and moving it would point the sidecar
+// at a gRPC port. The flags are switches (argparse's store_true, which
+// takes no value).
+func (e *engine) servesHTTP(runs []*invocation) error {
+	for _, run := range runs {
+		for _, w := range run.words[run.args:] {
+			if slices.Contains(e.httpOff, w.value) {
+				return fmt.Errorf("%s is started with %s and serves gRPC alone, and the sidecar relays HTTP: add nothing, or serve HTTP", e.name, w.value)
+			}
+		}
+	}
+	return nil
+}
 
 // programAt tells whether words, from i, name one of e's programs, and
 // where its arguments begin.

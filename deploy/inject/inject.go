@@ -202,6 +202,9 @@ func planPod(ps *podSpec, opts *Options) (*podPlan, outcome, error) {
 	if worker, err := servesNoAPI(f, ps); err != nil || worker {
 		return nil, headless, err
 	}
+	if err := f.engine.servesHTTP(f.runs); err != nil {
+		return nil, noEngine, err
+	}
 	if isTrue(scalar(ps.node, "hostNetwork")) {
 		return nil, noEngine, errors.New("the engine's pod is on hostNetwork: its ports are the node's, and moving the engine's could collide with another pod's; add the sidecar by hand")
 	}

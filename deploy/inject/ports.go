@@ -2,7 +2,9 @@ package inject
 
 import (
 	"fmt"
+	"maps"
 	"net"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,9 +18,10 @@ import (
 // nothing inject moves may listen on them.
 var knativeReserved = []int{8008, 8012, 8013, 8022, 9090, 9091}
 
-// podPorts is what the pod's containers hold: every containerPort and
-// hostPort, every port a program is given with a --...port flag, and
-// every port name; each with who holds it, for messages.
+// podPorts is what the pod's containers hold or may bind: every
+// containerPort and hostPort, every port in a program's arguments and
+// env that it may listen on, and every port name; each with who holds
+// it, for messages.
 type podPorts struct {
 	used  map[int]string
 	names map[string]string
@@ -30,32 +33,12 @@ func portsOf(ps *podSpec) podPorts {
 	p := podPorts{used: map[int]string{}, names: map[string]string{}}
 	for _, c := range podContainers(ps.node) {
 		who := "container " + strconv.Quote(scalar(c, "name"))
-		if list, _ := c.Pipe(yaml.Lookup("ports")); list != nil {
-			items, _ := list.Elements()
-			for _, item := range items {
-				for _, field := range []string{"containerPort", "hostPort"} {
-					if n, err := strconv.Atoi(scalar(item, field)); err == nil {
-						p.use(n, who+"'s "+field)
-					}
-				}
-				if name := scalar(item, "name"); name != "" {
-					p.names[name] = who
-				}
-			}
-		}
-		runs, _ := runsOf(c, envOf(c))
+		p.declared(c, who)
+		env := envOf(c)
+		p.fromEnv(env, who)
+		runs, _ := runsOf(c, env)
 		for _, run := range runs {
-			for i, w := range run.words {
-				name, value, inline := strings.Cut(w.value, "=")
-				if !inline && i+1 < len(run.words) {
-					value = run.words[i+1].value
-				}
-				if strings.HasPrefix(name, "--") && strings.HasSuffix(name, "port") {
-					if n, err := strconv.Atoi(value); err == nil {
-						p.use(n, who+"'s "+name)
-					}
-				}
-			}
+			p.fromWords(run.words, who)
 		}
 	}
 	if ps.knative {
@@ -66,6 +49,79 @@ func portsOf(ps *podSpec) podPorts {
 	return p
 }
 
+// declared records c's containerPorts, hostPorts and port names.
+func (p podPorts) declared(c *yaml.RNode, who string) {
+	list, _ := c.Pipe(yaml.Lookup("ports"))
+	if list == nil {
+		return
+	}
+	items, _ := list.Elements()
+	for _, item := range items {
+		for _, field := range []string{"containerPort", "hostPort"} {
+			if n, err := strconv.Atoi(scalar(item, field)); err == nil {
+				p.use(n, who+"'s "+field)
+			}
+		}
+		if name := scalar(item, "name"); name != "" {
+			p.names[name] = who
+		}
+	}
+}
+
+// addressPort is a port in an address to listen on (":8000",
+// "0.0.0.0:8000", "[::]:8000"; a URL's port too, which costs only a port
+// not chosen), and jsonPort one in a JSON argument ("kv_port": 18000).
+var (
+	addressPort = regexp.MustCompile(`:(\d{1,5})(?:\D|$)`)
+	jsonPort    = regexp.MustCompile(`(?i)"[a-z0-9_.-]*port"\s*:\s*"?(\d{1,5})`)
+)
+
+// fromWords records the ports a program's words may bind: a --...port
+// flag's value ("--port 8000", "--kv-port=8000"), and the ports of
+// addresses and JSON port fields anywhere in them.
+func (p podPorts) fromWords(words []word, who string) {
+	for i, w := range words {
+		name, value, inline := strings.Cut(w.value, "=")
+		if !inline && i+1 < len(words) {
+			value = words[i+1].value
+		}
+		if strings.HasPrefix(name, "--") && (strings.HasSuffix(name, "port") || strings.HasSuffix(name, "PORT")) {
+			if n, err := strconv.Atoi(value); err == nil {
+				p.use(n, who+"'s "+name)
+			}
+		}
+		p.inText(w.value, who+"'s argument "+strconv.Quote(w.value))
+	}
+}
+
+// fromEnv records the ports of env: a PORT or *_PORT variable's value,
+// and the ports of addresses in any value.
+func (p podPorts) fromEnv(env containerEnv, who string) {
+	for _, name := range slices.Sorted(maps.Keys(env.vars)) {
+		v := env.vars[name]
+		if !v.known {
+			continue
+		}
+		if name == "PORT" || strings.HasSuffix(strings.ToUpper(name), "_PORT") {
+			if n, err := strconv.Atoi(strings.TrimSpace(v.value)); err == nil {
+				p.use(n, who+"'s "+name)
+			}
+		}
+		p.inText(v.value, who+"'s "+name)
+	}
+}
+
+// inText records the ports of addresses and JSON port fields in s.
+func (p podPorts) inText(s, who string) {
+	for _, re := range []*regexp.Regexp{addressPort, jsonPort} {
+		for _, m := range re.FindAllStringSubmatch(s, -1) {
+			if n, err := strconv.Atoi(m[1]); err == nil && n > 0 && n < 65536 {
+				p.use(n, who)
+			}
+		}
+	}
+}
+
 // use records that who holds port, the first holder kept.
 func (p podPorts) use(port int, who string) {
 	if _, ok := p.used[port]; !ok {
@@ -74,16 +130,29 @@ func (p podPorts) use(port int, who string) {
 }
 
 // free is the first port from `from` up that nothing holds, wrapping to
-// 1024.
-func (p podPorts) free(from int) (int, error) {
+// 1024, with nothing at its offsets from it either (ports a program
+// listens on relative to its own).
+func (p podPorts) free(from int, offsets ...int) (int, error) {
 	for _, r := range [][2]int{{from, 65536}, {1024, from}} {
 		for n := r[0]; n < r[1]; n++ {
-			if _, ok := p.used[n]; !ok {
+			if p.freeAt(n, offsets) {
 				return n, nil
 			}
 		}
 	}
 	return 0, fmt.Errorf("no free port in the pod")
+}
+
+func (p podPorts) freeAt(n int, offsets []int) bool {
+	if _, ok := p.used[n]; ok {
+		return false
+	}
+	for _, d := range offsets {
+		if _, ok := p.used[n+d]; ok || n+d > 65535 {
+			return false
+		}
+	}
+	return true
 }
 
 // podContainers is a pod's containers and init containers.
@@ -218,7 +287,11 @@ func planPorts(ps *podSpec, f *found, opts *Options) (*portPlan, error) {
 	if from > 65535 {
 		from = 1024
 	}
-	if plan.engine, err = used.free(from); err != nil {
+	shifted := f.engine.shiftedPorts
+	if _, set := f.env.vars[f.engine.shiftedEnv]; set {
+		shifted = nil // its own variable's port, counted among the env's
+	}
+	if plan.engine, err = used.free(from, shifted...); err != nil {
 		return nil, err
 	}
 	return plan, nil
