@@ -23,10 +23,13 @@ type envVar struct {
 	node  *yaml.RNode // its entry in env, to change its value
 }
 
-// envOf reads c's env in order, each value expanded as the kubelet does,
-// against the variables before it.
-func envOf(c *yaml.RNode) containerEnv {
-	e := containerEnv{vars: map[string]envVar{}, open: c.Field("envFrom") != nil}
+// envOf reads c's environment as the kubelet builds it: first envFrom,
+// each source in order, then env in order, each value expanded against
+// the variables before it. A source that is a ConfigMap in the input is
+// read; any other leaves the environment open.
+func envOf(c *yaml.RNode, ps *podSpec) containerEnv {
+	e := containerEnv{vars: map[string]envVar{}}
+	e.open = e.fromSources(c, ps)
 	list, _ := c.Pipe(yaml.Lookup("env"))
 	if list == nil {
 		return e
@@ -42,6 +45,39 @@ func envOf(c *yaml.RNode) containerEnv {
 		e.vars[name] = v
 	}
 	return e
+}
+
+// fromSources takes the variables of c's envFrom from the input's
+// ConfigMaps (their values as written: the kubelet expands none), and
+// tells whether some source is not one of them: a Secret, a ConfigMap
+// from elsewhere. Such a source may set any variable, those of the
+// sources before it included.
+func (e containerEnv) fromSources(c *yaml.RNode, ps *podSpec) (open bool) {
+	f := c.Field("envFrom")
+	if f == nil || yaml.IsMissingOrNull(f.Value) {
+		return false
+	}
+	sources, err := f.Value.Elements()
+	if err != nil {
+		return true
+	}
+	for _, source := range sources {
+		data, ok := ps.configMaps.lookup(scalar(source, "configMapRef", "name"), ps.namespace)
+		if !ok || source.Field("secretRef") != nil {
+			// A later source overrides an earlier one: what the
+			// earlier ones set may be this one's.
+			for k := range e.vars {
+				e.vars[k] = envVar{}
+			}
+			open = true
+			continue
+		}
+		prefix := scalar(source, "prefix")
+		for k, v := range data {
+			e.vars[prefix+k] = envVar{value: v, known: true}
+		}
+	}
+	return open
 }
 
 // lookup is name's value as the container sees it: defined says whether

@@ -66,7 +66,7 @@ func engineIn(c *yaml.RNode, ps *podSpec, opts *Options, named bool) (*found, er
 			return nil, fmt.Errorf("its %s is not a list", field)
 		}
 	}
-	env := envOf(c)
+	env := envOf(c, ps)
 	runs, parseErr := runsOf(c, env)
 	f := &found{c: c, env: env}
 	if err := f.knownEngine(runs); err != nil {
@@ -214,7 +214,7 @@ func frontOf(ps *podSpec, opts *Options) (*found, error) {
 		if !routingSidecar.imageIs(scalar(c, "image")) {
 			continue
 		}
-		env := envOf(c)
+		env := envOf(c, ps)
 		runs, err := runsOf(c, env)
 		if err != nil || len(runs) != 1 || runs[0].shell != nil {
 			continue

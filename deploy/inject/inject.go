@@ -73,7 +73,6 @@ func Inject(in io.Reader, out io.Writer, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("read the manifests: %w", err)
 	}
-	count := map[outcome]int{}
 	for i, doc := range docs {
 		// An alias shares its anchor's nodes: an edit through one would
 		// change the other unseen. Each gets its own copy, within a bound.
@@ -83,7 +82,12 @@ func Inject(in io.Reader, out io.Writer, opts Options) error {
 		if err := doc.DeAnchor(); err != nil {
 			return fmt.Errorf("document %d: %w", i+1, err)
 		}
+	}
+	maps := configMapsOf(docs)
+	count := map[outcome]int{}
+	for i, doc := range docs {
 		for _, ps := range podSpecsOf(doc) {
+			ps.configMaps = maps
 			if opts.EngineContainer != "" && hasContainer(ps.node, opts.EngineContainer) {
 				count[named]++
 			}
@@ -94,14 +98,8 @@ func Inject(in io.Reader, out io.Writer, opts Options) error {
 			count[did]++
 		}
 	}
-	if opts.EngineContainer != "" && count[named] == 0 {
-		return fmt.Errorf("--engine-container %s: no pod has a container of that name", opts.EngineContainer)
-	}
-	if count[injected]+count[hadSidecar] == 0 {
-		if count[headless] > 0 {
-			return ErrOnlyWorkers
-		}
-		return ErrNoEngine
+	if err := verdict(count, docs, &opts); err != nil {
+		return err
 	}
 	if err := rw.Write(docs); err != nil {
 		return err
@@ -123,6 +121,29 @@ const (
 	headless // a worker of a multi-node engine, with no API to stand in front of
 	named    // counts pods with the container --engine-container names
 )
+
+// verdict refuses input where nothing was injected or had the sidecar
+// already: the container --engine-container names is in no pod inject
+// reads, or no engine is; a kind inject does not read that holds one is
+// named, with what to do instead.
+func verdict(count map[outcome]int, docs []*yaml.RNode, opts *Options) error {
+	if opts.EngineContainer != "" && count[named] == 0 {
+		if err := unreadKinds(docs, opts); err != nil {
+			return err
+		}
+		return fmt.Errorf("--engine-container %s: no pod has a container of that name", opts.EngineContainer)
+	}
+	if count[injected]+count[hadSidecar] > 0 {
+		return nil
+	}
+	if count[headless] > 0 {
+		return ErrOnlyWorkers
+	}
+	if err := unreadKinds(docs, opts); err != nil {
+		return err
+	}
+	return ErrNoEngine
+}
 
 // Validate returns every problem with the options at once.
 func (o *Options) Validate() error {

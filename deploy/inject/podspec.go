@@ -23,6 +23,10 @@ type podSpec struct {
 	knative bool
 	// lwsRole is "leader" or "worker" in a LeaderWorkerSet's templates.
 	lwsRole string
+	// namespace is its document's, and configMaps the input's: where its
+	// containers' envFrom is read from.
+	namespace  string
+	configMaps inputConfigMaps
 }
 
 // podSpecPaths is where each kind keeps its pod specs. Kinds not named
@@ -57,6 +61,17 @@ var podSpecPaths = map[string][][]string{
 	"Service": {{"spec", "template", "spec"}},
 }
 
+// kindGroups are the API groups of the kinds other projects also name
+// (llmaz's Service, OME's ClusterServingRuntime): only these are read.
+var kindGroups = map[string]string{
+	"Service":                   "serving.knative.dev",
+	"ServingRuntime":            "serving.kserve.io",
+	"ClusterServingRuntime":     "serving.kserve.io",
+	"InferenceService":          "serving.kserve.io",
+	"LLMInferenceService":       "serving.kserve.io",
+	"LLMInferenceServiceConfig": "serving.kserve.io",
+}
+
 var llmInferenceServicePaths = [][]string{{"spec", "template"}, {"spec", "worker"}, {"spec", "prefill", "template"}, {"spec", "prefill", "worker"}}
 
 // kserve kinds take the sidecar as a container.
@@ -89,6 +104,9 @@ func podSpecsOf(doc *yaml.RNode) []podSpec {
 		}
 		return out
 	}
+	if g, ok := kindGroups[kind]; ok && !strings.HasPrefix(doc.GetApiVersion(), g+"/") {
+		return nil // another project's kind of the same name
+	}
 	for _, path := range podSpecPaths[kind] {
 		n, err := doc.Pipe(yaml.Lookup(path...))
 		if err != nil || n == nil {
@@ -97,7 +115,7 @@ func podSpecsOf(doc *yaml.RNode) []podSpec {
 		if c := n.Field("containers"); c == nil || c.Value.YNode().Kind != yaml.SequenceNode {
 			continue
 		}
-		ps := podSpec{node: n, path: strings.Join(path, "."), knative: obeysKnative(doc)}
+		ps := podSpec{node: n, path: strings.Join(path, "."), knative: obeysKnative(doc), namespace: doc.GetNamespace()}
 		switch {
 		case kind == "LeaderWorkerSet" && slices.Contains(path, "leaderTemplate"), strings.HasPrefix(kind, "LLMInferenceService") && !slices.Contains(path, "worker"):
 			ps.lwsRole = "leader"

@@ -34,7 +34,7 @@ func portsOf(ps *podSpec) podPorts {
 	for _, c := range podContainers(ps.node) {
 		who := "container " + strconv.Quote(scalar(c, "name"))
 		p.declared(c, who)
-		env := envOf(c)
+		env := envOf(c, ps)
 		p.fromEnv(env, who)
 		runs, _ := runsOf(c, env)
 		for _, run := range runs {

@@ -55,6 +55,7 @@ func checkOutput(t *testing.T, in, out string, opts Options) {
 	if err != nil {
 		t.Fatalf("the output does not read back: %v", err)
 	}
+	maps := configMapsOf(docs)
 	n = 0
 	for i, doc := range docs {
 		text, err := doc.String()
@@ -65,6 +66,7 @@ func checkOutput(t *testing.T, in, out string, opts Options) {
 			t.Errorf("not a valid %s: %v\n%s", doc.GetKind(), err, text)
 		}
 		for _, ps := range podSpecsOf(doc) {
+			ps.configMaps = maps
 			spec := podSpecOf(t, &ps)
 			for _, p := range podProblems(spec, ps.knative) {
 				if !before[n][p] {
