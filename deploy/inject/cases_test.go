@@ -605,6 +605,29 @@ func TestSGLangLegs(t *testing.T) {
 	}
 }
 
+// TestOneSpoolPerSidecar: a spool directory is one process's (the spool
+// locks it), and inject gives each pod one sidecar and its own emptyDir:
+// a pod of two engines gets one sidecar, for the engine named, and
+// naming the other on the output changes nothing.
+func TestOneSpoolPerSidecar(t *testing.T) {
+	two := podWith("containers:\n  - name: a\n    command: [vllm, serve, m]\n  - name: b\n    command: [vllm, serve, n, --port, \"8100\"]\n")
+	refused(t, "two engines, none named", two, Options{}, "two containers could be the engine")
+	out, err := injectString(t, two, Options{EngineContainer: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := injectString(t, out, Options{EngineContainer: "b"})
+	if err != nil || again != out {
+		t.Fatalf("naming the other engine on the output changed it (%v):\n%s", err, again)
+	}
+	if n := strings.Count(out, "name: "+Name+"\n"); n != 1 {
+		t.Errorf("%d sidecars in one pod", n)
+	}
+	if n := strings.Count(out, "mountPath: "+spoolPath); n != 1 {
+		t.Errorf("%d spool mounts in one pod", n)
+	}
+}
+
 // TestSGLangGRPC: an SGLang that serves gRPC alone is refused; the gRPC
 // server SGLang starts beside its HTTP one, at its port + 10000 or at
 // SGLANG_GRPC_PORT, never lands on a port something else holds.
