@@ -12,6 +12,7 @@ import (
 	"github.com/timing-sidecar/timing-sidecar/proxy/upstream"
 	"github.com/timing-sidecar/timing-sidecar/rewrite"
 	"github.com/timing-sidecar/timing-sidecar/telemetry"
+	"github.com/timing-sidecar/timing-sidecar/telemetry/usage"
 )
 
 // policy is what a request's plan is made from.
@@ -211,7 +212,7 @@ type Config struct {
 	SLOTTFTHeader, SLOITLHeader string
 
 	// Usage says whether and where the usage records go.
-	Usage UsageConfig
+	Usage usage.Config
 	// OTLP says whether and where measured requests' spans, the
 	// OpenTelemetry GenAI metrics and the usage records' log records go;
 	// each signal is off unless an OTLP endpoint is set for it (see
@@ -252,8 +253,7 @@ func DefaultConfig() Config {
 		DrainDelay:             DefaultDrainDelay,
 		SLOTTFTHeader:          DefaultSLOTTFTHeader,
 		SLOITLHeader:           DefaultSLOITLHeader,
-		Usage: UsageConfig{SpoolMaxSize: DefaultUsageSpoolMaxSize, SpoolSync: DefaultUsageSpoolSync,
-			Timeout: DefaultUsageTimeout, EventType: DefaultUsageEventType},
+		Usage:                  usage.DefaultConfig(),
 	}
 }
 

@@ -81,7 +81,7 @@ type Proxy struct {
 // request.
 func New(cfg Config, log *slog.Logger, accessLog io.Writer) (*Proxy, error) {
 	otlp, otlpErr := cfg.OTLP.Resolve(log)
-	if err := errors.Join(cfg.Validate(), otlpErr, errors.Join(cfg.usageProblems(otlp.Logs)...)); err != nil {
+	if err := errors.Join(cfg.Validate(), otlpErr, errors.Join(cfg.Usage.Problems(otlp.Logs.Own)...)); err != nil {
 		return nil, fmt.Errorf("invalid configuration:\n%w", err)
 	}
 	up, err := upstream.New(upstream.Config{URL: cfg.Upstream,

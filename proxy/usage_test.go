@@ -216,7 +216,7 @@ func TestUsageRecords(t *testing.T) {
 			d["completion_tokens_from"] != want.completionFrom || d["end"] != want.end || d["status"] != want.status {
 			t.Errorf("%s: record %v, want %+v", id, d, want)
 		}
-		if rec.SpecVersion != "1.0" || rec.Type != DefaultUsageEventType || rec.Subject != "acme" || d["tenant"] != "acme" ||
+		if rec.SpecVersion != "1.0" || rec.Type != usage.DefaultEventType || rec.Subject != "acme" || d["tenant"] != "acme" ||
 			!strings.HasPrefix(rec.Source, "timing-sidecar/") || len(rec.ID) != 36 || d["model"] != "m" || d["endpoint"] != "chat_completions" {
 			t.Errorf("%s: envelope %+v", id, rec)
 		}

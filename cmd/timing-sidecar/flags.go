@@ -6,6 +6,7 @@ import (
 	"github.com/timing-sidecar/timing-sidecar/proxy/tlsserve"
 
 	"github.com/timing-sidecar/timing-sidecar/proxy"
+	"github.com/timing-sidecar/timing-sidecar/telemetry/usage"
 )
 
 // serveFlags are the proxy's settings. Each has an environment variable;
@@ -118,19 +119,19 @@ func serveFlags() []cli.Flag {
 			Usage: "OTLP protocol for the usage records' logs: grpc or http/protobuf. Empty reads OTEL_EXPORTER_OTLP_LOGS_PROTOCOL, then OTEL_EXPORTER_OTLP_PROTOCOL, then takes grpc."},
 		&cli.StringFlag{Name: "usage-spool-dir", EnvVars: env("usage-spool-dir"),
 			Usage: "Directory of the usage records' spool: one record per request forwarded to the engine, kept until every sink has acknowledged it, and delivered after a restart on the same directory (the manifests mount an emptyDir). The records go to the sinks named (--usage-cloudevents-endpoint, --otlp-logs-endpoint); with none, or no spool, there are none."},
-		&cli.Int64Flag{Name: "usage-spool-max-size", EnvVars: env("usage-spool-max-size"), Value: proxy.DefaultUsageSpoolMaxSize,
+		&cli.Int64Flag{Name: "usage-spool-max-size", EnvVars: env("usage-spool-max-size"), Value: usage.DefaultSpoolMaxSize,
 			Usage: "Largest size of the usage spool, in bytes; past it new records are refused, counted and reported, never a request. Keep it below the volume's size."},
-		&cli.DurationFlag{Name: "usage-spool-sync", EnvVars: env("usage-spool-sync"), Value: proxy.DefaultUsageSpoolSync,
+		&cli.DurationFlag{Name: "usage-spool-sync", EnvVars: env("usage-spool-sync"), Value: usage.DefaultSpoolSync,
 			Usage: "How often new usage records are synced to the disk: what a machine failure can lose (a killed process loses nothing)."},
 		&cli.StringFlag{Name: "usage-cloudevents-endpoint", EnvVars: env("usage-cloudevents-endpoint"),
 			Usage: "URL that receives the usage records as CloudEvents 1.0 batches (application/cloudevents-batch+json; OpenMeter's /api/v1/events). Needs --usage-spool-dir."},
 		&cli.StringSliceFlag{Name: "usage-cloudevents-header", EnvVars: env("usage-cloudevents-header"),
 			Usage: `Header sent with each CloudEvents batch, "Name: value" (e.g. "Authorization: Bearer <token>"); repeat the flag, or separate with commas in the variable.`},
-		&cli.StringFlag{Name: "usage-cloudevents-type", EnvVars: env("usage-cloudevents-type"), Value: proxy.DefaultUsageEventType,
+		&cli.StringFlag{Name: "usage-cloudevents-type", EnvVars: env("usage-cloudevents-type"), Value: usage.DefaultEventType,
 			Usage: "The CloudEvents type of each usage record (an OpenMeter meter's eventType)."},
 		&cli.StringFlag{Name: "usage-cloudevents-source", EnvVars: env("usage-cloudevents-source"),
 			Usage: "The CloudEvents source of each usage record. Empty: timing-sidecar/ and --service-instance-id, or the host's name."},
-		&cli.DurationFlag{Name: "usage-cloudevents-timeout", EnvVars: env("usage-cloudevents-timeout"), Value: proxy.DefaultUsageTimeout,
+		&cli.DurationFlag{Name: "usage-cloudevents-timeout", EnvVars: env("usage-cloudevents-timeout"), Value: usage.DefaultTimeout,
 			Usage: "Longest wait for the CloudEvents endpoint to acknowledge a batch; past it the batch is sent again after a backoff."},
 		&cli.StringFlag{Name: "service-instance-id", EnvVars: env("service-instance-id"),
 			Usage: "service.instance.id of the traces' and metrics' resource, so that many sidecars reporting to one collector stay apart (the manifests pass the pod's name). Empty: a random id per process. OTEL_RESOURCE_ATTRIBUTES overrides it."},

@@ -18,6 +18,7 @@ import (
 	"github.com/timing-sidecar/timing-sidecar/proxy"
 	"github.com/timing-sidecar/timing-sidecar/rewrite"
 	"github.com/timing-sidecar/timing-sidecar/telemetry"
+	"github.com/timing-sidecar/timing-sidecar/telemetry/usage"
 )
 
 func main() {
@@ -100,7 +101,7 @@ func configFrom(c *cli.Context) proxy.Config {
 		SLOTTFTHeader:          c.String("slo-ttft-header"),
 		SLOITLHeader:           c.String("slo-itl-header"),
 		CPURequest:             c.String("cpu-request"),
-		Usage: proxy.UsageConfig{
+		Usage: usage.Config{
 			SpoolDir:           c.String("usage-spool-dir"),
 			SpoolMaxSize:       c.Int64("usage-spool-max-size"),
 			SpoolSync:          c.Duration("usage-spool-sync"),
