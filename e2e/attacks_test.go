@@ -21,6 +21,7 @@ import (
 // serving, and give its memory back. Each attack's own outcome is checked
 // by its test in proxy/ (the README's Guarantees table names them).
 func TestAttacksLeaveTheProcessServing(t *testing.T) {
+	t.Parallel() // its own processes: beside the other long tests, not after them
 	engine := startEngine(t, emulator.Config{})
 	sc := startSidecar(t, []string{"--upstream", engine.URL(), "--admin-pprof", "--access-log=false",
 		"--tenant-header", "X-Tenant", "--tenant-label"})

@@ -29,6 +29,7 @@ const (
 // container's limit. Before the body budget, two such requests took the
 // container past it.
 func TestLargeUploadsStayWithinTheMemoryLimit(t *testing.T) {
+	t.Parallel() // its own processes: beside the other long tests, not after them
 	engine := startEngineProcess(t)
 	sc := startSidecar(t, []string{"--upstream", engine, "--access-log=false", "--admin-pprof"}, "GOMEMLIMIT="+manifestGoMemLimit)
 	// 60 MB of prompt, with escapes all through it (a parser that
@@ -88,6 +89,7 @@ func TestLargeUploadsStayWithinTheMemoryLimit(t *testing.T) {
 // budget has room for with metrics, and the peak resident memory stays
 // well under the container's limit.
 func TestLargeAnswersStayWithinTheMemoryLimit(t *testing.T) {
+	t.Parallel() // its own processes: beside the other long tests, not after them
 	engine := startEngineProcess(t)
 	sc := startSidecar(t, []string{"--upstream", engine, "--access-log=false"}, "GOMEMLIMIT="+manifestGoMemLimit)
 	const answers, tokens = 6, 2_400_000 // about 15 MB of words each

@@ -46,6 +46,7 @@ var typeScripts = []struct{ version, script string }{
 }
 
 func TestClientRecipes(t *testing.T) {
+	t.Parallel() // its own processes: beside the other long tests, not after them
 	needs.Program(t, "node")
 	needs.Program(t, "npm")
 	requireNode(t, 20) // @langchain/core 1.4's floor; Debian 12's own nodejs is 18

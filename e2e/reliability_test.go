@@ -87,6 +87,7 @@ func streamsFor(want int) int {
 }
 
 func TestKilledClientsLeaveNothingBehind(t *testing.T) {
+	t.Parallel() // its own processes: beside the other long tests, not after them
 	engine := startEngine(t, emulator.Config{Timing: emulator.Timing{TTFT: 20 * time.Millisecond, ITL: 20 * time.Millisecond, OutputTokens: 1000}})
 	sc := startSidecar(t, []string{"--listen", "127.0.0.1:0", "--upstream", engine.URL(), "--admin-pprof", "--access-log=false"})
 
@@ -246,6 +247,7 @@ func soakDuration() time.Duration {
 }
 
 func TestSoakMixedTraffic(t *testing.T) {
+	t.Parallel() // its own processes: beside the other long tests, not after them
 	engine := startEngine(t, emulator.Config{Timing: emulator.Timing{TTFT: 10 * time.Millisecond, ITL: 5 * time.Millisecond, OutputTokens: 32}})
 	sc := startSidecar(t, []string{"--listen", "127.0.0.1:0", "--upstream", engine.URL(), "--access-log=false"})
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, DisableCompression: true}}

@@ -118,6 +118,7 @@ func sameMs(t *testing.T, name string, fromNs, toNs int64, field *float64) {
 }
 
 func TestTracesInACollector(t *testing.T) {
+	t.Parallel() // its own processes: beside the other long tests, not after them
 	c := startCollector(t)
 	engine := startEngine(t, emulator.Config{Model: "m", Timing: emulator.Timing{TTFT: 30 * time.Millisecond, ITL: 5 * time.Millisecond, TokensPerEvent: 1, OutputTokens: 16}})
 	t.Run("grpc, set by the OTEL variables alone", func(t *testing.T) { testTracesOverGRPC(t, c, engine) })
