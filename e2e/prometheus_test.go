@@ -129,7 +129,6 @@ func fillVariables(expr string) string {
 }
 
 func TestDashboardAndRulesInPrometheus(t *testing.T) {
-	t.Parallel() // its own processes: beside the other long tests, not after them
 	needPrometheus(t)
 	if out, err := exec.Command("promtool", "check", "rules", rulesFile).CombinedOutput(); err != nil {
 		t.Fatalf("promtool check rules: %v\n%s", err, out)
