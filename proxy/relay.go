@@ -189,9 +189,11 @@ func (b *bodyRelay) exchange() *upstream.Exchange { return b.x }
 // write failed (the client left).
 func (b *bodyRelay) CloseWithError(writeErr error) error {
 	f := b.f
-	// The last byte read and written: whatever the client did after, it
-	// has the whole body.
-	noteEnd(f, b.x, b.err, writeErr, b.eof && writeErr == nil)
+	// The last byte read and handed to the connection, and the client not
+	// seen leaving: fasthttp closes a body of known length before it
+	// flushes its write buffer, so a client the watch saw leave may not
+	// have it.
+	noteEnd(f, b.x, b.err, writeErr, b.eof && writeErr == nil && !b.x.IsAborted())
 	if b.capture != nil {
 		if b.eof {
 			f.usage = rewrite.BodyUsage(b.capture.B)

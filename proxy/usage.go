@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -36,6 +37,9 @@ func openUsage(cfg *Config, otlp telemetry.OTLP, reg prometheus.Registerer, log 
 		}
 	}
 	records, err := usage.OpenConfig(*u, exporter, otlp.Resource, log, reg)
+	if err != nil && exporter != nil {
+		exporter.Shutdown(context.Background()) //nolint:errcheck // start-up failed already
+	}
 	return records, env, err
 }
 

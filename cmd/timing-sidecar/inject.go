@@ -78,6 +78,11 @@ func readInputs(files []string, stdin io.Reader) (io.Reader, error) {
 	for _, name := range files {
 		f, err := os.Open(name)
 		if err != nil {
+			for _, p := range parts {
+				if c, ok := p.(io.Closer); ok {
+					c.Close()
+				}
+			}
 			return nil, err
 		}
 		if len(files) > 1 {

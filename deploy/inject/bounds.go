@@ -34,6 +34,11 @@ const (
 	// pages): a longer shell line or value could not start a container,
 	// so inject reads none longer.
 	maxArg = 128 << 10
+	// maxExpanded bounds what the kubelet's $(VAR) expansion writes for
+	// one container in all, its env and its command's words: the kernel
+	// refuses a program arguments and environment past a quarter of the
+	// stack limit (2 MiB by default), so a container's are within it.
+	maxExpanded = 2 << 20
 )
 
 // errTooLarge is the refusal of input past maxInput.
@@ -67,30 +72,58 @@ func countDocuments(src []byte) error {
 // itself: its expansion never ends.
 var errAliasCycle = errors.New("an anchor contains an alias to itself")
 
+// maxAliasedKeys bounds a mapping's keys in a document with aliases:
+// kyaml's expansion (DeAnchor) merges every mapping in time that grows with
+// the square of its keys.
+const maxAliasedKeys = 10_000
+
 // boundAliases refuses a document whose aliases, expanded, would add more
-// nodes than its bound (aliasFloor), or never end. It walks each node once:
-// an anchor's expanded size is kept for its every alias.
-func boundAliases(doc *yaml.Node) error {
-	own := ownNodes(doc)
-	limit := own + max(aliasFloor, own)
+// nodes than its bound (aliasFloor), or never end, and tells whether the
+// document has any to expand. It walks each node once: an anchor's
+// expanded size is kept for its every alias.
+func boundAliases(doc *yaml.Node) (aliased bool, err error) {
+	var shape docShape
+	shape.walk(doc)
+	if !shape.aliased {
+		return false, nil
+	}
+	if shape.maxKeys > maxAliasedKeys {
+		return true, fmt.Errorf("a mapping of %d keys in a document with aliases: inject expands aliases only in documents whose mappings have at most %d", shape.maxKeys, maxAliasedKeys)
+	}
+	limit := shape.nodes + max(aliasFloor, shape.nodes)
 	e := expansion{size: map[*yaml.Node]int{}, open: map[*yaml.Node]bool{}, limit: limit}
 	n, err := e.count(doc)
 	if err != nil {
-		return err
+		return true, err
 	}
 	if n > limit {
-		return fmt.Errorf("its aliases expand it from %d YAML nodes to over %d: inject lets aliases add at most %d (an alias bomb?)", own, limit, limit-own)
+		return true, fmt.Errorf("its aliases expand it from %d YAML nodes to over %d: inject lets aliases add at most %d (an alias bomb?)", shape.nodes, limit, limit-shape.nodes)
 	}
-	return nil
+	return true, nil
 }
 
-// ownNodes is the nodes of n as parsed, an alias counted once.
-func ownNodes(n *yaml.Node) int {
-	total := 1
-	for _, c := range n.Content {
-		total += ownNodes(c)
+// docShape is what a walk of a document as parsed finds: its nodes (an
+// alias counted once), whether it has aliases or merge keys, and its
+// largest mapping's keys.
+type docShape struct {
+	nodes, maxKeys int
+	aliased        bool
+}
+
+func (s *docShape) walk(n *yaml.Node) {
+	s.nodes++
+	switch n.Kind {
+	case yaml.AliasNode:
+		s.aliased = true
+	case yaml.MappingNode:
+		s.maxKeys = max(s.maxKeys, len(n.Content)/2)
+		for i := 0; i < len(n.Content); i += 2 {
+			s.aliased = s.aliased || n.Content[i].Tag == "!!merge" || n.Content[i].Value == "<<"
+		}
 	}
-	return total
+	for _, c := range n.Content {
+		s.walk(c)
+	}
 }
 
 // expansion counts the nodes of a tree with its aliases expanded.

@@ -168,3 +168,50 @@ func TestInputsAreBounded(t *testing.T) {
 		})
 	}
 }
+
+// TestExpansionIsBoundedPerContainer: many values that each repeat one
+// large value stay within what the kernel would pass a program in all;
+// past it they read as unknown, and inject neither grows without bound
+// nor reads a port from them.
+func TestExpansionIsBoundedPerContainer(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\nspec:\n  containers:\n  - name: vllm\n    image: vllm/vllm-openai\n    env:\n    - {name: D0, value: xxxxxxxxxxxxxxxx}\n")
+	for i := 1; i <= 12; i++ { // D12 is 64 KiB
+		fmt.Fprintf(&b, "    - {name: D%d, value: \"$(D%d)$(D%d)\"}\n", i, i-1, i-1)
+	}
+	for i := range 20_000 { // 20,000 copies of 64 KiB: 1.3 GB if expanded
+		fmt.Fprintf(&b, "    - {name: R%d, value: $(D12)}\n", i)
+	}
+	b.WriteString("    - {name: P, value: \"8000\"}\n    command: [sh, -c, \"vllm serve m --port $(P) ${R1}${R2}${R3}\"]\n")
+	var out strings.Builder
+	var err error
+	// The fuzz target's bound: kyaml's own cost is a few hundred bytes
+	// per byte of input.
+	if n := allocated(func() { err = Inject(strings.NewReader(b.String()), &out, Options{}) }); n > 256<<20+1000*uint64(b.Len()) {
+		t.Errorf("allocated %d MiB for %d KiB of input", n>>20, b.Len()>>10)
+	}
+	if err == nil || !strings.Contains(err.Error(), `container "vllm": its env and command expand past 2 MiB`) {
+		t.Errorf("err = %v, want the container refused for its expansion", err)
+	}
+}
+
+// TestLargeMappings: kyaml's expansion merges every mapping in time that
+// grows with the square of its keys, so it runs only on documents with
+// aliases, whose mappings are bounded; a large ConfigMap without aliases
+// passes as it came.
+func TestLargeMappings(t *testing.T) {
+	keys := func(n int) string {
+		var b strings.Builder
+		for i := range n {
+			fmt.Fprintf(&b, "  k%d: v\n", i)
+		}
+		return b.String()
+	}
+	big := "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: big\ndata:\n" + keys(200_000) + "---\n" + nestedAnchors(2, 2)
+	out, err := injectString(t, big, Options{})
+	if err != nil || !strings.Contains(out, "  k199999: v\n") {
+		t.Fatalf("a large ConfigMap beside an engine: %v", err)
+	}
+	refused(t, "a large mapping with aliases", "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: big\n  labels: &l {a: b}\nother: *l\ndata:\n"+keys(maxAliasedKeys+1)+"---\n"+nestedAnchors(2, 2),
+		Options{}, `document 1 (ConfigMap "big"): a mapping of 10001 keys in a document with aliases`)
+}

@@ -251,6 +251,12 @@ func TestPodPorts(t *testing.T) {
 			}
 		})
 	}
+	t.Run("admin-listen on a port only a neighbour's URL names", func(t *testing.T) {
+		p, _ := injectPodOK(t, podWith("containers:\n  - name: e\n    command: [vllm, serve, m]\n  - name: other\n    image: x\n    args: [--collector, \"http://collector:9200\"]\n"), Options{Env: []EnvVar{{"TIMING_SIDECAR_ADMIN_LISTEN", ":9200"}}})
+		if adminPortOf(p.Spec) != 9200 {
+			t.Errorf("admin port %d", adminPortOf(p.Spec))
+		}
+	})
 	t.Run("admin-listen set", func(t *testing.T) {
 		p, _ := injectPodOK(t, podWith("containers:\n  - name: e\n    command: [vllm, serve, m]\n"), Options{Env: []EnvVar{{"TIMING_SIDECAR_ADMIN_LISTEN", ":9200"}}})
 		if adminPortOf(p.Spec) != 9200 || sidecarEnv(p.Spec)["TIMING_SIDECAR_ADMIN_LISTEN"] != ":9200" {

@@ -249,6 +249,7 @@ func (r *shellReader) singleQuoted(text string, out *word) (string, bool) {
 // paramPart is a parameter expansion's value, where param reads it.
 func (r *shellReader) paramPart(p *syntax.ParamExp, quoted bool, out *word) (string, bool) {
 	v, ok := r.param(p, out)
+	ok = ok && r.env.spend(len(v))
 	// Unquoted, the shell splits what it cannot be shown to be one word.
 	out.mayHold = out.mayHold || !quoted && !ok
 	out.maySplit = out.maySplit || !quoted && ok && strings.ContainsAny(v, " \t\n")
@@ -271,7 +272,7 @@ func (r *shellReader) kubeletPart(p *syntax.CmdSubst, quoted bool, out *word) (s
 	v, defined := r.env.lookup(m[1])
 	// A value with blanks or shell syntax changes the line's words once
 	// the kubelet puts it in: not read.
-	if !defined || !v.known || strings.ContainsAny(v.value, " \t\n;&|<>()$`'\"\\") {
+	if !defined || !v.known || strings.ContainsAny(v.value, " \t\n;&|<>()$`'\"\\") || !r.env.spend(len(v.value)) {
 		out.mayHold = out.mayHold || !quoted
 		out.maySplit = out.maySplit || defined && v.known && (!quoted || strings.ContainsAny(v.value, "\"`$\\"))
 		return unknownPart, false

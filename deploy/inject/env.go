@@ -1,6 +1,7 @@
 package inject
 
 import (
+	"fmt"
 	"strings"
 
 	"sigs.k8s.io/kustomize/kyaml/yaml"
@@ -14,6 +15,9 @@ type containerEnv struct {
 	// open: the container has envFrom, so a name not in vars may be
 	// defined all the same, with a value inject cannot see.
 	open bool
+	// budget is what expansion may still write for the container
+	// (maxExpanded), shared by every copy of its env.
+	budget *int
 }
 
 // envVar is one variable of a container's env.
@@ -28,7 +32,8 @@ type envVar struct {
 // the variables before it. A source that is a ConfigMap in the input is
 // read; any other leaves the environment open.
 func envOf(c *yaml.RNode, ps *podSpec) containerEnv {
-	e := containerEnv{vars: map[string]envVar{}}
+	e := containerEnv{vars: map[string]envVar{}, budget: new(int)}
+	*e.budget = maxExpanded
 	e.open = e.fromSources(c, ps)
 	list, _ := c.Pipe(yaml.Lookup("env"))
 	if list == nil {
@@ -80,6 +85,27 @@ func (e containerEnv) fromSources(c *yaml.RNode, ps *podSpec) (open bool) {
 	return open
 }
 
+// spend takes n bytes of the container's expansion budget, if there are.
+// An env made without one (a test's) has no bound.
+func (e containerEnv) spend(n int) bool {
+	if e.budget == nil {
+		return true
+	}
+	if *e.budget < n {
+		*e.budget = 0
+		return false
+	}
+	*e.budget -= n
+	return true
+}
+
+// spent tells an env whose expansion used its whole budget.
+func (e containerEnv) spent() bool { return e.budget != nil && *e.budget == 0 }
+
+// errTooMuchExpanded refuses a container whose env and command, as the
+// kubelet expands them, pass what the kernel gives a program.
+var errTooMuchExpanded = fmt.Errorf("its env and command expand past %d MiB, more than the kernel passes a program (E2BIG): it could not start", maxExpanded>>20)
+
 // lookup is name's value as the container sees it: defined says whether
 // the container surely has it (or may, with envFrom: then defined and
 // not known).
@@ -128,9 +154,10 @@ func (e containerEnv) expand(s string) (string, bool) {
 			case !defined, !v.known:
 				known = false
 				b.WriteString(unknownPart)
-			case b.Len()+len(v.value) > maxArg:
-				// Values built of values double at each step: the kernel
-				// would refuse the result (E2BIG), and inject reads none.
+			case b.Len()+len(v.value) > maxArg || !e.spend(len(v.value)):
+				// Values built of values double at each step, and many
+				// values repeat a large one: the kernel would refuse the
+				// result (E2BIG), and inject reads none.
 				return unknownPart, false
 			default:
 				b.WriteString(v.value)

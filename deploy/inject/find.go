@@ -68,6 +68,9 @@ func engineIn(c *yaml.RNode, ps *podSpec, opts *Options, named bool) (*found, er
 	}
 	env := envOf(c, ps)
 	runs, parseErr := runsOf(c, env)
+	if env.spent() {
+		return nil, errTooMuchExpanded
+	}
 	f := &found{c: c, env: env}
 	if err := f.knownEngine(runs); err != nil {
 		return nil, err

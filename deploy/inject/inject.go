@@ -76,8 +76,12 @@ func Inject(in io.Reader, out io.Writer, opts Options) error {
 	for i, doc := range docs {
 		// An alias shares its anchor's nodes: an edit through one would
 		// change the other unseen. Each gets its own copy, within a bound.
-		if err := boundAliases(doc.YNode()); err != nil {
+		aliased, err := boundAliases(doc.YNode())
+		if err != nil {
 			return fmt.Errorf("document %d (%s %q): %w", i+1, doc.GetKind(), doc.GetName(), err)
+		}
+		if !aliased {
+			continue // nothing to expand, and DeAnchor's merge of every mapping is not free
 		}
 		if err := doc.DeAnchor(); err != nil {
 			return fmt.Errorf("document %d: %w", i+1, err)

@@ -177,10 +177,13 @@ func configMapsOf(docs []*yaml.RNode) inputConfigMaps {
 				return
 			}
 			data := map[string]string{}
-			if d, _ := doc.Pipe(yaml.Lookup("data")); d != nil {
-				keys, _ := d.Fields()
-				for _, k := range keys {
-					data[k] = scalar(d, k)
+			if d, _ := doc.Pipe(yaml.Lookup("data")); d != nil && d.YNode().Kind == yaml.MappingNode {
+				// The pairs in one pass: a lookup per key is quadratic.
+				c := d.YNode().Content
+				for i := 0; i+1 < len(c); i += 2 {
+					if c[i+1].Kind == yaml.ScalarNode {
+						data[c[i].Value] = c[i+1].Value
+					}
 				}
 			}
 			maps[doc.GetName()] = append(maps[doc.GetName()], inputConfigMap{namespace: doc.GetNamespace(), data: data})
@@ -193,11 +196,14 @@ func configMapsOf(docs []*yaml.RNode) inputConfigMaps {
 }
 
 // lookup is the data of the ConfigMap name in namespace, if the input has
-// it: one in the same namespace, or where either leaves it to kubectl's.
+// it: one in the same namespace, else one where either leaves it to
+// kubectl's.
 func (m inputConfigMaps) lookup(name, namespace string) (map[string]string, bool) {
-	for _, cm := range m[name] {
-		if cm.namespace == namespace || cm.namespace == "" || namespace == "" {
-			return cm.data, true
+	for _, exact := range []bool{true, false} {
+		for _, cm := range m[name] {
+			if cm.namespace == namespace || !exact && (cm.namespace == "" || namespace == "") {
+				return cm.data, true
+			}
 		}
 	}
 	return nil, false

@@ -25,12 +25,16 @@ var knativeReserved = []int{8008, 8012, 8013, 8022, 9090, 9091}
 type podPorts struct {
 	used  map[int]string
 	names map[string]string
+	// mayBind are ports read from text (an address, a JSON field) that a
+	// program may or may not bind: never chosen, but no reason to refuse
+	// a port the user chose.
+	mayBind map[int]string
 }
 
 // portsOf reads the ports of every container and init container of a pod
 // spec.
 func portsOf(ps *podSpec) podPorts {
-	p := podPorts{used: map[int]string{}, names: map[string]string{}}
+	p := podPorts{used: map[int]string{}, names: map[string]string{}, mayBind: map[int]string{}}
 	for _, c := range podContainers(ps.node) {
 		who := "container " + strconv.Quote(scalar(c, "name"))
 		p.declared(c, who)
@@ -72,7 +76,7 @@ func (p podPorts) declared(c *yaml.RNode, who string) {
 // "0.0.0.0:8000", "[::]:8000"; a URL's port too, which costs only a port
 // not chosen), and jsonPort one in a JSON argument ("kv_port": 18000).
 var (
-	addressPort = regexp.MustCompile(`:(\d{1,5})(?:\D|$)`)
+	addressPort = regexp.MustCompile(`:(\d{1,5})\b`)
 	jsonPort    = regexp.MustCompile(`(?i)"[a-z0-9_.-]*port"\s*:\s*"?(\d{1,5})`)
 )
 
@@ -111,12 +115,15 @@ func (p podPorts) fromEnv(env containerEnv, who string) {
 	}
 }
 
-// inText records the ports of addresses and JSON port fields in s.
+// inText records the ports of addresses and JSON port fields in s as
+// ports a program may bind.
 func (p podPorts) inText(s, who string) {
 	for _, re := range []*regexp.Regexp{addressPort, jsonPort} {
 		for _, m := range re.FindAllStringSubmatch(s, -1) {
 			if n, err := strconv.Atoi(m[1]); err == nil && n > 0 && n < 65536 {
-				p.use(n, who)
+				if _, ok := p.mayBind[n]; !ok {
+					p.mayBind[n] = who
+				}
 			}
 		}
 	}
@@ -144,11 +151,10 @@ func (p podPorts) free(from int, offsets ...int) (int, error) {
 }
 
 func (p podPorts) freeAt(n int, offsets []int) bool {
-	if _, ok := p.used[n]; ok {
-		return false
-	}
-	for _, d := range offsets {
-		if _, ok := p.used[n+d]; ok || n+d > 65535 {
+	for _, d := range append([]int{0}, offsets...) {
+		_, held := p.used[n+d]
+		_, may := p.mayBind[n+d]
+		if held || may || n+d > 65535 {
 			return false
 		}
 	}

@@ -24,8 +24,10 @@ var ErrInUse = errors.New("usage spool in use by another process")
 
 // lockDir takes the directory's lock, and writes the holder's pid into the
 // lock file for the refusal a second process gets. The file stays open as
-// long as the spool: closing it releases the lock.
-func lockDir(dir string) (*os.File, error) {
+// long as the spool: closing it releases the lock. On a filesystem that
+// has no locks (some NFS mounts) the spool opens unlocked, and failed
+// hears of it: refusing to start would cost every record.
+func lockDir(dir string, failed func(error)) (*os.File, error) {
 	path := filepath.Join(dir, lockName)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
@@ -36,7 +38,13 @@ func lockDir(dir string) (*os.File, error) {
 		if errors.Is(err, syscall.EWOULDBLOCK) {
 			return nil, fmt.Errorf("%w: %s is held by pid %s; give each sidecar a --usage-spool-dir of its own", ErrInUse, dir, holder(f))
 		}
-		return nil, fmt.Errorf("usage spool: lock %s: %w", path, err)
+		if !errors.Is(err, syscall.ENOLCK) && !errors.Is(err, syscall.ENOTSUP) && !errors.Is(err, syscall.EINVAL) {
+			return nil, fmt.Errorf("usage spool: lock %s: %w", path, err)
+		}
+		if failed != nil {
+			failed(fmt.Errorf("usage spool: %s cannot be locked on this filesystem (%w): nothing keeps a second process off it", dir, err))
+		}
+		return os.OpenFile(path, os.O_RDWR, 0o600)
 	}
 	// The pid is only for that message: a failure to write it costs
 	// nothing but the message's detail.

@@ -148,7 +148,7 @@ func Open(opts Options) (*Spool, Recovery, error) {
 	if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
 		return nil, rec, fmt.Errorf("usage spool: %w", err)
 	}
-	lock, err := lockDir(opts.Dir)
+	lock, err := lockDir(opts.Dir, opts.Failed)
 	if err != nil {
 		return nil, rec, err
 	}
