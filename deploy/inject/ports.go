@@ -89,12 +89,12 @@ func (p podPorts) fromWords(words []word, who string) {
 		if !inline && i+1 < len(words) {
 			value = words[i+1].value
 		}
-		if strings.HasPrefix(name, "--") && (strings.HasSuffix(name, "port") || strings.HasSuffix(name, "PORT")) {
+		if strings.HasPrefix(name, "--") && strings.HasSuffix(name, "port") {
 			if n, err := strconv.Atoi(value); err == nil {
 				p.use(n, who+"'s "+name)
 			}
 		}
-		p.inText(w.value, who+"'s argument "+strconv.Quote(w.value))
+		p.inText(w.value, who+"'s arguments")
 	}
 }
 
