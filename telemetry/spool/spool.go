@@ -62,6 +62,10 @@ type Options struct {
 	// Failed, when set, hears of failures no caller sees: a new segment
 	// that could not be begun, a sync that failed.
 	Failed func(error)
+
+	// fs is the filesystem the spool is on; osFS when nil, and then
+	// the directory is locked.
+	fs fileSystem
 }
 
 // Recovery is what Open found.
@@ -97,11 +101,12 @@ type segment struct {
 // Spool is an open spool.
 type Spool struct {
 	opts Options
+	fs   fileSystem
 
 	mu       sync.Mutex
 	segs     []segment // in order; the last is active
 	nextSeq  uint64    // the next segment's: names only ever grow
-	active   *os.File
+	active   file
 	total    int64
 	frame    []byte
 	readers  []*Reader
@@ -112,13 +117,13 @@ type Spool struct {
 	copiedAll bool
 	closed    bool
 	// lock is the directory's lock file, held until Close (lock.go).
-	lock *os.File
+	lock io.Closer
 	// synced is how far the disk holds the spool; dirty says the active
 	// segment or the directory has more, retired are segments left and
 	// not yet synced and closed.
 	synced   position
 	dirty    bool
-	retired  []*os.File
+	retired  []file
 	syncLock sync.Mutex // one sync at a time, outside mu
 
 	stop    chan struct{}
@@ -145,12 +150,17 @@ func Open(opts Options) (*Spool, Recovery, error) {
 		opts.Sync = DefaultSync
 	}
 	rec := Recovery{Pending: map[string]int{}}
-	if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
-		return nil, rec, fmt.Errorf("usage spool: %w", err)
-	}
-	lock, err := lockDir(opts.Dir, opts.Failed)
-	if err != nil {
-		return nil, rec, err
+	var lock io.Closer = io.NopCloser(nil)
+	if opts.fs == nil {
+		opts.fs = osFS{}
+		if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
+			return nil, rec, fmt.Errorf("usage spool: %w", err)
+		}
+		f, err := lockDir(opts.Dir, opts.Failed)
+		if err != nil {
+			return nil, rec, err
+		}
+		lock = f
 	}
 	s, rec, err := recoverSpool(opts, lock)
 	if err != nil {
@@ -161,9 +171,9 @@ func Open(opts Options) (*Spool, Recovery, error) {
 }
 
 // recoverSpool opens the spool in opts.Dir, whose lock is held.
-func recoverSpool(opts Options, lock *os.File) (*Spool, Recovery, error) {
+func recoverSpool(opts Options, lock io.Closer) (*Spool, Recovery, error) {
 	rec := Recovery{Pending: map[string]int{}}
-	s := &Spool{opts: opts, lock: lock, inflight: map[string][]byte{}, stop: make(chan struct{}), stopped: make(chan struct{})}
+	s := &Spool{opts: opts, fs: opts.fs, lock: lock, inflight: map[string][]byte{}, stop: make(chan struct{}), stopped: make(chan struct{})}
 	segs, err := s.listSegments()
 	if err != nil {
 		return nil, rec, err
@@ -258,7 +268,7 @@ func (s *Spool) begin() error {
 	if n == 0 {
 		return err
 	}
-	f, ferr := os.OpenFile(s.path(s.segs[n-1].seq), os.O_WRONLY|os.O_APPEND, 0o600)
+	f, ferr := s.fs.OpenFile(s.path(s.segs[n-1].seq), os.O_WRONLY|os.O_APPEND, 0o600)
 	if ferr != nil {
 		return errors.Join(err, ferr)
 	}
@@ -269,14 +279,14 @@ func (s *Spool) begin() error {
 
 // listSegments lists the segment files in order.
 func (s *Spool) listSegments() ([]segment, error) {
-	des, err := os.ReadDir(s.opts.Dir)
+	des, err := s.fs.ReadDir(s.opts.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("usage spool: %w", err)
 	}
 	var segs []segment
 	for _, de := range des {
-		name, ok := strings.CutSuffix(de.Name(), ".seg")
-		if !ok || de.IsDir() {
+		name, ok := strings.CutSuffix(de, ".seg")
+		if !ok {
 			continue
 		}
 		seq, err := strconv.ParseUint(name, 16, 64)
@@ -301,7 +311,7 @@ func (s *Spool) listSegments() ([]segment, error) {
 // the file at the first one that does not check. It sets the segment's
 // size to what is good, and returns the bytes cut.
 func (s *Spool) scan(seg *segment, each func(entry, position)) (int64, error) {
-	b, err := os.ReadFile(s.path(seg.seq))
+	b, err := readFile(s.fs, s.path(seg.seq))
 	if err != nil {
 		return 0, fmt.Errorf("usage spool: %w", err)
 	}
@@ -317,7 +327,7 @@ func (s *Spool) scan(seg *segment, each func(entry, position)) (int64, error) {
 	seg.size = int64(off)
 	// What an earlier process wrote may be in the kernel alone: it is
 	// made durable before anything is delivered past it.
-	if f, err := os.OpenFile(s.path(seg.seq), os.O_WRONLY, 0); err == nil {
+	if f, err := s.fs.OpenFile(s.path(seg.seq), os.O_WRONLY, 0); err == nil {
 		f.Sync()  //nolint:errcheck // at worst, as durable as before
 		f.Close() //nolint:errcheck
 	}
@@ -326,7 +336,10 @@ func (s *Spool) scan(seg *segment, each func(entry, position)) (int64, error) {
 	}
 	// Cutting needs no room; if it fails, the bad frame is cut in
 	// memory all the same, and the next Open tries again.
-	os.Truncate(s.path(seg.seq), int64(off)) //nolint:errcheck
+	if f, err := s.fs.OpenFile(s.path(seg.seq), os.O_WRONLY, 0); err == nil {
+		f.Truncate(int64(off)) //nolint:errcheck
+		f.Close()              //nolint:errcheck
+	}
 	return int64(len(b) - off), nil
 }
 
@@ -341,14 +354,14 @@ func (s *Spool) newSegment() error {
 	if err != nil {
 		return err
 	}
-	f, err := os.OpenFile(s.path(seq), os.O_CREATE|os.O_EXCL|os.O_WRONLY|os.O_APPEND, 0o600)
+	f, err := s.fs.OpenFile(s.path(seq), os.O_CREATE|os.O_EXCL|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return fmt.Errorf("usage spool: new segment: %w", err)
 	}
 	if len(starts) > 0 {
 		if _, err := f.Write(starts); err != nil {
-			f.Close()           //nolint:errcheck
-			os.Remove(f.Name()) //nolint:errcheck
+			f.Close()                //nolint:errcheck
+			s.fs.Remove(s.path(seq)) //nolint:errcheck
 			return fmt.Errorf("usage spool: new segment: %w", err)
 		}
 	}
@@ -402,7 +415,7 @@ func (s *Spool) compactActive() error {
 	if err != nil {
 		return err
 	}
-	f, err := os.OpenFile(s.path(act.seq), os.O_WRONLY, 0)
+	f, err := s.fs.OpenFile(s.path(act.seq), os.O_WRONLY, 0)
 	if err != nil {
 		return err
 	}
@@ -414,7 +427,7 @@ func (s *Spool) compactActive() error {
 		return err
 	}
 	seq := s.nextSeq
-	if err := os.Rename(s.path(act.seq), s.path(seq)); err != nil {
+	if err := s.fs.Rename(s.path(act.seq), s.path(seq)); err != nil {
 		return err
 	}
 	s.nextSeq++
@@ -548,7 +561,7 @@ func (s *Spool) releasable() []uint64 {
 			// No room beside it: the older segments go now, then the
 			// active one is cut to its starts.
 			for len(s.segs) > 1 {
-				os.Remove(s.path(s.segs[0].seq)) //nolint:errcheck // gone from the books either way; Open cleans up
+				s.fs.Remove(s.path(s.segs[0].seq)) //nolint:errcheck // gone from the books either way; Open cleans up
 				s.total -= s.segs[0].size
 				s.segs = s.segs[1:]
 			}
@@ -575,7 +588,7 @@ func (s *Spool) releasable() []uint64 {
 // deleteSegments removes segment files, outside mu.
 func (s *Spool) deleteSegments(seqs []uint64) {
 	for _, seq := range seqs {
-		os.Remove(s.path(seq)) //nolint:errcheck // gone from the books either way; Open cleans up
+		s.fs.Remove(s.path(seq)) //nolint:errcheck // gone from the books either way; Open cleans up
 	}
 }
 
@@ -621,10 +634,7 @@ func (s *Spool) Sync() error {
 	if active != nil {
 		err = errors.Join(err, active.Sync())
 	}
-	if d, derr := os.Open(s.opts.Dir); derr == nil {
-		err = errors.Join(err, d.Sync())
-		d.Close() //nolint:errcheck
-	}
+	err = errors.Join(err, s.fs.SyncDir(s.opts.Dir))
 	if err != nil {
 		s.mu.Lock()
 		s.dirty = true
@@ -672,10 +682,10 @@ type Reader struct {
 	pending int
 	wake    chan struct{}
 
-	file    *os.File
+	file    file
 	fileSeq uint64
 	// cursorFile holds the saved position, written in place.
-	cursorFile *os.File
+	cursorFile file
 	buf        []byte
 	batch      Batch
 }
@@ -786,7 +796,7 @@ func (r *Reader) readAt(seq uint64, off, n int64) ([]byte, error) {
 		if r.file != nil {
 			r.file.Close() //nolint:errcheck // read only
 		}
-		f, err := os.Open(r.s.path(seq))
+		f, err := r.s.fs.OpenFile(r.s.path(seq), os.O_RDONLY, 0)
 		if err != nil {
 			r.file = nil
 			return nil, fmt.Errorf("usage spool: %w", err)
@@ -811,7 +821,7 @@ func (r *Reader) closeSegment() {
 }
 
 func (r *Reader) closeFiles() {
-	for _, f := range []*os.File{r.file, r.cursorFile} {
+	for _, f := range []file{r.file, r.cursorFile} {
 		if f != nil {
 			f.Close() //nolint:errcheck
 		}
@@ -857,7 +867,7 @@ const cursorSize = 48
 // save writes the reader's position to its cursor file.
 func (r *Reader) save(p position) error {
 	if r.cursorFile == nil {
-		f, err := os.OpenFile(filepath.Join(r.s.opts.Dir, r.name+".cursor"), os.O_CREATE|os.O_WRONLY, 0o600)
+		f, err := r.s.fs.OpenFile(filepath.Join(r.s.opts.Dir, r.name+".cursor"), os.O_CREATE|os.O_WRONLY, 0o600)
 		if err != nil {
 			return err
 		}
@@ -873,7 +883,7 @@ func (r *Reader) save(p position) error {
 // readCursor reads a reader's saved position; the zero position when it
 // has none, or one that does not read back whole.
 func (s *Spool) readCursor(name string) (position, error) {
-	b, err := os.ReadFile(filepath.Join(s.opts.Dir, name+".cursor"))
+	b, err := readFile(s.fs, filepath.Join(s.opts.Dir, name+".cursor"))
 	if os.IsNotExist(err) {
 		return position{}, nil
 	}
