@@ -33,7 +33,9 @@ const (
 	// End is a finished request's record, delivered to every reader.
 	End Kind = 'E'
 	// Cancel withdraws a start whose end was refused: the request is
-	// not lost, its record was never taken.
+	// not lost, its record was never taken. A cancel with no id is a
+	// segment's mark: every start in flight as it began is before it
+	// (segment.go). Earlier versions read it as a cancel of nothing.
 	Cancel Kind = 'C'
 )
 

@@ -25,7 +25,6 @@ type fileSystem interface {
 // file is an open file of a fileSystem.
 type file interface {
 	Write(b []byte) (int, error)
-	WriteAt(b []byte, off int64) (int, error)
 	ReadAt(b []byte, off int64) (int, error)
 	Truncate(size int64) error
 	// Size is the file's size now.

@@ -42,6 +42,9 @@ func drain(t *testing.T, s *Spool, name string, n int) []string {
 	t.Helper()
 	r := s.Reader(name)
 	var ids []string
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
 	for {
 		b, err := r.Next(n, 1<<20)
 		if err != nil {

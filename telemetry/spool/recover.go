@@ -1,0 +1,258 @@
+package spool
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Open opens the spool in opts.Dir, creating it if need be, and recovers
+// what an earlier process left: a tail cut short is cut off, a request
+// started and never ended gets its start's record, and each reader
+// resumes after what it acknowledged. Only a directory it cannot read or
+// make, or one another open spool holds (ErrInUse), fails it: a disk that
+// is full or failing leaves the spool refusing records, never the process
+// unable to start.
+func Open(opts Options) (*Spool, Recovery, error) {
+	if opts.SegmentSize <= 0 {
+		opts.SegmentSize = DefaultSegmentSize
+	}
+	if opts.Sync <= 0 {
+		opts.Sync = DefaultSync
+	}
+	var lock io.Closer = nopCloser{}
+	if opts.fs == nil {
+		opts.fs = osFS{}
+		if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
+			return nil, Recovery{}, fmt.Errorf("usage spool: %w", err)
+		}
+		f, err := lockDir(opts.Dir, opts.Failed)
+		if err != nil {
+			return nil, Recovery{}, err
+		}
+		lock = f
+	}
+	s, rec, err := recoverSpool(opts, lock)
+	if err != nil {
+		lock.Close() //nolint:errcheck // the error says what failed
+		return nil, rec, err
+	}
+	return s, rec, nil
+}
+
+type nopCloser struct{}
+
+func (nopCloser) Close() error { return nil }
+
+// found is what reading the segments at Open found.
+type found struct {
+	// starts is the starts not ended, from the newest head on; endsAt,
+	// where the ends lie.
+	starts map[string][]byte
+	endsAt []position
+	// thisSeg is the starts of the segment being read, so far.
+	thisSeg map[string][]byte
+}
+
+func (f *found) add(seg *segment, e entry, at position) {
+	switch {
+	case e.kind == Start:
+		f.starts[string(e.id)] = append([]byte(nil), e.data...)
+		f.thisSeg[string(e.id)] = f.starts[string(e.id)]
+	case e.kind == End:
+		delete(f.starts, string(e.id))
+		f.endsAt = append(f.endsAt, at)
+		seg.ends++
+	case isMark(e):
+		// The head is every start in flight as the segment began:
+		// starts read before it are ended, or in it.
+		f.starts = f.thisSeg
+		seg.marked, seg.head = true, at.off+int64(e.size)
+	default:
+		delete(f.starts, string(e.id))
+	}
+}
+
+// recoverSpool opens the spool in opts.Dir, whose lock is held.
+func recoverSpool(opts Options, lock io.Closer) (*Spool, Recovery, error) {
+	rec := Recovery{Pending: map[string]int{}}
+	s := &Spool{opts: opts, fs: opts.fs, lock: lock, inflight: map[string][]byte{},
+		syncSoon: make(chan struct{}, 1), stop: make(chan struct{}), stopped: make(chan struct{})}
+	segs, err := s.listSegments()
+	if err != nil {
+		return nil, rec, err
+	}
+	f := found{starts: map[string][]byte{}}
+	for _, seg := range segs {
+		f.thisSeg = map[string][]byte{}
+		corrupt, err := s.scan(seg, &f)
+		if err != nil {
+			return nil, rec, err
+		}
+		rec.Corrupt += corrupt
+		s.total += seg.size
+	}
+	s.segs = segs
+	s.nextSeq = 1
+	if n := len(segs); n > 0 {
+		s.nextSeq = segs[n-1].seq + 1
+	}
+	if err := s.openReaders(f.endsAt); err != nil {
+		return nil, rec, err
+	}
+	rec.Lost = s.endLost(f.starts)
+	// What the segments held is synced (scan), the new head and the
+	// lost requests' ends are synced now; then the older segments go.
+	if err := s.Sync(); err != nil && s.opts.Failed != nil {
+		s.opts.Failed(err)
+	}
+	for _, r := range s.readers {
+		rec.Pending[r.name] = r.pending
+	}
+	go s.syncLoop()
+	return s, rec, nil
+}
+
+// openReaders reads each reader's saved position, and counts the ends
+// after it.
+func (s *Spool) openReaders(endsAt []position) error {
+	for _, name := range s.opts.Readers {
+		cur, err := s.readCursor(name)
+		if err != nil {
+			return err
+		}
+		// A name a position saw is never given to a new segment: the
+		// position would point into other records.
+		s.nextSeq = max(s.nextSeq, cur.seq+1)
+		saved := cur
+		cur = s.resume(cur)
+		r := &Reader{s: s, name: name, cursor: cur, saved: saved, wake: make(chan struct{}, 1), pending: s.carriedEnds}
+		for _, at := range endsAt {
+			if !at.before(cur) {
+				r.pending++
+			}
+		}
+		s.readers = append(s.readers, r)
+	}
+	return nil
+}
+
+// endLost gives each request started and never ended its start's record
+// as its end, in a new segment whose head carries their starts. A disk
+// that cannot take it leaves them starts, found again next time, and the
+// spool refusing records until it can begin a segment.
+func (s *Spool) endLost(starts map[string][]byte) int {
+	lost := make([]string, 0, len(starts))
+	for id, data := range starts {
+		lost = append(lost, id)
+		s.inflight[id] = data
+	}
+	slices.Sort(lost)
+	if err := s.newSegment(); err != nil {
+		if s.opts.Failed != nil {
+			s.opts.Failed(err)
+		}
+		return 0
+	}
+	n := 0
+	for _, id := range lost {
+		// Past the bound if need be: these records were taken already.
+		if err := s.write(End, id, starts[id]); err != nil {
+			continue
+		}
+		delete(s.inflight, id)
+		n++
+		for _, r := range s.readers {
+			r.pending++
+		}
+	}
+	return n
+}
+
+// listSegments lists the segment files in order, and removes what an
+// earlier process left under a temporary name.
+func (s *Spool) listSegments() ([]*segment, error) {
+	names, err := s.fs.ReadDir(s.opts.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("usage spool: %w", err)
+	}
+	var segs []*segment
+	for _, name := range names {
+		if strings.HasSuffix(name, tmpSuffix) {
+			s.fs.Remove(s.opts.Dir + "/" + name) //nolint:errcheck // never read
+			continue
+		}
+		hex, ok := strings.CutSuffix(name, ".seg")
+		if !ok {
+			continue
+		}
+		seq, err := strconv.ParseUint(hex, 16, 64)
+		if err != nil {
+			continue
+		}
+		segs = append(segs, &segment{seq: seq, sealed: true})
+	}
+	slices.SortFunc(segs, func(a, b *segment) int {
+		switch {
+		case a.seq < b.seq:
+			return -1
+		case a.seq > b.seq:
+			return 1
+		}
+		return 0
+	})
+	return segs, nil
+}
+
+// scan reads a segment's frames into f, cuts the file at the first one
+// that does not check, and makes what an earlier process wrote durable
+// before anything is delivered from it. It sets the segment's size to
+// what is good, and returns the bytes cut. A segment whose fsync fails is
+// read all the same, and its ends carried into the next segment: its
+// pages may be in memory alone.
+func (s *Spool) scan(seg *segment, f *found) (int64, error) {
+	path := s.path(seg.seq)
+	b, err := readFile(s.fs, path)
+	if err != nil {
+		return 0, fmt.Errorf("usage spool: %w", err)
+	}
+	off := 0
+	var carried []byte
+	ends := len(f.endsAt)
+	for off < len(b) {
+		e, ok, _ := parseFrame(b[off:])
+		if !ok {
+			break
+		}
+		f.add(seg, e, position{seg.seq, int64(off)})
+		if e.kind == End {
+			carried = append(carried, b[off:off+e.size]...)
+		}
+		off += e.size
+	}
+	seg.size, seg.synced = int64(off), int64(off)
+	file, err := s.fs.OpenFile(path, os.O_WRONLY, 0)
+	if err == nil {
+		if off < len(b) {
+			// Cutting needs no room; if it fails, the bad frame is
+			// cut in memory all the same, and the next Open tries
+			// again. Nothing is appended to an old segment.
+			file.Truncate(int64(off)) //nolint:errcheck // see above
+		}
+		err = file.Sync()
+		file.Close() //nolint:errcheck // synced or failed
+	}
+	if err != nil {
+		if s.opts.Failed != nil {
+			s.opts.Failed(fmt.Errorf("usage spool: sync %s at start: %w; its records are written again", segmentName(seg.seq), err))
+		}
+		s.carried = append(s.carried, carried...)
+		s.carriedEnds += seg.ends
+		f.endsAt = f.endsAt[:ends]
+		seg.ends, seg.size, seg.synced = 0, 0, 0
+	}
+	return int64(len(b) - off), nil
+}

@@ -1,0 +1,109 @@
+package spool
+
+// evictAbove is the share of MaxSize past which a sink that has fallen
+// behind stops holding the others' records: the oldest segment only it
+// still needs is given back, and what that costs it is counted.
+const evictAbove = 0.75
+
+// releasable takes off the books the segments that can go, and returns
+// them for deleteSegments. A segment goes once every reader is past it,
+// and a newer segment's head is synced (durableBase): the starts in
+// flight it held are on the disk elsewhere. When every reader has read the
+// whole active segment and it holds enough beyond its head, a new one is
+// begun, so that it can go at the next release. Callers hold mu.
+func (s *Spool) releasable() []uint64 {
+	if len(s.readers) == 0 || len(s.segs) == 0 || s.closed {
+		return nil
+	}
+	if act := s.active(); act != nil && act.size-act.head >= s.opts.SegmentSize/16 && s.readAll(act) {
+		s.rotate()
+	}
+	base := s.durableBase()
+	s.evict(base)
+	var gone []uint64
+	for len(s.segs) > 1 && s.segs[0].seq < base && s.readAll(s.segs[0]) {
+		seg := s.segs[0]
+		if seg.f != nil {
+			seg.f.Close() //nolint:errcheck // read whole by every reader
+		}
+		gone = append(gone, seg.seq)
+		s.total -= seg.size
+		s.segs = s.segs[1:]
+	}
+	return gone
+}
+
+// durableBase is the newest segment whose head the disk holds: no older
+// one holds a start that matters. 0 when there is none. Callers hold mu.
+func (s *Spool) durableBase() uint64 {
+	for i := len(s.segs) - 1; i >= 0; i-- {
+		if seg := s.segs[i]; seg.marked && seg.synced >= seg.head {
+			return seg.seq
+		}
+	}
+	return 0
+}
+
+// readAll says every reader has read the whole of seg.
+func (s *Spool) readAll(seg *segment) bool {
+	for _, r := range s.readers {
+		if !r.past(seg) {
+			return false
+		}
+	}
+	return true
+}
+
+// evict lets the readers that have fallen behind skip the oldest segment,
+// when the spool is past evictAbove of its bound and another reader is
+// past it: one sink that cannot deliver must not stop the other's records
+// for good. Each skips at its next read, and counts what it skipped
+// (Batch.Skipped). Callers hold mu.
+func (s *Spool) evict(base uint64) {
+	if float64(s.total) <= evictAbove*float64(s.opts.MaxSize) || len(s.segs) < 2 || s.segs[0].seq >= base {
+		return
+	}
+	old, next := s.segs[0], s.segs[1].seq
+	ahead := 0
+	for _, r := range s.readers {
+		if r.past(old) {
+			ahead++
+		}
+	}
+	if ahead == 0 {
+		return // every sink is behind: new records are refused instead
+	}
+	for _, r := range s.readers {
+		if !r.past(old) {
+			r.skipTo = max(r.skipTo, next)
+		}
+	}
+}
+
+// endsFrom is the ends in the segments from seq on, and those carried for
+// the next one. Callers hold mu.
+func (s *Spool) endsFrom(seq uint64) int {
+	n := s.carriedEnds
+	for _, seg := range s.segs {
+		if seg.seq >= seq {
+			n += seg.ends
+		}
+	}
+	return n
+}
+
+// deleteSegments removes segment files, outside mu; the next sync makes
+// the removals durable. One a power cut brings back is read again by
+// Open, harmlessly: its starts are older than a synced head, and its ends
+// older than every saved position or delivered again whole.
+func (s *Spool) deleteSegments(seqs []uint64) {
+	if len(seqs) == 0 {
+		return
+	}
+	for _, seq := range seqs {
+		s.fs.Remove(s.path(seq)) //nolint:errcheck // gone from the books either way; Open cleans up
+	}
+	s.mu.Lock()
+	s.dirDirty = true
+	s.mu.Unlock()
+}
