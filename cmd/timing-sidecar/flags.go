@@ -122,7 +122,7 @@ func serveFlags() []cli.Flag {
 		&cli.Int64Flag{Name: "usage-spool-max-size", EnvVars: env("usage-spool-max-size"), Value: usage.DefaultSpoolMaxSize,
 			Usage: "Largest size of the usage spool, in bytes; past it new records are refused, counted and reported, never a request. Keep it below the volume's size."},
 		&cli.DurationFlag{Name: "usage-spool-sync", EnvVars: env("usage-spool-sync"), Value: usage.DefaultSpoolSync,
-			Usage: "How often new usage records are synced to the disk: what a machine failure can lose (a killed process loses nothing)."},
+			Usage: "How often new usage records are synced to the disk: what a machine failure can lose (a killed process loses nothing), and the most a record waits to be sent."},
 		&cli.StringFlag{Name: "usage-cloudevents-endpoint", EnvVars: env("usage-cloudevents-endpoint"),
 			Usage: "URL that receives the usage records as CloudEvents 1.0 batches (application/cloudevents-batch+json; OpenMeter's /api/v1/events). Needs --usage-spool-dir."},
 		&cli.StringSliceFlag{Name: "usage-cloudevents-header", EnvVars: env("usage-cloudevents-header"),

@@ -69,7 +69,7 @@ func TestNoRoomKeepsOneContentPerID(t *testing.T) {
 	// Ack up to the deletion of the older segments, then SIGKILL.
 	s.mu.Lock()
 	r.cursor = b.end
-	gone := s.releasable()
+	gone, _ := s.releasable()
 	t.Logf("after releasable: segs %d gone %v", len(s.segs), gone)
 	s.mu.Unlock()
 	os.Remove(blocker)

@@ -18,8 +18,19 @@ import (
 
 func (s *Spool) cursorPath(name string) string { return filepath.Join(s.opts.Dir, name+".cursor") }
 
-// save writes the reader's position to its cursor file.
+// save writes the reader's position to its cursor file: at most the end
+// of what a failed segment still named on the disk is known to hold. Were
+// a position saved past it, a power cut could bring back frames its sync
+// never vouched for (ends delivered from their copies elsewhere, or not at
+// all), behind every reader; a restart reads them again instead.
 func (r *Reader) save(p position) error {
+	r.s.mu.Lock()
+	for _, f := range r.s.failed {
+		if f.before(p) {
+			p = f
+		}
+	}
+	r.s.mu.Unlock()
 	if p == r.saved {
 		return nil
 	}

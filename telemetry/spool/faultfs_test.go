@@ -38,6 +38,9 @@ type faultFS struct {
 	// fault, when set, is asked before each operation on name: an error
 	// to fail it with, and for a write, how many of its bytes land first.
 	fault func(op, name string, n int) (int, error)
+	// rng, when set, has a failed sync write some of the file's pages
+	// before it fails, as a disk may: the first of them, at random.
+	rng *rand.Rand
 }
 
 type inode struct {
@@ -47,6 +50,8 @@ type inode struct {
 	// ranges a failed sync dropped, which no later sync writes.
 	dirtyFrom int
 	lost      [][2]int
+	// reserved is the room held for it (Reserve).
+	reserved int
 }
 
 type dirOp struct {
@@ -73,7 +78,7 @@ func (fs *faultFS) used() int64 {
 	for _, ino := range fs.names {
 		if !seen[ino] {
 			seen[ino] = true
-			n += int64(len(ino.data))
+			n += int64(max(len(ino.data), ino.reserved))
 		}
 	}
 	return n
@@ -250,8 +255,9 @@ func (f *faultFile) write(b []byte, off int) (int, error) {
 		return 0, errClosedFile
 	}
 	n, err := fs.ask("write", f.name, len(b))
-	if grow := int64(off + n - len(f.ino.data)); fs.capacity > 0 && grow > 0 && fs.used()+grow > fs.capacity {
-		n = max(0, int(fs.capacity-fs.used())+len(f.ino.data)-off)
+	held := max(len(f.ino.data), f.ino.reserved)
+	if grow := int64(off + n - held); fs.capacity > 0 && grow > 0 && fs.used()+grow > fs.capacity {
+		n = max(0, int(fs.capacity-fs.used())+held-off)
 		err = syscall.ENOSPC
 	}
 	if off > len(f.ino.data) {
@@ -310,6 +316,20 @@ func (f *faultFile) Truncate(size int64) error {
 	return nil
 }
 
+func (f *faultFile) Reserve(n int64) error {
+	fs := f.fs
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	if _, err := fs.ask("reserve", f.name, 0); err != nil {
+		return err
+	}
+	if grow := int64(int(n) - max(len(f.ino.data), f.ino.reserved)); fs.capacity > 0 && grow > 0 && fs.used()+grow > fs.capacity {
+		return syscall.ENOSPC
+	}
+	f.ino.reserved = max(f.ino.reserved, int(n))
+	return nil
+}
+
 func (f *faultFile) Size() (int64, error) {
 	f.fs.mu.Lock()
 	defer f.fs.mu.Unlock()
@@ -322,10 +342,15 @@ func (f *faultFile) Sync() error {
 	defer fs.mu.Unlock()
 	ino := f.ino
 	if _, err := fs.ask("sync", f.name, 0); err != nil {
-		// The pages written since the last sync are dropped: marked
-		// clean, never to be written.
-		if ino.dirtyFrom < len(ino.data) {
-			ino.lost = append(ino.lost, [2]int{ino.dirtyFrom, len(ino.data)})
+		// The pages written since the last sync are dropped, marked
+		// clean, never to be written; some of the first may have been.
+		from := ino.dirtyFrom
+		if fs.rng != nil && from < len(ino.data) && len(ino.lost) == 0 && len(ino.disk) <= from {
+			from += fs.rng.IntN(len(ino.data) - from + 1)
+			ino.disk = slices.Clone(ino.data[:from])
+		}
+		if from < len(ino.data) {
+			ino.lost = append(ino.lost, [2]int{from, len(ino.data)})
 		}
 		ino.dirtyFrom = len(ino.data)
 		return err

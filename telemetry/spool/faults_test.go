@@ -19,7 +19,7 @@ const faultDir = "/spool"
 // The tests sync by hand: the sync loop's interval is never reached.
 func openOn(t *testing.T, fs *faultFS, opts Options) (*Spool, Recovery) {
 	t.Helper()
-	opts.fs, opts.Dir = fs, faultDir
+	opts.fs, opts.Dir, opts.noSyncLoop = fs, faultDir, true
 	if opts.MaxSize == 0 {
 		opts.MaxSize = 1 << 20
 	}
@@ -242,5 +242,43 @@ func TestAFailedSyncFailsTheSegment(t *testing.T) {
 	}
 	if len(lost) > 0 || len(took) != 20 {
 		t.Errorf("took %d records, synced; after a power cut %d were not delivered as taken: %v (files %s)", len(took), len(lost), lost, after)
+	}
+}
+
+// TestAFullDiskGivesItsRoomBack: on a disk the spool filled, with
+// requests in flight all along, delivering every record gives the room
+// back: the next segment, with the starts in flight, goes into the spare
+// made ahead with room reserved, and the older segments go.
+func TestAFullDiskGivesItsRoomBack(t *testing.T) {
+	fs := newFaultFS()
+	fs.capacity = 256 << 10
+	// Segments larger than the disk: the active one holds all of it.
+	s, _ := openOn(t, fs, Options{SegmentSize: 1 << 20})
+	for _, id := range []string{"held-1", "held-2"} {
+		if err := s.Append(Start, id, []byte("start of "+id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	refused, n := 0, 0
+	for ; refused == 0; n += 50 {
+		if n > 100000 {
+			t.Fatal("the disk never filled")
+		}
+		refused = 50 - len(appendAll(s, ids(n, n+50), strings.Repeat("x", 200)))
+		s.Sync() //nolint:errcheck // the disk fills
+	}
+	fs.mu.Lock()
+	used := fs.used()
+	fs.mu.Unlock()
+	deliverAll(t, s, "a")
+	took := appendAll(s, ids(100000, 100100), "")
+	for _, id := range []string{"held-1", "held-2"} {
+		if err := s.Append(End, id, []byte(id)); err != nil {
+			t.Errorf("the end of %s, in flight all along: %v", id, err)
+		}
+	}
+	t.Logf("full after %d records (%d bytes of %d); after the delivery: %s", n, used, fs.capacity, fs)
+	if len(took) != 100 {
+		t.Errorf("after every record was delivered, the spool took %d of 100 new ones", len(took))
 	}
 }

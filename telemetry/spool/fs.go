@@ -29,6 +29,10 @@ type file interface {
 	Truncate(size int64) error
 	// Size is the file's size now.
 	Size() (int64, error)
+	// Reserve makes the filesystem hold n bytes of room for the file
+	// without changing its size, so that appends within them never find
+	// the disk full (fallocate with FALLOC_FL_KEEP_SIZE).
+	Reserve(n int64) error
 	// Sync makes what was written durable. Once it fails, the file's
 	// pages written since its last sync may be gone for good, and a
 	// later Sync that succeeds says nothing of them.

@@ -3,7 +3,10 @@ package spool
 import (
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 )
@@ -17,9 +20,9 @@ type request struct {
 	// cancelled says its end was refused and its start cancelled: it
 	// has no record, or its start's if the cancel did not reach the disk.
 	cancelled bool
-	// cut says a power cut came since it was taken: what was not
-	// synced then may or may not be on the disk, and a later sync says
-	// nothing of it.
+	// cut says a power cut (or a kill after a failed sync) came since it
+	// was taken: what was not synced then may or may not be on the disk,
+	// and a later sync says nothing of it.
 	cut bool
 }
 
@@ -36,15 +39,26 @@ type powerCutRun struct {
 	delivered map[string]map[string][]string
 	next      int
 	faults    int
+	// steps is what the run did, for a failure's log.
+	steps []string
+	// syncFailed says the last Sync failed: what it was to make durable
+	// may be lost to a kill too (a failed segment is cut back to what
+	// its file holds on the disk).
+	syncFailed bool
+}
+
+func (p *powerCutRun) note(format string, args ...any) {
+	p.steps = append(p.steps, fmt.Sprintf(format, args...))
 }
 
 var powerCutReaders = []string{"a", "b"}
 
 func (p *powerCutRun) open() {
-	s, _, err := Open(Options{fs: p.fs, Dir: faultDir, MaxSize: 1 << 30, SegmentSize: 1 << 11, Sync: 1 << 62, Readers: powerCutReaders})
+	s, rec, err := Open(Options{fs: p.fs, noSyncLoop: true, Dir: faultDir, MaxSize: 1 << 30, SegmentSize: 1 << 11, Readers: powerCutReaders})
 	if err != nil {
 		p.t.Fatal(err)
 	}
+	p.note("opened: %+v; files %s", rec, p.fs)
 	p.s = s
 	p.inflight = nil
 }
@@ -52,30 +66,45 @@ func (p *powerCutRun) open() {
 // restart ends the process as a kill or a power cut does, and starts
 // another on what the disk then holds.
 func (p *powerCutRun) restart(cut bool) {
+	p.stop(cut)
+	if p.rng.IntN(2) == 0 {
+		p.fault() // the disk fails on as the next process starts
+	}
+	p.open()
+}
+
+// stop ends the process.
+func (p *powerCutRun) stop(cut bool) {
+	p.note("restart, power cut %v; files %s", cut, p.fs)
 	abandon(p.s)
-	if cut {
+	if cut || p.syncFailed {
 		for _, rq := range p.reqs {
 			rq.cut = true
 		}
+	}
+	p.syncFailed = false
+	if cut {
 		p.fs = p.fs.cut(cutMode{keepDirOps: []float64{0, 0.5, 1}[p.rng.IntN(3)], torn: p.rng.IntN(2) == 0, rng: p.rng})
 	} else {
 		p.fs = p.fs.kill()
 	}
-	p.open()
 }
 
 // fault makes one kind of operation fail, at random, from now on.
 func (p *powerCutRun) fault() {
 	op := []string{"write", "sync", "truncate", "rename", "create", "syncdir", "remove"}[p.rng.IntN(7)]
+	p.note("fault: %s", op)
 	rng := p.rng
 	p.fs.mu.Lock()
-	p.fs.fault = func(o, _ string, n int) (int, error) {
+	p.fs.fault = func(o, name string, n int) (int, error) {
 		if o != op || rng.IntN(3) != 0 {
 			return n, nil
 		}
+		p.note("  %s %s fails", o, name)
 		p.faults++
-		return rng.IntN(n + 1), []error{syscall.ENOSPC, syscall.EIO}[rng.IntN(2)]
+		return rng.IntN(max(n, 1)), []error{syscall.ENOSPC, syscall.EIO}[rng.IntN(2)]
 	}
+	p.fs.rng = rng
 	p.fs.mu.Unlock()
 }
 
@@ -84,7 +113,8 @@ func (p *powerCutRun) start() {
 	p.next++
 	rq := &request{}
 	p.reqs[id] = rq
-	if p.s.Append(Start, id, []byte("start of "+id)) == nil {
+	if err := p.s.Append(Start, id, []byte("start of "+id)); err == nil {
+		p.note("start %s", id)
 		rq.startTook = true
 		p.inflight = append(p.inflight, id)
 	}
@@ -98,17 +128,23 @@ func (p *powerCutRun) end() {
 	id := p.inflight[i]
 	p.inflight = slices.Delete(p.inflight, i, i+1)
 	if p.s.Append(End, id, []byte("end of "+id)) == nil {
+		p.note("end %s", id)
 		p.reqs[id].endTook = true
 		return
 	}
+	p.note("end %s refused, cancelled", id)
 	p.s.Cancel(id)
 	p.reqs[id].cancelled = true
 }
 
 func (p *powerCutRun) sync() {
-	if p.s.Sync() != nil {
+	if err := p.s.Sync(); err != nil {
+		p.note("sync: %v", err)
+		p.syncFailed = true
 		return
 	}
+	p.note("synced")
+	p.syncFailed = false
 	for _, rq := range p.reqs {
 		if !rq.cut {
 			rq.startDurable = rq.startDurable || rq.startTook
@@ -159,7 +195,8 @@ func (p *powerCutRun) step() {
 // finish ends the run: the process killed with requests in flight, a
 // clean restart, every record delivered.
 func (p *powerCutRun) finish() {
-	p.restart(false)
+	p.stop(false)
+	p.open()
 	for _, name := range powerCutReaders {
 		for range 100000 {
 			p.s.Sync() //nolint:errcheck // no faults now
@@ -215,12 +252,19 @@ func (p *powerCutRun) check() {
 // was synced goes without a record, and none whose end was synced is
 // delivered as anything else.
 func TestPowerCutsKeepEveryRecordWhole(t *testing.T) {
-	seeds, steps := 24, 2500
+	// TIMING_SIDECAR_POWERCUT_SEEDS runs more, from a given one:
+	// "5000" or "5000@10000".
+	first, seeds, steps := 0, 200, 2500
 	if testing.Short() {
-		seeds = 4
+		seeds = 10
+	}
+	if v := os.Getenv("TIMING_SIDECAR_POWERCUT_SEEDS"); v != "" {
+		n, from, _ := strings.Cut(v, "@")
+		seeds, _ = strconv.Atoi(n)
+		first, _ = strconv.Atoi(from)
 	}
 	total := 0
-	for seed := range seeds {
+	for seed := first; seed < first+seeds; seed++ {
 		p := &powerCutRun{t: t, rng: rand.New(rand.NewPCG(uint64(seed), 54)), fs: newFaultFS(), reqs: map[string]*request{},
 			delivered: map[string]map[string][]string{"a": {}, "b": {}}}
 		p.open()
@@ -232,8 +276,14 @@ func TestPowerCutsKeepEveryRecordWhole(t *testing.T) {
 		abandon(p.s)
 		total += p.faults
 		if t.Failed() {
+			for _, step := range p.steps[max(0, len(p.steps)-traceSteps):] {
+				t.Log(step)
+			}
 			t.Fatalf("seed %d failed", seed)
 		}
 	}
 	t.Logf("%d runs of %d operations, %d injected faults", seeds, steps, total)
 }
+
+// traceSteps is how many of a failed run's last steps its log shows.
+var traceSteps = 120

@@ -21,6 +21,7 @@ type Reader struct {
 	pending int
 	skipTo  uint64
 	wake    chan struct{}
+	behind  chan struct{}
 
 	file    file
 	fileSeq uint64
@@ -42,6 +43,11 @@ func (s *Spool) Reader(name string) *Reader {
 
 // Wake is signalled when records are synced, and so may be read.
 func (r *Reader) Wake() <-chan struct{} { return r.wake }
+
+// Behind is signalled when the reader has fallen so far behind that its
+// next Next skips records: a delivery waiting out a backoff reads at once,
+// so that the spool gives them back.
+func (r *Reader) Behind() <-chan struct{} { return r.behind }
 
 // Pending is the records not yet acknowledged.
 func (r *Reader) Pending() int {
@@ -77,6 +83,7 @@ type Batch struct {
 // the next.
 type readable struct {
 	seq   uint64
+	path  string
 	end   int64
 	whole bool
 }
@@ -94,12 +101,16 @@ func (r *Reader) Next(max, maxBytes int) (*Batch, error) {
 		b.Skipped = r.pending - s.endsFrom(r.skipTo)
 		r.pending -= b.Skipped
 		r.cursor = position{r.skipTo, 0}
+		select {
+		case <-r.behind: // heard
+		default:
+		}
 	}
 	at := r.cursor
 	var segs []readable
 	for _, seg := range s.segs {
 		if seg.seq >= at.seq {
-			segs = append(segs, readable{seg.seq, seg.synced, seg.sealed && seg.synced == seg.size})
+			segs = append(segs, readable{seg.seq, s.segPath(seg), seg.synced, seg.sealed && seg.synced == seg.size})
 		}
 	}
 	s.mu.Unlock()
@@ -139,7 +150,7 @@ func (r *Reader) readSegment(seg readable, off int64, max, maxBytes int) (int64,
 			r.buf = r.buf[:0] // nothing read refers to it yet
 		}
 		n := min(seg.end-off, int64(maxBytes-b.bytes)+MaxEntry)
-		chunk, err := r.readAt(seg.seq, off, n)
+		chunk, err := r.readAt(seg, off, n)
 		if err != nil {
 			return off, err
 		}
@@ -167,15 +178,15 @@ func (r *Reader) readSegment(seg readable, off int64, max, maxBytes int) (int64,
 	return off, nil
 }
 
-// readAt reads n bytes of segment seq from off into r.buf, returning them.
-func (r *Reader) readAt(seq uint64, off, n int64) ([]byte, error) {
-	if r.file == nil || r.fileSeq != seq {
+// readAt reads n bytes of segment seg from off into r.buf, returning them.
+func (r *Reader) readAt(seg readable, off, n int64) ([]byte, error) {
+	if r.file == nil || r.fileSeq != seg.seq {
 		r.closeSegment()
-		f, err := r.s.fs.OpenFile(r.s.path(seq), os.O_RDONLY, 0)
+		f, err := r.s.fs.OpenFile(seg.path, os.O_RDONLY, 0)
 		if err != nil {
 			return nil, fmt.Errorf("usage spool: %w", err)
 		}
-		r.file, r.fileSeq = f, seq
+		r.file, r.fileSeq = f, seg.seq
 	}
 	start := len(r.buf)
 	r.buf = slices.Grow(r.buf, int(n))[:start+int(n)]
@@ -194,8 +205,6 @@ func (r *Reader) closeSegment() {
 	}
 }
 
-func (r *Reader) closeFiles() { r.closeSegment() }
-
 // Ack records that b's records were delivered: the reader moves past
 // them, segments every reader is past are given back, and the position is
 // saved (cursor.go). A batch holds only synced records, so a machine
@@ -209,13 +218,23 @@ func (r *Reader) Ack(b *Batch) error {
 	if r.cursor.before(b.end) {
 		r.cursor = b.end
 	}
-	r.pending -= len(b.Records)
-	gone := s.releasable()
+	gone, begun := s.releasable()
 	to := r.cursor
 	s.mu.Unlock()
 	s.deleteSegments(gone)
-	if err := r.save(to); err != nil {
-		return fmt.Errorf("usage spool: save %s's position: %w", r.name, err)
+	var synced error
+	if begun {
+		// Every reader has read the whole spool: the segment just begun
+		// is synced now, and the older ones go before the records are
+		// counted delivered (on a full disk, that is the room the next
+		// records need).
+		synced = s.Sync()
 	}
-	return nil
+	s.mu.Lock()
+	r.pending -= len(b.Records)
+	s.mu.Unlock()
+	if err := r.save(to); err != nil {
+		return errors.Join(synced, fmt.Errorf("usage spool: save %s's position: %w", r.name, err))
+	}
+	return synced
 }

@@ -1,8 +1,10 @@
 package spool
 
 import (
+	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
@@ -64,15 +66,18 @@ func (f *found) add(seg *segment, e entry, at position) {
 		f.thisSeg[string(e.id)] = f.starts[string(e.id)]
 	case e.kind == End:
 		delete(f.starts, string(e.id))
+		delete(f.thisSeg, string(e.id))
 		f.endsAt = append(f.endsAt, at)
 		seg.ends++
 	case isMark(e):
-		// The head is every start in flight as the segment began:
-		// starts read before it are ended, or in it.
-		f.starts = f.thisSeg
-		seg.marked, seg.head = true, at.off+int64(e.size)
+		// Every start in flight as the segment began is in its head,
+		// and those since are in it too: a start read before it in an
+		// older segment and not here has ended.
+		f.starts = maps.Clone(f.thisSeg)
+		seg.marked, seg.markEnd = true, at.off+int64(e.size)
 	default:
 		delete(f.starts, string(e.id))
+		delete(f.thisSeg, string(e.id))
 	}
 }
 
@@ -112,7 +117,11 @@ func recoverSpool(opts Options, lock io.Closer) (*Spool, Recovery, error) {
 	for _, r := range s.readers {
 		rec.Pending[r.name] = r.pending
 	}
-	go s.syncLoop()
+	if opts.noSyncLoop {
+		close(s.stopped)
+	} else {
+		go s.syncLoop()
+	}
 	return s, rec, nil
 }
 
@@ -129,7 +138,7 @@ func (s *Spool) openReaders(endsAt []position) error {
 		s.nextSeq = max(s.nextSeq, cur.seq+1)
 		saved := cur
 		cur = s.resume(cur)
-		r := &Reader{s: s, name: name, cursor: cur, saved: saved, wake: make(chan struct{}, 1), pending: s.carriedEnds}
+		r := &Reader{s: s, name: name, cursor: cur, saved: saved, wake: make(chan struct{}, 1), behind: make(chan struct{}, 1), pending: s.carriedEnds}
 		for _, at := range endsAt {
 			if !at.before(cur) {
 				r.pending++
@@ -186,14 +195,18 @@ func (s *Spool) listSegments() ([]*segment, error) {
 			continue
 		}
 		hex, ok := strings.CutSuffix(name, ".seg")
+		suspect := false
 		if !ok {
+			hex, suspect = strings.CutSuffix(name, suspectSuffix)
+		}
+		if !ok && !suspect {
 			continue
 		}
 		seq, err := strconv.ParseUint(hex, 16, 64)
 		if err != nil {
 			continue
 		}
-		segs = append(segs, &segment{seq: seq, sealed: true})
+		segs = append(segs, &segment{seq: seq, sealed: true, suspect: suspect})
 	}
 	slices.SortFunc(segs, func(a, b *segment) int {
 		switch {
@@ -214,7 +227,7 @@ func (s *Spool) listSegments() ([]*segment, error) {
 // read all the same, and its ends carried into the next segment: its
 // pages may be in memory alone.
 func (s *Spool) scan(seg *segment, f *found) (int64, error) {
-	path := s.path(seg.seq)
+	path := s.segPath(seg)
 	b, err := readFile(s.fs, path)
 	if err != nil {
 		return 0, fmt.Errorf("usage spool: %w", err)
@@ -233,7 +246,9 @@ func (s *Spool) scan(seg *segment, f *found) (int64, error) {
 		}
 		off += e.size
 	}
-	seg.size, seg.synced = int64(off), int64(off)
+	// Readers have it once the directory is synced too (the first Sync).
+	seg.size, seg.fileSynced, seg.head = int64(off), int64(off), int64(off)
+	s.dirDirty = true
 	file, err := s.fs.OpenFile(path, os.O_WRONLY, 0)
 	if err == nil {
 		if off < len(b) {
@@ -245,14 +260,20 @@ func (s *Spool) scan(seg *segment, f *found) (int64, error) {
 		err = file.Sync()
 		file.Close() //nolint:errcheck // synced or failed
 	}
+	if err == nil && seg.suspect {
+		err = errors.New("set apart as suspect")
+	}
 	if err != nil {
 		if s.opts.Failed != nil {
 			s.opts.Failed(fmt.Errorf("usage spool: sync %s at start: %w; its records are written again", segmentName(seg.seq), err))
 		}
+		s.markSuspect(seg)
 		s.carried = append(s.carried, carried...)
 		s.carriedEnds += seg.ends
+		s.rewriteDue = true
+		s.failed = append(s.failed, position{seg.seq, 0})
 		f.endsAt = f.endsAt[:ends]
-		seg.ends, seg.size, seg.synced = 0, 0, 0
+		seg.ends, seg.size, seg.fileSynced = 0, 0, 0
 	}
 	return int64(len(b) - off), nil
 }

@@ -1,5 +1,7 @@
 package spool
 
+import "slices"
+
 // evictAbove is the share of MaxSize past which a sink that has fallen
 // behind stops holding the others' records: the oldest segment only it
 // still needs is given back, and what that costs it is counted.
@@ -7,37 +9,37 @@ const evictAbove = 0.75
 
 // releasable takes off the books the segments that can go, and returns
 // them for deleteSegments. A segment goes once every reader is past it,
-// and a newer segment's head is synced (durableBase): the starts in
+// and a newer segment's mark is synced (durableBase): the starts in
 // flight it held are on the disk elsewhere. When every reader has read the
 // whole active segment and it holds enough beyond its head, a new one is
-// begun, so that it can go at the next release. Callers hold mu.
-func (s *Spool) releasable() []uint64 {
+// begun (begun), so that it can go once the new one is synced. Callers
+// hold mu.
+func (s *Spool) releasable() (gone []*segment, begun bool) {
 	if len(s.readers) == 0 || len(s.segs) == 0 || s.closed {
-		return nil
+		return nil, false
 	}
-	if act := s.active(); act != nil && act.size-act.head >= s.opts.SegmentSize/16 && s.readAll(act) {
+	if act := s.active(); act != nil && act.size-act.head >= s.opts.SegmentSize/16 && s.caughtUp(act) {
 		s.rotate()
+		begun = s.active() != act
 	}
 	base := s.durableBase()
 	s.evict(base)
-	var gone []uint64
-	for len(s.segs) > 1 && s.segs[0].seq < base && s.readAll(s.segs[0]) {
+	// One still open has a sync to come (which may be running now, outside
+	// mu): it goes at a later release.
+	for len(s.segs) > 1 && s.segs[0].seq < base && s.segs[0].f == nil && s.readAll(s.segs[0]) && !s.carrying(s.segs[0]) {
 		seg := s.segs[0]
-		if seg.f != nil {
-			seg.f.Close() //nolint:errcheck // read whole by every reader
-		}
-		gone = append(gone, seg.seq)
+		gone = append(gone, seg)
 		s.total -= seg.size
 		s.segs = s.segs[1:]
 	}
-	return gone
+	return gone, begun
 }
 
-// durableBase is the newest segment whose head the disk holds: no older
+// durableBase is the newest segment whose mark the disk holds: no older
 // one holds a start that matters. 0 when there is none. Callers hold mu.
 func (s *Spool) durableBase() uint64 {
 	for i := len(s.segs) - 1; i >= 0; i-- {
-		if seg := s.segs[i]; seg.marked && seg.synced >= seg.head {
+		if seg := s.segs[i]; seg.marked && seg.synced >= seg.markEnd {
 			return seg.seq
 		}
 	}
@@ -48,6 +50,34 @@ func (s *Spool) durableBase() uint64 {
 func (s *Spool) readAll(seg *segment) bool {
 	for _, r := range s.readers {
 		if !r.past(seg) {
+			return false
+		}
+	}
+	return true
+}
+
+// carrying says seg failed a sync, and the ends it held past it are not
+// yet on the disk in the segment they were carried into: until they are,
+// it is their only copy there may be. Callers hold mu.
+func (s *Spool) carrying(seg *segment) bool {
+	if !slices.ContainsFunc(s.failed, func(p position) bool { return p.seq == seg.seq }) {
+		return false
+	}
+	if s.rewriteDue || len(s.carried) > 0 {
+		return true
+	}
+	for _, c := range s.segs {
+		if c.seq == s.carriedInto {
+			return c.synced < c.head
+		}
+	}
+	return false
+}
+
+// caughtUp says every reader has read all the active segment holds.
+func (s *Spool) caughtUp(act *segment) bool {
+	for _, r := range s.readers {
+		if r.cursor != (position{act.seq, act.size}) {
 			return false
 		}
 	}
@@ -74,8 +104,12 @@ func (s *Spool) evict(base uint64) {
 		return // every sink is behind: new records are refused instead
 	}
 	for _, r := range s.readers {
-		if !r.past(old) {
-			r.skipTo = max(r.skipTo, next)
+		if !r.past(old) && r.skipTo < next {
+			r.skipTo = next
+			select {
+			case r.behind <- struct{}{}:
+			default:
+			}
 		}
 	}
 }
@@ -96,14 +130,17 @@ func (s *Spool) endsFrom(seq uint64) int {
 // the removals durable. One a power cut brings back is read again by
 // Open, harmlessly: its starts are older than a synced head, and its ends
 // older than every saved position or delivered again whole.
-func (s *Spool) deleteSegments(seqs []uint64) {
-	if len(seqs) == 0 {
+func (s *Spool) deleteSegments(segs []*segment) {
+	if len(segs) == 0 {
 		return
 	}
-	for _, seq := range seqs {
-		s.fs.Remove(s.path(seq)) //nolint:errcheck // gone from the books either way; Open cleans up
+	for _, seg := range segs {
+		s.fs.Remove(s.segPath(seg)) //nolint:errcheck // gone from the books either way; Open cleans up
 	}
 	s.mu.Lock()
 	s.dirDirty = true
+	for _, seg := range segs {
+		s.removed = append(s.removed, seg.seq)
+	}
 	s.mu.Unlock()
 }

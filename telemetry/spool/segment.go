@@ -12,18 +12,24 @@ import (
 // it.
 //
 // Each segment begins with a head: a copy of every start in flight as it
-// began, then a mark (a Cancel frame with an empty id). A mark on the disk
-// says no older segment holds a start that matters, so once a segment's
-// head is synced, the older segments go as soon as every reader is past
-// them, and a deleted one that a power cut brings back is harmless: Open
-// reads starts only from the newest marked segment on.
+// began (and the ends carried from a segment whose sync failed). Once
+// every older segment is on the disk whole, a sync appends the mark (a
+// Cancel frame with an empty id): every start still in flight is before
+// it in this segment. A mark on the disk says no older segment holds a
+// start that matters, so once it is synced, the older segments go as soon
+// as every reader is past them, and a deleted one that a power cut brings
+// back is harmless: Open reads starts only from the newest mark on.
 type segment struct {
 	seq uint64
-	// size is its whole frames'; synced, how much of it the disk holds
-	// (its name in the directory too); head, its head's size.
-	size, synced, head int64
-	// marked says it has a head; sealed, that it takes no more frames.
-	marked, sealed bool
+	// size is its whole frames'; fileSynced, how much of them the file
+	// holds on the disk; synced, how much readers may have: the file's
+	// part whose name is on the disk too. head is its head's size, and
+	// markEnd where its mark ends.
+	size, fileSynced, synced, head, markEnd int64
+	// marked says it has its mark; sealed, that it takes no more frames;
+	// suspect, that a sync of it failed and it could not be cut back to
+	// what the disk holds (segPath).
+	marked, sealed, suspect bool
 	// ends is the end frames in it.
 	ends int
 	// f is open while it takes frames or has some not yet synced.
@@ -41,6 +47,40 @@ func segmentName(seq uint64) string { return fmt.Sprintf("%016x.seg", seq) }
 
 func (s *Spool) path(seq uint64) string { return filepath.Join(s.opts.Dir, segmentName(seq)) }
 
+// suspectSuffix names a segment whose sync failed and that could not be
+// cut back to what the disk holds. A process started after a kill would
+// read from the page cache what the disk may never have got, and its
+// fsync would succeed (the error was reported once, to the process that
+// failed); so Open reads no such segment as synced, but carries its ends
+// into a new segment, as for a sync that fails at Open.
+const suspectSuffix = ".suspect"
+
+// segPath is where seg's file is.
+func (s *Spool) segPath(seg *segment) string {
+	if seg.suspect {
+		return filepath.Join(s.opts.Dir, fmt.Sprintf("%016x%s", seg.seq, suspectSuffix))
+	}
+	return s.path(seg.seq)
+}
+
+// markSuspect renames seg's file as suspect. Callers hold mu, or own the
+// spool.
+func (s *Spool) markSuspect(seg *segment) {
+	if seg.suspect {
+		return
+	}
+	from := s.segPath(seg)
+	seg.suspect = true
+	if err := s.fs.Rename(from, s.segPath(seg)); err != nil {
+		seg.suspect = false
+		if s.opts.Failed != nil {
+			s.opts.Failed(fmt.Errorf("usage spool: %s, whose sync failed, could not be set apart: %w", segmentName(seg.seq), err))
+		}
+		return
+	}
+	s.dirDirty = true
+}
+
 // tmpSuffix names a file not yet whole: a segment being begun, a cursor
 // being saved. Open removes those a process left.
 const tmpSuffix = ".tmp"
@@ -54,9 +94,8 @@ func (s *Spool) active() *segment {
 	return nil
 }
 
-// newSegment begins a new active segment: its head (a copy of every start
-// in flight, and the mark), then the ends carried from a segment whose
-// sync failed. It is written whole under a temporary name and then
+// newSegment begins a new active segment: its head, a copy of every start
+// in flight, then the ends carried from a segment whose sync failed. It is written whole under a temporary name and then
 // renamed, as etcd's WAL begins a segment, so that a segment that could
 // not be begun leaves no file Open would read; the older segments stay
 // until it is synced. Callers hold mu, or own the spool (Open).
@@ -68,35 +107,89 @@ func (s *Spool) newSegment() error {
 			return err
 		}
 	}
-	b, _ = appendFrame(b, Cancel, "", nil)
-	head := int64(len(b))
 	b = append(b, s.carried...)
+	head := int64(len(b))
 	s.head = b[:0]
+	s.headBytes = head
 	seq := s.nextSeq
 	name := s.path(seq)
-	f, err := s.fs.OpenFile(name+tmpSuffix, os.O_CREATE|os.O_TRUNC|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return fmt.Errorf("usage spool: new segment: %w", err)
+	// The spare, with room reserved on the disk, when there is one: on
+	// a full disk it is what lets the spool begin the segment that lets
+	// the older ones go.
+	tmp, f := s.sparePath(), s.spare
+	s.spare = nil
+	if f == nil {
+		tmp = name + tmpSuffix
+		var err error
+		if f, err = s.fs.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY|os.O_APPEND, 0o600); err != nil {
+			return fmt.Errorf("usage spool: new segment: %w", err)
+		}
 	}
-	if _, err = f.Write(b); err == nil {
-		err = s.fs.Rename(name+tmpSuffix, name)
+	_, err := f.Write(b)
+	if err == nil {
+		err = s.fs.Rename(tmp, name)
 	}
 	s.dirDirty = true
 	if err != nil {
-		f.Close()                     //nolint:errcheck // abandoned
-		s.fs.Remove(name + tmpSuffix) //nolint:errcheck // Open removes it otherwise
+		f.Close()        //nolint:errcheck // abandoned
+		s.fs.Remove(tmp) //nolint:errcheck // Open removes it otherwise
 		return fmt.Errorf("usage spool: new segment: %w", err)
 	}
 	s.nextSeq++
 	if act := s.active(); act != nil {
-		act.sealed = true // synced and closed by the next sync
+		// Synced and closed by a sync run now, off the requests' path:
+		// its tail's memory then serves the segment after this one.
+		act.sealed = true
+		select {
+		case s.syncSoon <- struct{}{}:
+		default:
+		}
 	}
-	seg := &segment{seq: seq, size: int64(len(b)), head: head, marked: true, f: f,
+	seg := &segment{seq: seq, size: head, head: head, f: f,
 		ends: s.carriedEnds, tail: append(s.spareTail(), s.carried...), tailEnds: s.carriedEnds}
 	s.segs = append(s.segs, seg)
 	s.total += seg.size
+	s.unsynced += int64(len(s.carried))
+	if len(s.carried) > 0 {
+		s.carriedInto = seq
+	}
 	s.carried, s.carriedEnds = nil, 0
 	return nil
+}
+
+// spareName is the file made ahead of need for the next segment, with
+// room reserved (etcd's WAL keeps such a file); spareRoom, the least room
+// it reserves, or twice the last head if more.
+const (
+	spareName = "next.seg" + tmpSuffix
+	spareRoom = 64 << 10
+)
+
+func (s *Spool) sparePath() string { return filepath.Join(s.opts.Dir, spareName) }
+
+// makeSpare makes the spare when there is none, outside mu. A disk that
+// cannot reserve room leaves the spare without: the next segment takes
+// the room it finds.
+func (s *Spool) makeSpare() {
+	s.mu.Lock()
+	need := s.spare == nil && !s.closed
+	room := max(spareRoom, 2*s.headBytes)
+	s.mu.Unlock()
+	if !need {
+		return
+	}
+	f, err := s.fs.OpenFile(s.sparePath(), os.O_CREATE|os.O_TRUNC|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return
+	}
+	f.Reserve(room) //nolint:errcheck // see above
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.spare != nil || s.closed {
+		f.Close() //nolint:errcheck // not needed
+		return
+	}
+	s.spare = f
 }
 
 // maxSpareTails bounds the tails' memory kept for new segments: a few

@@ -5,15 +5,18 @@
 //
 // It keeps its files as a database keeps its write-ahead log (SQLite's
 // and etcd's are the models): frames are only appended, each with a
-// checksum; a file is whole before its name appears (etcd's segment cut:
-// temporary name, rename) and synced, with its directory, before what it
-// replaces is deleted; a cursor is replaced by temp, fsync, rename and
-// directory fsync. An append is one write(2): once it returns, the entry
-// survives a kill (the kernel holds it), and a machine failure once the
-// next sync has run (Options.Sync). Readers are handed only what is
-// synced, so a record is never delivered that a power cut could take back
-// (and deliver again, with other contents). A failed fsync fails the
-// segment: its unsynced records are written again from memory.
+// checksum; a segment is begun whole under a temporary name (in a spare
+// made ahead with room reserved, as etcd's WAL keeps one) and renamed; a
+// segment's mark, which lets older ones go, is written only once they are
+// synced, and they go only once it is; a cursor is replaced by temp,
+// fsync, rename and directory fsync. An append is one write(2): once it
+// returns, the entry survives a kill (the kernel holds it), and a machine
+// failure once the next sync has run (Options.Sync). Readers are handed
+// only what is synced, so a record is never delivered that a power cut
+// could take back (and deliver again, with other contents). A failed
+// fsync fails the segment: it is cut back to what the disk holds, its
+// unsynced ends are written again from memory, and no cursor is saved past
+// it while it is named on the disk.
 //
 // The roles are in files of their own: segment.go (a segment's frames,
 // beginning one), sync.go (syncing, a failed sync), recover.go (Open),
@@ -74,8 +77,10 @@ type Options struct {
 	Failed func(error)
 
 	// fs is the filesystem the spool is on; osFS when nil, and then
-	// the directory is locked.
-	fs fileSystem
+	// the directory is locked. noSyncLoop leaves every sync to the
+	// caller: tests that choose each step.
+	fs         fileSystem
+	noSyncLoop bool
 }
 
 // Recovery is what Open found.
@@ -116,19 +121,34 @@ type Spool struct {
 	head     []byte // a new segment's head, built here
 	readers  []*Reader
 	inflight map[string][]byte // the starts not yet ended, by id
-	closed   bool
+	// refusing refuses entries from Close's last sync on; closed says
+	// the files are closed.
+	refusing, closed bool
 	// dirDirty says the directory has changes not yet synced.
 	dirDirty bool
+	// spare is the file for the next segment, made ahead (segment.go);
+	// headBytes, the last head's size.
+	spare     file
+	headBytes int64
 	// unsynced is the bytes of ends in the segments' tails; spareTails,
 	// the memory of tails synced, for the next segments'.
 	unsynced   int64
 	spareTails [][]byte
 	// carried is the ends of a segment whose sync failed, for the next
-	// segment, and carriedEnds their count; broken is why the spool
-	// refuses entries while they cannot be written (sync.go).
+	// segment, and carriedEnds their count; rewriteDue says that segment
+	// is still to begin, and broken why the spool refuses entries while
+	// it cannot be (sync.go).
 	carried     []byte
 	carriedEnds int
+	rewriteDue  bool
 	broken      error
+	// failed is the failed segments still named on the disk, each at
+	// the end of what its file is known to hold, and removed the seqs
+	// removed since the directory's last sync (cursor.go).
+	failed  []position
+	removed []uint64
+	// carriedInto is the segment the carried ends last went into.
+	carriedInto uint64
 
 	syncLock sync.Mutex // one sync at a time, outside mu
 	syncSoon chan struct{}
@@ -149,7 +169,7 @@ func (s *Spool) Append(kind Kind, id string, data []byte) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
+	if s.closed || s.refusing {
 		return ErrClosed
 	}
 	size := frameSize(id, data)
@@ -190,7 +210,7 @@ func (s *Spool) Cancel(id string) {
 		return
 	}
 	delete(s.inflight, id)
-	if !s.closed {
+	if !s.closed && !s.refusing {
 		s.write(Cancel, id, nil) //nolint:errcheck // without it, a restart delivers the start's record
 	}
 }
@@ -206,21 +226,28 @@ func (s *Spool) Size() int64 {
 func (s *Spool) Close() error {
 	s.closing.Do(func() { close(s.stop) })
 	<-s.stopped
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	// No entry after the last sync: it would be left unsynced.
+	s.refusing = true
+	s.mu.Unlock()
 	err := s.Sync()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
-		return nil
-	}
 	s.closed = true
-	for _, r := range s.readers {
-		r.closeFiles()
-	}
+	// A reader's segment file is its own, closed by its Next.
 	for _, seg := range s.segs {
 		if seg.f != nil {
 			err = errors.Join(err, seg.f.Close())
 			seg.f = nil
 		}
+	}
+	if s.spare != nil {
+		s.spare.Close() //nolint:errcheck // removed at the next Open
+		s.spare = nil
 	}
 	// Last: a process that opens the spool next finds every file closed.
 	return errors.Join(err, s.lock.Close())

@@ -2,7 +2,9 @@ package spool
 
 import (
 	"fmt"
+	"slices"
 	"testing"
+	"time"
 )
 
 // record is the size of a usage record with a few long names.
@@ -92,4 +94,49 @@ func BenchmarkRequestDelivered(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkDeliveryDelay is what handing readers only what is synced
+// adds to a record's delivery: from its end's append to a reader holding
+// it, with the sync loop at 100 ms (the delay scales with --usage-spool-sync:
+// the wait for the next sync, then the sync). Run it with -benchtime 200x.
+func BenchmarkDeliveryDelay(b *testing.B) {
+	s, _ := open(b, b.TempDir(), Options{MaxSize: 1 << 40, Sync: 100 * time.Millisecond, Readers: []string{"a"}})
+	defer s.Close()
+	r := s.Reader("a")
+	var delays []time.Duration
+	i := 0
+	for b.Loop() {
+		id := fmt.Sprintf("req-%d", i)
+		i++
+		// Ends come at any moment of the sync interval.
+		time.Sleep(time.Duration(i*37%100) * time.Millisecond)
+		if err := s.Append(Start, id, benchRecord); err != nil {
+			b.Fatal(err)
+		}
+		ended := time.Now()
+		if err := s.Append(End, id, benchRecord); err != nil {
+			b.Fatal(err)
+		}
+		for {
+			batch, err := r.Next(10, 1<<20)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if len(batch.Records) > 0 {
+				delays = append(delays, time.Since(ended))
+				r.Ack(batch) //nolint:errcheck // measured already
+				break
+			}
+			<-r.Wake()
+		}
+	}
+	slices.Sort(delays)
+	var sum time.Duration
+	for _, d := range delays {
+		sum += d
+	}
+	b.ReportMetric(float64(sum.Milliseconds())/float64(len(delays)), "mean-ms")
+	b.ReportMetric(float64(delays[len(delays)*99/100].Milliseconds()), "p99-ms")
+	b.ReportMetric(float64(delays[len(delays)-1].Milliseconds()), "max-ms")
 }

@@ -12,13 +12,14 @@ import (
 
 // opened is the spools these tests opened, by directory. Opening a
 // directory again stands for a restart after the process was killed: the
-// kill released the earlier spool's lock, as the kernel does for a process
-// that dies, and nothing else of it.
+// earlier spool stops where it is (abandon) and its lock is released, as
+// the kernel does for a process that dies; nothing else of it.
 var opened sync.Map
 
 func open(t testing.TB, dir string, opts Options) (*Spool, Recovery) {
 	t.Helper()
 	if earlier, ok := opened.Load(dir); ok {
+		abandon(earlier.(*Spool))
 		earlier.(*Spool).lock.Close()
 	}
 	opts.Dir = dir

@@ -3,6 +3,7 @@ package spool
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -27,13 +28,15 @@ func (s *Spool) syncLoop() {
 }
 
 // Sync makes what the spool holds durable, the directory's names too,
-// hands it to the readers, and gives back the segments every reader is
-// past. Appends go on meanwhile.
+// hands it to the readers, marks the active segment's head once every
+// older segment is on the disk whole, and gives back the segments every
+// reader is past. Appends go on meanwhile.
 //
-// A segment whose fsync fails is failed (failSegment): its ends past its
-// last sync are written again into a new segment, synced at once. If that
-// fails too, the spool refuses entries until a later Sync writes them.
-// The error says what failed, even when the records were saved.
+// A segment whose fsync fails is failed (failSegment): a new segment is
+// begun with the starts in flight and the failed one's ends past its last
+// sync, and synced at once. If it cannot be, the spool refuses entries
+// until a later Sync begins it. The error says what failed, even when the
+// records were saved.
 func (s *Spool) Sync() error {
 	s.syncLock.Lock()
 	defer s.syncLock.Unlock()
@@ -45,10 +48,14 @@ func (s *Spool) Sync() error {
 		}
 		err = errors.Join(err, s.syncFiles())
 	}
+	if s.markActive() {
+		err = errors.Join(err, s.syncFiles())
+	}
 	s.mu.Lock()
-	gone := s.releasable()
+	gone, _ := s.releasable()
 	s.mu.Unlock()
 	s.deleteSegments(gone)
+	s.makeSpare()
 	return err
 }
 
@@ -63,7 +70,8 @@ type syncJob struct {
 }
 
 // syncFiles fsyncs every segment with frames not yet synced, then the
-// directory, outside mu, and moves each segment's synced position.
+// directory, outside mu. A segment's frames count as synced (readers may
+// have them) once its file and its name are both on the disk.
 func (s *Spool) syncFiles() error {
 	s.mu.Lock()
 	if s.closed {
@@ -72,16 +80,13 @@ func (s *Spool) syncFiles() error {
 	}
 	var jobs []syncJob
 	for _, seg := range s.segs {
-		if seg.f != nil && (seg.synced < seg.size || seg.sealed) {
+		if seg.f != nil && (seg.fileSynced < seg.size || seg.sealed) {
 			jobs = append(jobs, syncJob{seg: seg, f: seg.f, upTo: seg.size, tail: len(seg.tail), ends: seg.tailEnds})
 		}
 	}
-	dir := s.dirDirty
-	s.dirDirty = false
+	dir, removed := s.dirDirty, s.removed
+	s.dirDirty, s.removed = false, nil
 	s.mu.Unlock()
-	if len(jobs) == 0 && !dir {
-		return nil
-	}
 	for i := range jobs {
 		jobs[i].err = jobs[i].f.Sync()
 	}
@@ -95,18 +100,28 @@ func (s *Spool) syncFiles() error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	dirFailed := err != nil
-	if dirFailed {
+	if err != nil {
 		s.dirDirty = true
+		s.removed = append(s.removed, removed...)
+	} else {
+		// Removed for good: a failed segment no longer holds cursors back.
+		s.failed = slices.DeleteFunc(s.failed, func(p position) bool { return slices.Contains(removed, p.seq) })
 	}
-	advanced := false
 	for _, j := range jobs {
-		switch {
-		case j.err != nil:
+		if j.err != nil {
 			s.failSegment(j.seg)
 			err = errors.Join(err, fmt.Errorf("usage spool: sync %s: %w", segmentName(j.seg.seq), j.err))
-		case !dirFailed:
-			advanced = s.synced(j) || advanced
+			continue
+		}
+		s.fileSynced(j)
+	}
+	if s.dirDirty {
+		return err
+	}
+	advanced := false
+	for _, seg := range s.segs {
+		if seg.fileSynced > seg.synced {
+			seg.synced, advanced = seg.fileSynced, true
 		}
 	}
 	if advanced {
@@ -120,19 +135,18 @@ func (s *Spool) syncFiles() error {
 	return err
 }
 
-// synced records that the disk holds j's segment up to j.upTo. Callers
-// hold mu.
-func (s *Spool) synced(j syncJob) bool {
+// fileSynced records that the disk holds j's file up to j.upTo: its tail
+// to there is not needed again. Callers hold mu.
+func (s *Spool) fileSynced(j syncJob) {
 	seg := j.seg
 	if seg.f != j.f { // failed since
-		return false
+		return
 	}
-	advanced := j.upTo > seg.synced
-	seg.synced = max(seg.synced, j.upTo)
+	seg.fileSynced = max(seg.fileSynced, j.upTo)
 	seg.tail = seg.tail[:copy(seg.tail, seg.tail[j.tail:])]
 	seg.tailEnds -= j.ends
 	s.unsynced -= int64(j.tail)
-	if seg.sealed && seg.synced == seg.size {
+	if seg.sealed && seg.fileSynced == seg.size {
 		seg.f.Close() //nolint:errcheck // synced whole; nothing more to write
 		seg.f = nil
 		// Its tail's memory serves the next segment: the ends of a busy
@@ -142,20 +156,47 @@ func (s *Spool) synced(j syncJob) bool {
 		}
 		seg.tail = nil
 	}
-	return advanced
+}
+
+// markActive ends the active segment's head with the mark, once every
+// older segment is on the disk whole (closed): were the mark on the disk
+// before an older segment's last ends, a power cut could leave a request's
+// start behind the mark and its end nowhere. It says whether it wrote one.
+func (s *Spool) markActive() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	act := s.active()
+	if act == nil || act.marked || s.closed || s.broken != nil {
+		return false
+	}
+	for _, seg := range s.segs {
+		if seg != act && seg.f != nil {
+			return false
+		}
+	}
+	if s.write(Cancel, "", nil) != nil {
+		return false
+	}
+	act.marked, act.markEnd = true, act.size
+	return true
 }
 
 // failSegment fails a segment whose fsync failed. Its pages written since
 // its last sync may be gone for good, and a later fsync would not say so:
 // Linux marks them clean after reporting the error once (the "fsyncgate"
-// PostgreSQL met in 2018), so the file is never synced again. It takes no
-// more frames, its size is what the disk is known to hold (readers stop
-// there), and its ends past that are carried into the next segment, from
-// memory. Its starts need no carrying: those still in flight are in the
-// next segment's head. Callers hold mu.
+// PostgreSQL met in 2018), so the file is never synced again, and it is
+// cut back to what the disk is known to hold (or, if it cannot be, set
+// apart as suspect), lest a process started after a kill read from the
+// page cache what the disk never got. It takes
+// no more frames, readers stop at its synced size, and its ends past that
+// are carried into a new segment (rewrite), from memory, with the starts
+// in flight in its head. Callers hold mu.
 func (s *Spool) failSegment(seg *segment) {
 	if seg.f == nil {
 		return
+	}
+	if err := seg.f.Truncate(seg.fileSynced); err != nil {
+		s.markSuspect(seg)
 	}
 	seg.f.Close() //nolint:errcheck // failed; never written or synced again
 	seg.f = nil
@@ -164,19 +205,22 @@ func (s *Spool) failSegment(seg *segment) {
 	s.carriedEnds += seg.tailEnds
 	s.unsynced -= int64(len(seg.tail))
 	seg.ends -= seg.tailEnds
-	s.total -= seg.size - seg.synced
-	seg.size = seg.synced
+	s.total -= seg.size - seg.fileSynced
+	seg.size = seg.fileSynced
 	seg.tail, seg.tailEnds = nil, 0
+	s.rewriteDue = true
+	s.failed = append(s.failed, position{seg.seq, seg.size})
 }
 
-// mustRewrite says ends carried from a failed segment wait for a new one.
+// mustRewrite says a failed segment waits for the new one that replaces
+// it.
 func (s *Spool) mustRewrite() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.carried) > 0 || s.broken != nil
+	return s.rewriteDue || s.broken != nil
 }
 
-// rewrite writes the carried ends into a new segment. Until it can, the
+// rewrite begins the segment that replaces a failed one. Until it can, the
 // spool refuses entries: an end taken now could be delivered before the
 // carried ones are on the disk again, and a record is never reported as
 // synced that is not.
@@ -190,6 +234,6 @@ func (s *Spool) rewrite() error {
 		s.broken = fmt.Errorf("usage spool: records a failed sync left could not be written again, so the spool refuses new ones: %w", err)
 		return s.broken
 	}
-	s.broken = nil
+	s.broken, s.rewriteDue = nil, false
 	return nil
 }

@@ -115,7 +115,7 @@ func (c *CloudEvents) Send(ctx context.Context, records []spool.Record) error {
 	case resp.StatusCode/100 == 2:
 	case resp.StatusCode == http.StatusBadRequest || resp.StatusCode == http.StatusRequestEntityTooLarge || resp.StatusCode == http.StatusUnprocessableEntity:
 		// Malformed or too large: the delivery splits the batch.
-		return &Rejected{Status: resp.StatusCode}
+		return &Rejected{Status: resp.Status, TooLarge: resp.StatusCode == http.StatusRequestEntityTooLarge}
 	default:
 		// 401 and 403 too: a token put right lets them through.
 		return fmt.Errorf("CloudEvents receiver answered %s", resp.Status)
@@ -153,7 +153,7 @@ func (o *OTLPLogs) Send(ctx context.Context, records []spool.Record) error {
 	for _, r := range records {
 		o.logger.Emit(ctx, logRecord(r.Data))
 	}
-	return o.exporter.Export(ctx, o.capture.records)
+	return otlpOutcome(o.exporter.Export(ctx, o.capture.records))
 }
 
 func (o *OTLPLogs) Close(ctx context.Context) error { return o.exporter.Shutdown(ctx) }

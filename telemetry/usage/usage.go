@@ -6,7 +6,6 @@ package usage
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
@@ -37,7 +36,8 @@ const (
 	RefusedFull     = "spool_full"   // past --usage-spool-max-size
 	RefusedWrite    = "write_failed" // the filesystem refused the write (full, or failing)
 	RefusedClosed   = "closed"       // the request ended after the spool closed, past the shutdown grace
-	RefusedRejected = "rejected"     // the sink refused the record itself as malformed (a 400, 413 or 422 to it alone)
+	RefusedRejected = "rejected"     // the sink refused the record itself (see delivery.deliver), or an OTLP partial success counted it refused
+	RefusedBehind   = "sink_behind"  // the sink fell so far behind that the spool gave its oldest records back, for the other sink's sake
 )
 
 // Options configures the records.
@@ -84,7 +84,7 @@ func Open(opts Options, reg prometheus.Registerer) (*Records, error) {
 		produced: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_usage_records_produced_total",
 			Help: "Usage records taken for each sink: one per request forwarded to the engine, and those found in the spool at start (recovered). produced = delivered + spooled + refused."}, []string{"sink"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_usage_records_refused_total",
-			Help: "Usage records not delivered, by reason: spool_full (past --usage-spool-max-size), write_failed (the filesystem refused the write), closed (the request ended past the shutdown grace), rejected (the sink refused the record itself as malformed)."}, []string{"sink", "reason"}),
+			Help: "Usage records not delivered, by reason: spool_full (past --usage-spool-max-size), write_failed (the filesystem refused the write, or a failed sync could not be recovered), closed (the request ended past the shutdown grace), rejected (the sink refused the record itself), sink_behind (the sink fell so far behind that the spool gave its oldest records back for the other sink)."}, []string{"sink", "reason"}),
 	}
 	recovered := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_usage_records_recovered_total",
 		Help: "Usage records found in the spool at start, not yet delivered (counted in produced too); lost ones among them."}, []string{"sink"})
@@ -110,15 +110,16 @@ func Open(opts Options, reg prometheus.Registerer) (*Records, error) {
 			func() float64 { return float64(reader.Pending()) }))
 		r.produced.WithLabelValues(name).Add(float64(rec.Pending[name]))
 		recovered.WithLabelValues(name).Add(float64(rec.Pending[name]))
-		for _, reason := range []string{RefusedFull, RefusedWrite, RefusedClosed, RefusedRejected} {
+		for _, reason := range []string{RefusedFull, RefusedWrite, RefusedClosed, RefusedRejected, RefusedBehind} {
 			r.refused.WithLabelValues(name, reason)
 		}
 		r.sinkNames = append(r.sinkNames, name)
 		r.producedBySink = append(r.producedBySink, r.produced.WithLabelValues(name))
 		d := &delivery{sink: s, reader: reader, stopped: r.stopped, kick: make(chan struct{}, 1),
 			retrying: reporter{log: opts.Log}, rejects: reporter{log: opts.Log}, saves: reporter{log: opts.Log},
+			partials: reporter{log: opts.Log}, behind: reporter{log: opts.Log},
 			delivered: delivered.WithLabelValues(name), retried: retried.WithLabelValues(name),
-			rejected: r.refused.WithLabelValues(name, RefusedRejected)}
+			rejected: r.refused.WithLabelValues(name, RefusedRejected), skipped: r.refused.WithLabelValues(name, RefusedBehind)}
 		r.deliveries = append(r.deliveries, d)
 		r.done.Go(d.run)
 	}
@@ -192,6 +193,9 @@ func (p *reporter) report(msg string, args ...any) {
 // per sink.
 func (r *Records) Close(ctx context.Context) map[string]int {
 	r.closing.Do(func() {
+		// Readers are handed what is synced: what is spooled now goes
+		// out in the drain, not at the next tick.
+		r.spool.Sync() //nolint:errcheck // Failed hears of it; what is not synced stays for the next start
 		for _, d := range r.deliveries {
 			d.drain(ctx)
 		}
@@ -222,15 +226,27 @@ type delivery struct {
 	// kick ends a backoff early: at shutdown, the last tries go at once.
 	kick chan struct{}
 	// Each kind of failure is reported apart, at most once a minute.
-	retrying, rejects, saves reporter
+	retrying, rejects, saves, partials, behind reporter
 
-	delivered, retried, rejected prometheus.Counter
+	delivered, retried, rejected, skipped prometheus.Counter
 }
 
 func (d *delivery) run() {
 	backoff := time.Duration(0)
+	// probe says the endpoint seemed to refuse everything: the next
+	// batch is a small one, split down (delivery.probe).
+	probe := false
 	for {
-		b, err := d.reader.Next(maxBatch, maxBatchBytes)
+		batch := maxBatch
+		if probe {
+			batch = probeBatch
+		}
+		b, err := d.reader.Next(batch, maxBatchBytes)
+		if err == nil && b.Skipped > 0 {
+			d.skipped.Add(float64(b.Skipped))
+			d.behind.report("usage records dropped: the sink fell so far behind that the spool gave its oldest records back, so that the other sink's are still taken",
+				"sink", d.sink.Name(), "records", b.Skipped)
+		}
 		if err == nil && len(b.Records) == 0 {
 			if !d.wait(d.reader.Wake()) {
 				return
@@ -239,7 +255,8 @@ func (d *delivery) run() {
 		}
 		if err == nil {
 			var rejected int
-			if rejected, err = d.deliver(b.Records); err == nil {
+			if rejected, err = d.deliver(b.Records, probe); err == nil {
+				probe = false
 				d.delivered.Add(float64(len(b.Records) - rejected))
 				d.rejected.Add(float64(rejected))
 				if err := d.reader.Ack(b); err != nil {
@@ -251,46 +268,26 @@ func (d *delivery) run() {
 			}
 			d.retried.Add(float64(len(b.Records)))
 		}
-		d.retrying.report("usage records not delivered; retrying", "sink", d.sink.Name(), "err", err, "pending", d.reader.Pending())
+		var refuses *EndpointRefuses
+		if probe = errors.As(err, &refuses); probe {
+			d.retrying.report("usage records not delivered: the sink refuses every one, which is a configuration error (a wrong URL or path, a token, a receiver that takes another format); retrying",
+				"sink", d.sink.Name(), "err", err, "pending", d.reader.Pending())
+		} else {
+			d.retrying.report("usage records not delivered; retrying", "sink", d.sink.Name(), "err", err, "pending", d.reader.Pending())
+		}
 		backoff = min(max(2*backoff, minBackoff), maxBackoff)
 		t := time.NewTimer(backoff/2 + rand.N(backoff/2+1))
 		select {
 		case <-t.C:
 		case <-d.kick:
 			t.Stop()
+		case <-d.reader.Behind():
+			t.Stop()
 		case <-d.stopped.Done():
 			t.Stop()
 			return
 		}
 	}
-}
-
-// Rejected is a sink's refusal of a batch as malformed: sending it again
-// would be refused again.
-type Rejected struct{ Status int }
-
-func (r *Rejected) Error() string { return fmt.Sprintf("the sink rejected the batch (%d)", r.Status) }
-
-// deliver sends records. A batch the sink rejects is split until the
-// records it rejects alone are found; those are dropped, logged and
-// returned as rejected, so that one bad record never holds the rest.
-func (d *delivery) deliver(records []spool.Record) (rejected int, err error) {
-	err = d.sink.Send(d.stopped, records)
-	var rej *Rejected
-	if !errors.As(err, &rej) {
-		return 0, err
-	}
-	if len(records) == 1 {
-		d.rejects.report("usage record rejected by its sink, and dropped", "sink", d.sink.Name(), "status", rej.Status, "id", string(records[0].ID))
-		return 1, nil
-	}
-	half := len(records) / 2
-	first, err := d.deliver(records[:half])
-	if err != nil {
-		return 0, err
-	}
-	second, err := d.deliver(records[half:])
-	return first + second, err
 }
 
 // wait waits for a record, or the stop; false at the stop.

@@ -1,0 +1,194 @@
+package usage
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/timing-sidecar/timing-sidecar/telemetry/spool"
+)
+
+// A sink's Send says what became of a batch: nil (acknowledged whole),
+// *Partial (acknowledged, some records refused), *Rejected (refused for
+// good), or any other error (to send again after a backoff).
+
+// Rejected is a sink's refusal of a batch that sending it again would not
+// change: a CloudEvents receiver's 400, 413 or 422, or one of OTLP's
+// non-retryable answers. The record or the endpoint: delivery.deliver
+// tells which.
+type Rejected struct {
+	// Status is the answer: an HTTP status line, or a gRPC code.
+	Status string
+	// TooLarge says the batch was refused for its size (413).
+	TooLarge bool
+}
+
+func (r *Rejected) Error() string { return fmt.Sprintf("the sink refused the batch (%s)", r.Status) }
+
+// Partial is a sink's acknowledgement of a batch with some of its records
+// refused: OTLP's partial success. The collector says how many, not
+// which, so the batch is delivered, and Rejected of its records counted
+// refused. Rejected 0 with a Message is a warning.
+type Partial struct {
+	Rejected int
+	Message  string
+}
+
+func (p *Partial) Error() string {
+	return fmt.Sprintf("the sink took the batch, refusing %d of its records: %s", p.Rejected, p.Message)
+}
+
+// EndpointRefuses is a batch and both its halves refused: the endpoint
+// refuses everything (a wrong path, a receiver that takes another
+// format), not one record. It is retried with a backoff, and logged as a
+// configuration error; dropping records one by one would drop them all.
+type EndpointRefuses struct{ *Rejected }
+
+func (e *EndpointRefuses) Error() string {
+	return fmt.Sprintf("the sink refuses every record sent (%s)", e.Status)
+}
+
+func (e *EndpointRefuses) Unwrap() error { return e.Rejected }
+
+// probeBatch is the batch sent after the endpoint seemed to refuse
+// everything: split down to single records, at most 2×16−1 sends.
+const probeBatch = 16
+
+// deliver sends records, and returns how many the sink refused.
+//
+// A batch the sink rejects is split in halves. If both are refused too,
+// the endpoint seems to refuse everything (a wrong path, a receiver that
+// takes another format): nothing is dropped, and the delivery probes after
+// a backoff (probe). If the sink takes one half, it takes records, and
+// the refused half is split until the records refused alone are found;
+// those are dropped, logged and counted, so that one bad record never
+// holds the rest. A 413 (too large) is split down whatever its halves
+// say.
+func (d *delivery) deliver(records []spool.Record, probe bool) (rejected int, err error) {
+	if probe {
+		return d.probe(records)
+	}
+	err = d.sink.Send(d.stopped, records)
+	var rej *Rejected
+	if !errors.As(err, &rej) {
+		return d.partial(err, len(records))
+	}
+	if len(records) == 1 {
+		return 0, &EndpointRefuses{rej}
+	}
+	half := len(records) / 2
+	first, err1 := d.sendWhole(records[:half])
+	second, err2 := d.sendWhole(records[half:])
+	var rej1, rej2 *Rejected
+	refused1, refused2 := errors.As(err1, &rej1), errors.As(err2, &rej2)
+	if refused1 && refused2 && !rej.TooLarge {
+		return 0, &EndpointRefuses{rej}
+	}
+	if err := errors.Join(retryable(err1), retryable(err2)); err != nil {
+		return 0, err
+	}
+	// The sink takes records: what it refuses now is the record's.
+	if refused1 {
+		first, err1 = d.split(records[:half])
+	}
+	if refused2 {
+		second, err2 = d.split(records[half:])
+	}
+	return first + second, errors.Join(err1, err2)
+}
+
+// probe delivers a batch of at most probeBatch records split down to
+// single records: the records refused alone are dropped only when the
+// sink took another, so that bad records spread over a batch (which
+// refuses it and both its halves) are found, and an endpoint that refuses
+// every record loses none.
+func (d *delivery) probe(records []spool.Record) (int, error) {
+	var refused []spool.Record
+	accepted, err := d.drill(records, &refused)
+	switch {
+	case err != nil:
+		return 0, err
+	case accepted == 0 && len(refused) > 0:
+		return 0, &EndpointRefuses{&Rejected{Status: "every record refused alone"}}
+	}
+	for _, r := range refused {
+		d.rejects.report("usage record refused by its sink, and dropped", "sink", d.sink.Name(), "id", string(r.ID))
+	}
+	return len(refused), nil
+}
+
+// drill sends records, splitting each refused batch down to single
+// records, which it adds to refused; it returns how many the sink took.
+func (d *delivery) drill(records []spool.Record, refused *[]spool.Record) (int, error) {
+	n, err := d.sendWhole(records)
+	var rej *Rejected
+	if !errors.As(err, &rej) {
+		if err != nil {
+			return 0, err
+		}
+		return len(records) - n, nil
+	}
+	if len(records) == 1 {
+		*refused = append(*refused, records[0])
+		return 0, nil
+	}
+	half := len(records) / 2
+	first, err := d.drill(records[:half], refused)
+	if err != nil {
+		return 0, err
+	}
+	second, err := d.drill(records[half:], refused)
+	return first + second, err
+}
+
+// sendWhole sends records once: what the sink refused of them when it
+// took them, or its error.
+func (d *delivery) sendWhole(records []spool.Record) (int, error) {
+	return d.partial(d.sink.Send(d.stopped, records), len(records))
+}
+
+// split delivers records to a sink known to take records: a batch it
+// rejects is split until the records it rejects alone are found, and
+// those are dropped.
+func (d *delivery) split(records []spool.Record) (int, error) {
+	n, err := d.sendWhole(records)
+	var rej *Rejected
+	if !errors.As(err, &rej) {
+		return n, err
+	}
+	if len(records) == 1 {
+		d.rejects.report("usage record refused by its sink, and dropped", "sink", d.sink.Name(), "status", rej.Status, "id", string(records[0].ID))
+		return 1, nil
+	}
+	half := len(records) / 2
+	first, err := d.split(records[:half])
+	if err != nil {
+		return 0, err
+	}
+	second, err := d.split(records[half:])
+	return first + second, err
+}
+
+// partial reads a sink's answer: a partial success is the batch
+// delivered, with the records it refused counted and its message logged.
+func (d *delivery) partial(err error, sent int) (int, error) {
+	var p *Partial
+	if !errors.As(err, &p) {
+		return 0, err
+	}
+	p.Rejected = min(max(p.Rejected, 0), sent)
+	if p.Rejected > 0 {
+		d.partials.report("usage records refused by the collector in a partial success, and dropped", "sink", d.sink.Name(), "rejected", p.Rejected, "message", p.Message)
+	} else {
+		d.partials.report("the collector took the usage records with a warning", "sink", d.sink.Name(), "message", p.Message)
+	}
+	return p.Rejected, nil
+}
+
+// retryable is err unless it is a refusal.
+func retryable(err error) error {
+	var rej *Rejected
+	if errors.As(err, &rej) {
+		return nil
+	}
+	return err
+}
