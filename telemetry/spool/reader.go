@@ -219,15 +219,16 @@ func (r *Reader) Ack(b *Batch) error {
 		r.cursor = b.end
 	}
 	gone, begun := s.releasable()
+	refused := s.refused
 	to := r.cursor
 	s.mu.Unlock()
 	s.deleteSegments(gone)
 	var synced error
-	if begun {
-		// Every reader has read the whole spool: the segment just begun
-		// is synced now, and the older ones go before the records are
-		// counted delivered (on a full disk, that is the room the next
-		// records need).
+	if begun && refused {
+		// Every reader has read the whole spool, on a disk that refused
+		// a write: the segment just begun is synced now, and the older
+		// ones go before the records are counted delivered (the room
+		// the next records need). Elsewhere the sync loop does it, soon.
 		synced = s.Sync()
 	}
 	s.mu.Lock()

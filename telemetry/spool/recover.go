@@ -274,6 +274,7 @@ func (s *Spool) scan(seg *segment, f *found) (int64, error) {
 		s.failed = append(s.failed, position{seg.seq, 0})
 		f.endsAt = f.endsAt[:ends]
 		seg.ends, seg.size, seg.fileSynced = 0, 0, 0
+		seg.carriedAll = true
 	}
 	return int64(len(b) - off), nil
 }

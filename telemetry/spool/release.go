@@ -32,6 +32,15 @@ func (s *Spool) releasable() (gone []*segment, begun bool) {
 		s.total -= seg.size
 		s.segs = s.segs[1:]
 	}
+	// Were one carried whole kept for a reader behind it, every Open
+	// would carry its ends again.
+	s.segs = slices.DeleteFunc(s.segs, func(seg *segment) bool {
+		if seg.carriedAll && seg.seq < base && seg.f == nil && !s.carrying(seg) {
+			gone = append(gone, seg)
+			return true
+		}
+		return false
+	})
 	return gone, begun
 }
 
@@ -142,5 +151,6 @@ func (s *Spool) deleteSegments(segs []*segment) {
 	for _, seg := range segs {
 		s.removed = append(s.removed, seg.seq)
 	}
+	s.refused = false
 	s.mu.Unlock()
 }

@@ -30,6 +30,10 @@ type segment struct {
 	// suspect, that a sync of it failed and it could not be cut back to
 	// what the disk holds (segPath).
 	marked, sealed, suspect bool
+	// carriedAll says Open carried every end it holds into a new segment
+	// (a sync of it failed, or it was suspect): once they are on the
+	// disk there, it goes, whichever readers are behind it.
+	carriedAll bool
 	// ends is the end frames in it.
 	ends int
 	// f is open while it takes frames or has some not yet synced.
@@ -235,6 +239,7 @@ func (s *Spool) write(kind Kind, id string, data []byte) error {
 	n, err := act.f.Write(s.frame)
 	if err != nil {
 		s.cutBack(act, n)
+		s.refused = true
 		return err
 	}
 	act.size += int64(n)

@@ -126,6 +126,9 @@ type Spool struct {
 	refusing, closed bool
 	// dirDirty says the directory has changes not yet synced.
 	dirDirty bool
+	// refused says a write failed since segments were last given back:
+	// the disk may be full (reader.Ack).
+	refused bool
 	// spare is the file for the next segment, made ahead (segment.go);
 	// headBytes, the last head's size.
 	spare     file
