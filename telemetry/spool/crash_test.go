@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 )
@@ -103,21 +104,28 @@ func limitFileSize(t *testing.T, n uint64) func() {
 // kill makes it lost, delivered.
 func TestNoRoomKeepsInFlightStarts(t *testing.T) {
 	dir := t.TempDir()
-	s, _ := open(t, dir, Options{SegmentSize: 1 << 14, Readers: []string{"a"}})
+	var mu sync.Mutex
+	var failed []error
+	s, _ := open(t, dir, Options{SegmentSize: 1 << 14, Readers: []string{"a"}, Failed: func(err error) {
+		mu.Lock()
+		failed = append(failed, err)
+		mu.Unlock()
+	}})
 	big := bytes.Repeat([]byte("x"), 2000)
 	if err := s.Append(Start, "A", big); err != nil {
 		t.Fatal(err)
 	}
 	pad(t, s, 20)
+	s.Sync() //nolint:errcheck // what a reader is handed
 	r := s.Reader("a")
 	b, _ := r.Next(1000, 1<<20)
-	var failed []error
-	s.opts.Failed = func(err error) { failed = append(failed, err) }
 	restore := limitFileSize(t, 1000) // no room for a segment holding A's copy
 	r.Ack(b)
 	restore()
 	s.mu.Lock()
-	t.Logf("segs %+v inflight %d failed %v", s.segs, len(s.inflight), failed)
+	mu.Lock()
+	t.Logf("segs %d inflight %d failed %v", len(s.segs), len(s.inflight), failed)
+	mu.Unlock()
 	s.mu.Unlock()
 	// SIGKILL now.
 	s2, rec := open(t, dir, Options{SegmentSize: 1 << 10, Readers: []string{"a"}})

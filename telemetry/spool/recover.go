@@ -150,35 +150,40 @@ func (s *Spool) openReaders(endsAt []position) error {
 }
 
 // endLost gives each request started and never ended its start's record
-// as its end, in a new segment whose head carries their starts. A disk
-// that cannot take it leaves them starts, found again next time, and the
-// spool refusing records until it can begin a segment.
+// as its end, in a new segment whose head carries their starts. Each is
+// counted lost, and pending for every reader, at once; a disk that cannot
+// take the ends now gets them at a later sync (writeLost), and until then
+// the starts stay on the disk, found again by a restart.
 func (s *Spool) endLost(starts map[string][]byte) int {
-	lost := make([]string, 0, len(starts))
 	for id, data := range starts {
-		lost = append(lost, id)
+		s.lost = append(s.lost, id)
 		s.inflight[id] = data
 	}
-	slices.Sort(lost)
-	if err := s.newSegment(); err != nil {
-		if s.opts.Failed != nil {
-			s.opts.Failed(err)
-		}
-		return 0
+	slices.Sort(s.lost)
+	for _, r := range s.readers {
+		r.pending += len(s.lost)
 	}
-	n := 0
-	for _, id := range lost {
-		// Past the bound if need be: these records were taken already.
-		if err := s.write(End, id, starts[id]); err != nil {
-			continue
+	if err := s.newSegment(); err != nil && s.opts.Failed != nil {
+		s.opts.Failed(err)
+	}
+	s.writeLost()
+	return len(starts)
+}
+
+// writeLost writes the lost requests' ends not yet written, into the
+// active segment. Past the bound if need be: these records were taken
+// already. Callers hold mu, or own the spool.
+func (s *Spool) writeLost() {
+	if s.active() == nil || s.broken != nil {
+		return
+	}
+	s.lost = slices.DeleteFunc(s.lost, func(id string) bool {
+		if s.write(End, id, s.inflight[id]) != nil {
+			return false
 		}
 		delete(s.inflight, id)
-		n++
-		for _, r := range s.readers {
-			r.pending++
-		}
-	}
-	return n
+		return true
+	})
 }
 
 // listSegments lists the segment files in order, and removes what an

@@ -126,7 +126,7 @@ func (s *Spool) evict(base uint64) {
 // endsFrom is the ends in the segments from seq on, and those carried for
 // the next one. Callers hold mu.
 func (s *Spool) endsFrom(seq uint64) int {
-	n := s.carriedEnds
+	n := s.carriedEnds + len(s.lost)
 	for _, seg := range s.segs {
 		if seg.seq >= seq {
 			n += seg.ends

@@ -89,7 +89,8 @@ type Recovery struct {
 	// ones included.
 	Pending map[string]int
 	// Lost is the requests started and never ended: the process ended
-	// first. Each now has its start's record as its end.
+	// first. Each has its start's record as its end, written now or,
+	// on a disk that refuses it, at a later sync.
 	Lost int
 	// Corrupt is the bytes cut off where a frame did not check: the
 	// tail a kill cut short, or a block the disk lost.
@@ -152,6 +153,9 @@ type Spool struct {
 	removed []uint64
 	// carriedInto is the segment the carried ends last went into.
 	carriedInto uint64
+	// lost is the requests Open found lost whose ends are not yet
+	// written (recover.go).
+	lost []string
 
 	syncLock sync.Mutex // one sync at a time, outside mu
 	syncSoon chan struct{}

@@ -40,6 +40,9 @@ func (s *Spool) syncLoop() {
 func (s *Spool) Sync() error {
 	s.syncLock.Lock()
 	defer s.syncLock.Unlock()
+	s.mu.Lock()
+	s.writeLost()
+	s.mu.Unlock()
 	err := s.syncFiles()
 	for try := 0; try < 2 && s.mustRewrite(); try++ {
 		if rerr := s.rewrite(); rerr != nil {
