@@ -144,6 +144,12 @@ func (fs *faultFS) Rename(from, to string) error {
 		return &os.LinkError{Op: "rename", Old: from, New: to, Err: syscall.ENOENT}
 	}
 	if _, err := fs.ask("rename", to, 0); err != nil {
+		// A network filesystem may rename, then answer with an error.
+		if fs.rng != nil && fs.rng.IntN(2) == 0 {
+			delete(fs.names, from)
+			fs.names[to] = ino
+			fs.ops = append(fs.ops, dirOp{op: "rename", name: from, to: to, ino: ino})
+		}
 		return err
 	}
 	delete(fs.names, from)
@@ -202,7 +208,8 @@ func (fs *faultFS) cut(m cutMode) *faultFS {
 	}
 	after := newFaultFS()
 	made := map[*inode]*inode{}
-	for name, ino := range dir {
+	for _, name := range slices.Sorted(maps.Keys(dir)) {
+		ino := dir[name]
 		if _, ok := made[ino]; !ok {
 			b := slices.Clone(ino.disk)
 			if m.torn && len(ino.lost) == 0 && bytes.HasPrefix(ino.data, ino.disk) && len(ino.data) > len(ino.disk) {

@@ -41,6 +41,8 @@ type powerCutRun struct {
 	faults    int
 	// steps is what the run did, for a failure's log.
 	steps []string
+	// failing is the kinds of operation the disk fails now.
+	failing map[string]bool
 	// syncFailed says the last Sync failed: what it was to make durable
 	// may be lost to a kill too (a failed segment is cut back to what
 	// its file holds on the disk).
@@ -82,7 +84,7 @@ func (p *powerCutRun) stop(cut bool) {
 			rq.cut = true
 		}
 	}
-	p.syncFailed = false
+	p.syncFailed, p.failing = false, nil
 	if cut {
 		p.fs = p.fs.cut(cutMode{keepDirOps: []float64{0, 0.5, 1}[p.rng.IntN(3)], torn: p.rng.IntN(2) == 0, rng: p.rng})
 	} else {
@@ -91,13 +93,19 @@ func (p *powerCutRun) stop(cut bool) {
 }
 
 // fault makes one kind of operation fail, at random, from now on.
+// A failing disk fails several kinds of operation at once: each fault
+// adds one, until the faults are cleared.
 func (p *powerCutRun) fault() {
-	op := []string{"write", "sync", "truncate", "rename", "create", "syncdir", "remove"}[p.rng.IntN(7)]
+	op := []string{"write", "sync", "truncate", "rename", "create", "syncdir", "remove", "reserve"}[p.rng.IntN(8)]
 	p.note("fault: %s", op)
-	rng := p.rng
+	if p.failing == nil {
+		p.failing = map[string]bool{}
+	}
+	p.failing[op] = true
+	failing, rng := p.failing, p.rng
 	p.fs.mu.Lock()
 	p.fs.fault = func(o, name string, n int) (int, error) {
-		if o != op || rng.IntN(3) != 0 {
+		if !failing[o] || rng.IntN(3) != 0 {
 			return n, nil
 		}
 		p.note("  %s %s fails", o, name)
@@ -183,7 +191,7 @@ func (p *powerCutRun) step() {
 		p.fault()
 	case n < 96:
 		p.fs.mu.Lock()
-		p.fs.fault = nil
+		p.fs.fault, p.failing = nil, nil
 		p.fs.mu.Unlock()
 	case n < 98:
 		p.restart(false)

@@ -272,7 +272,6 @@ func (s *Spool) scan(seg *segment, f *found) (int64, error) {
 		if s.opts.Failed != nil {
 			s.opts.Failed(fmt.Errorf("usage spool: sync %s at start: %w; its records are written again", segmentName(seg.seq), err))
 		}
-		s.markSuspect(seg)
 		s.carried = append(s.carried, carried...)
 		s.carriedEnds += seg.ends
 		s.rewriteDue = true
@@ -280,6 +279,9 @@ func (s *Spool) scan(seg *segment, f *found) (int64, error) {
 		f.endsAt = f.endsAt[:ends]
 		seg.ends, seg.size, seg.fileSynced = 0, 0, 0
 		seg.carriedAll = true
+		if !s.settle(seg, nil) {
+			s.unsettled = append(s.unsettled, seg)
+		}
 	}
 	return int64(len(b) - off), nil
 }

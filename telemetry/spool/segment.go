@@ -2,8 +2,10 @@ package spool
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 )
 
 // A segment is one file of the spool, named by its sequence number, which
@@ -69,20 +71,41 @@ func (s *Spool) segPath(seg *segment) string {
 
 // markSuspect renames seg's file as suspect. Callers hold mu, or own the
 // spool.
-func (s *Spool) markSuspect(seg *segment) {
+func (s *Spool) markSuspect(seg *segment) bool {
 	if seg.suspect {
-		return
+		return true
 	}
 	from := s.segPath(seg)
 	seg.suspect = true
-	if err := s.fs.Rename(from, s.segPath(seg)); err != nil {
+	if err := s.rename(from, s.segPath(seg)); err != nil {
 		seg.suspect = false
 		if s.opts.Failed != nil {
 			s.opts.Failed(fmt.Errorf("usage spool: %s, whose sync failed, could not be set apart: %w", segmentName(seg.seq), err))
 		}
-		return
+		return false
 	}
 	s.dirDirty = true
+	return true
+}
+
+// rename renames from to to, as done when it says it failed but to is
+// there and from is not (a network filesystem may answer so).
+func (s *Spool) rename(from, to string) error {
+	err := s.fs.Rename(from, to)
+	if err == nil {
+		return nil
+	}
+	there := func(name string) bool {
+		f, err := s.fs.OpenFile(name, os.O_RDONLY, 0)
+		if err == nil {
+			f.Close() //nolint:errcheck // read only
+		}
+		return err == nil
+	}
+	if there(to) && !there(from) {
+		return nil
+	}
+	return err
 }
 
 // tmpSuffix names a file not yet whole: a segment being begun, a cursor
@@ -105,9 +128,10 @@ func (s *Spool) active() *segment {
 // until it is synced. Callers hold mu, or own the spool (Open).
 func (s *Spool) newSegment() error {
 	b := s.head[:0]
-	for id, data := range s.inflight {
+	// In order, so that a test's run is the same each time.
+	for _, id := range slices.Sorted(maps.Keys(s.inflight)) {
 		var err error
-		if b, err = appendFrame(b, Start, id, data); err != nil {
+		if b, err = appendFrame(b, Start, id, s.inflight[id]); err != nil {
 			return err
 		}
 	}
@@ -131,7 +155,7 @@ func (s *Spool) newSegment() error {
 	}
 	_, err := f.Write(b)
 	if err == nil {
-		err = s.fs.Rename(tmp, name)
+		err = s.rename(tmp, name)
 	}
 	s.dirDirty = true
 	if err != nil {
@@ -187,6 +211,12 @@ func (s *Spool) makeSpare() {
 		return
 	}
 	f.Reserve(room) //nolint:errcheck // see above
+	// Synced empty: were it a leftover cut by O_TRUNC, a power cut could
+	// bring its old bytes back under the next segment's name.
+	if f.Sync() != nil {
+		f.Close() //nolint:errcheck // not used
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.spare != nil || s.closed {

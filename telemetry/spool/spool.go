@@ -151,6 +151,9 @@ type Spool struct {
 	// removed since the directory's last sync (cursor.go).
 	failed  []position
 	removed []uint64
+	// unsettled is the failed segments whose files still hold more than
+	// their disks are known to (sync.go).
+	unsettled []*segment
 	// carriedInto is the segment the carried ends last went into.
 	carriedInto uint64
 	// lost is the requests Open found lost whose ends are not yet

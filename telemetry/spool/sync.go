@@ -3,6 +3,7 @@ package spool
 import (
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"time"
 )
@@ -41,6 +42,7 @@ func (s *Spool) Sync() error {
 	s.syncLock.Lock()
 	defer s.syncLock.Unlock()
 	s.mu.Lock()
+	s.settleFailed()
 	s.writeLost()
 	s.mu.Unlock()
 	err := s.syncFiles()
@@ -198,8 +200,8 @@ func (s *Spool) failSegment(seg *segment) {
 	if seg.f == nil {
 		return
 	}
-	if err := seg.f.Truncate(seg.fileSynced); err != nil {
-		s.markSuspect(seg)
+	if !s.settle(seg, seg.f) {
+		s.unsettled = append(s.unsettled, seg)
 	}
 	seg.f.Close() //nolint:errcheck // failed; never written or synced again
 	seg.f = nil
@@ -213,6 +215,36 @@ func (s *Spool) failSegment(seg *segment) {
 	seg.tail, seg.tailEnds = nil, 0
 	s.rewriteDue = true
 	s.failed = append(s.failed, position{seg.seq, seg.size})
+}
+
+// settle leaves a failed segment's file holding only what its disk is
+// known to hold: cut back and the cut synced (its inode's size; the pages
+// past it go with the cut), or, if that fails, renamed as suspect. f is
+// its file, open for writing, or nil. It says whether it succeeded; until
+// it does, each sync tries again (a process started after a kill would
+// trust the page cache). A disk that refuses the cut, its sync and the
+// rename alike, with a kill before a retry succeeds, leaves the next
+// process that trust: nothing durable can then say what the file holds.
+// Callers hold mu.
+func (s *Spool) settle(seg *segment, f file) bool {
+	if f == nil && !seg.carriedAll {
+		var err error
+		if f, err = s.fs.OpenFile(s.segPath(seg), os.O_WRONLY, 0); err == nil {
+			defer f.Close() //nolint:errcheck // cut and synced, or failed
+		}
+	}
+	// One carried whole at Open is not cut: what its disk holds is not
+	// known, and its copy may not be on the disk yet.
+	if !seg.carriedAll && f != nil && f.Truncate(seg.fileSynced) == nil && f.Sync() == nil {
+		return true
+	}
+	return s.markSuspect(seg)
+}
+
+// settleFailed tries again to settle the failed segments not yet
+// settled. Callers hold mu.
+func (s *Spool) settleFailed() {
+	s.unsettled = slices.DeleteFunc(s.unsettled, func(seg *segment) bool { return s.settle(seg, nil) })
 }
 
 // mustRewrite says a failed segment waits for the new one that replaces
