@@ -164,7 +164,8 @@ func (s *Spool) fileSynced(j syncJob) {
 }
 
 // markActive ends the active segment's head with the mark, once every
-// older segment is on the disk whole (closed): were the mark on the disk
+// older segment is on the disk whole (closed, and its name synced too):
+// were the mark on the disk
 // before an older segment's last ends, a power cut could leave a request's
 // start behind the mark and its end nowhere. It says whether it wrote one.
 func (s *Spool) markActive() bool {
@@ -175,8 +176,8 @@ func (s *Spool) markActive() bool {
 		return false
 	}
 	for _, seg := range s.segs {
-		if seg != act && seg.f != nil {
-			return false
+		if seg != act && (seg.f != nil || seg.synced < seg.size) {
+			return false // not on the disk whole: its name, or its last frames
 		}
 	}
 	if s.write(Cancel, "", nil) != nil {
