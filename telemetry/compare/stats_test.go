@@ -1,0 +1,103 @@
+package compare
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"gonum.org/v1/gonum/stat/distuv"
+)
+
+// TestBrunnerMunzelAsPublished: the pain scores in SciPy's documentation
+// of stats.brunnermunzel, from Brunner and Munzel's paper, give its
+// statistic and p-value.
+func TestBrunnerMunzelAsPublished(t *testing.T) {
+	a := NewArm([]float64{1, 2, 1, 1, 1, 1, 1, 1, 1, 1, 2, 4, 1, 1})
+	b := NewArm([]float64{3, 3, 4, 3, 1, 2, 3, 1, 1, 5, 4})
+	_, w, p := BrunnerMunzel(a, b)
+	if math.Abs(w-3.1374674823029505) > 1e-9 || math.Abs(p-0.0057862086661515377) > 1e-9 {
+		t.Errorf("w %v p %v; SciPy gives 3.1374674823029505 and 0.0057862086661515377", w, p)
+	}
+}
+
+// ttft draws n TTFT-like values in ms: log-normal around median ms.
+func ttft(rng *rand.Rand, n int, median float64) []float64 {
+	d := distuv.LogNormal{Mu: math.Log(median), Sigma: 0.5, Src: rng}
+	out := make([]float64, n)
+	for i := range out {
+		out[i] = d.Rand()
+	}
+	return out
+}
+
+// TestQuantileIntervalsCover: over 400 seeds, the 95% interval of a
+// median and of a p90 holds the true value in at least 92% of them (the
+// exact order-statistic bootstrap is conservative: measured, not assumed).
+func TestQuantileIntervalsCover(t *testing.T) {
+	truth := map[float64]float64{0.5: 100, 0.9: 100 * math.Exp(0.5*1.2815515655446004)}
+	for _, p := range []float64{0.5, 0.9} {
+		held := 0
+		const seeds = 400
+		for seed := range seeds {
+			a := NewArm(ttft(rand.New(rand.NewPCG(uint64(seed), 1)), 300, 100))
+			_, lo, hi := a.QuantileCI(p, Level)
+			if lo <= truth[p] && truth[p] <= hi {
+				held++
+			}
+		}
+		rate := float64(held) / seeds
+		t.Logf("p%v: the interval held the truth in %.1f%% of %d seeds", p*100, 100*rate, seeds)
+		if rate < 0.92 {
+			t.Errorf("p%v interval covers %.1f%%, want at least 92%%", p*100, 100*rate)
+		}
+	}
+}
+
+// TestSameArmsSayNoDifference: two arms from one distribution (A/A) say
+// "no difference" in at least 95% of 1,000 seeds.
+func TestSameArmsSayNoDifference(t *testing.T) {
+	const seeds = 1000
+	same := 0
+	for seed := range seeds {
+		rng := rand.New(rand.NewPCG(uint64(seed), 2))
+		r := Compare(NewArm(ttft(rng, 500, 100)), NewArm(ttft(rng, 500, 100)), rng)
+		if r.Verdict == NoDifference {
+			same++
+		}
+	}
+	rate := float64(same) / seeds
+	t.Logf("A/A: %d of %d seeds say no difference (%.1f%%)", same, seeds, 100*rate)
+	if rate < 0.95 {
+		t.Errorf("A/A said no difference in %.1f%% of seeds, want at least 95%%", 100*rate)
+	}
+}
+
+// TestATenPercentShiftIsFound: b's TTFT 10% higher at 2,000 requests an
+// arm is found slower in at least 95% of 50 seeds, with the median ratio's
+// interval around 1.10.
+func TestATenPercentShiftIsFound(t *testing.T) {
+	const seeds = 50
+	found, covered := 0, 0
+	for seed := range seeds {
+		rng := rand.New(rand.NewPCG(uint64(seed), 3))
+		r := Compare(NewArm(ttft(rng, 2000, 100)), NewArm(ttft(rng, 2000, 110)), rng)
+		if r.Verdict == Slower {
+			found++
+		}
+		if r.P50RatioLo <= 1.1 && 1.1 <= r.P50RatioHi {
+			covered++
+		}
+	}
+	t.Logf("+10%%: slower in %d of %d seeds; the ratio's interval held 1.10 in %d", found, seeds, covered)
+	if found < seeds*95/100 || covered < seeds*90/100 {
+		t.Errorf("+10%%: slower in %d of %d seeds, ratio interval held 1.10 in %d", found, seeds, covered)
+	}
+}
+
+// TestTooFew: an arm under MinN gets no verdict.
+func TestTooFew(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 4))
+	if r := Compare(NewArm(ttft(rng, MinN-1, 100)), NewArm(ttft(rng, 500, 100)), rng); r.Verdict != TooFew {
+		t.Errorf("verdict %q with %d values", r.Verdict, MinN-1)
+	}
+}
