@@ -101,3 +101,71 @@ func TestTooFew(t *testing.T) {
 		t.Errorf("verdict %q with %d values", r.Verdict, MinN-1)
 	}
 }
+
+// confounded draws two arms over two strata, cache hits ("full", 20 ms)
+// and misses ("none", 100 ms), alike within each: arm a serves 20% hits,
+// arm b 60%.
+func confounded(rng *rand.Rand, n int) (a, b map[string][]float64) {
+	a, b = map[string][]float64{}, map[string][]float64{}
+	for _, arm := range []struct {
+		m    map[string][]float64
+		hits int
+	}{{a, n / 5}, {b, n * 3 / 5}} {
+		arm.m["full"] = ttft(rng, arm.hits, 20)
+		arm.m["none"] = ttft(rng, n-arm.hits, 100)
+	}
+	return a, b
+}
+
+// TestLikeWithLike: arms alike on like requests, one of which served
+// more cache hits, are "faster" to a naive pooled comparison and "no
+// difference" within strata; the mix check flags the difference of mix.
+func TestLikeWithLike(t *testing.T) {
+	const seeds = 50
+	naive, strat, flagged := 0, 0, 0
+	for seed := range seeds {
+		rng := rand.New(rand.NewPCG(uint64(seed), 5))
+		a, b := confounded(rng, 1000)
+		if r := Compare(NewArm(append(a["full"], a["none"]...)), NewArm(append(b["full"], b["none"]...)), rng); r.Verdict == Faster {
+			naive++
+		}
+		s := CompareStrata(a, b, rng)
+		if s.Pooled.Verdict == NoDifference {
+			strat++
+		}
+		if s.MixPValue < 0.001 {
+			flagged++
+		}
+	}
+	t.Logf("of %d confounded pairs: naive says faster %d, within strata no difference %d, mix flagged %d", seeds, naive, strat, flagged)
+	if naive < seeds || strat < seeds*90/100 || flagged < seeds {
+		t.Errorf("naive faster %d, stratified no difference %d, mix flagged %d, of %d", naive, strat, flagged, seeds)
+	}
+}
+
+// TestStrataFindAShift: a 10% shift within every stratum, at 2,000
+// requests an arm, is found pooled in at least 48 of 50 seeds, and A/A
+// within strata says no difference in at least 95% of 400 seeds.
+func TestStrataFindAShift(t *testing.T) {
+	const seeds = 400
+	same, found := 0, 0
+	for seed := range seeds {
+		rng := rand.New(rand.NewPCG(uint64(seed), 6))
+		a, b := confounded(rng, 1000)
+		if CompareStrata(a, b, rng).Pooled.Verdict == NoDifference {
+			same++
+		}
+		if seed < 50 {
+			// At 2,000 requests an arm.
+			a, b = confounded(rng, 2000)
+			b["full"], b["none"] = ttft(rng, 1200, 22), ttft(rng, 800, 110)
+			if CompareStrata(a, b, rng).Pooled.Verdict == Slower {
+				found++
+			}
+		}
+	}
+	t.Logf("within strata: A/A no difference in %d of %d; +10%% found slower in %d of 50", same, seeds, found)
+	if same < seeds*95/100 || found < 48 {
+		t.Errorf("A/A no difference %d of %d; +10%% slower %d of 50", same, seeds, found)
+	}
+}

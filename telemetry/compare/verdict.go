@@ -51,14 +51,19 @@ func Compare(a, b *Arm, rng *rand.Rand) Result {
 	var r Result
 	r.Effect, _, r.PValue = BrunnerMunzel(a, b)
 	r.P50Ratio, r.P50RatioLo, r.P50RatioHi = RatioCI(a, b, 0.5, Level, Draws, rng)
+	r.Verdict = decide(&r)
+	return r
+}
+
+// decide is r's verdict from its test and its interval, setting
+// Detectable when it finds no difference.
+func decide(r *Result) Verdict {
 	switch {
 	case r.PValue < Alpha && r.Effect > 0.5 && r.P50RatioLo > 1:
-		r.Verdict = Slower
+		return Slower
 	case r.PValue < Alpha && r.Effect < 0.5 && r.P50RatioHi < 1:
-		r.Verdict = Faster
-	default:
-		r.Verdict = NoDifference
-		r.Detectable = max(r.P50RatioHi-1, 1-r.P50RatioLo)
+		return Faster
 	}
-	return r
+	r.Detectable = max(r.P50RatioHi-1, 1-r.P50RatioLo)
+	return NoDifference
 }

@@ -1,0 +1,132 @@
+package compare
+
+import (
+	"maps"
+	"math"
+	"math/rand/v2"
+	"slices"
+
+	"gonum.org/v1/gonum/stat"
+	"gonum.org/v1/gonum/stat/distuv"
+)
+
+// Like with like: an arm that served more prompt-cache hits, or shorter
+// prompts, looks faster while being no faster on like requests. Requests
+// are compared within strata (a key such as cache class, prompt-length
+// bucket, model), and the strata's results pooled with weights: each
+// stratum's Brunner-Munzel effect, weighted by its share of the requests
+// both arms have in comparable strata, and the same weights on the
+// logarithm of each stratum's median ratio.
+
+// StratumResult is one stratum's comparison.
+type StratumResult struct {
+	Key    string
+	NA, NB int
+	Result
+}
+
+// Stratified is a comparison within strata, and pooled over them.
+type Stratified struct {
+	// Pooled is the strata's results weighted by their requests; its
+	// P50Ratio is the weighted geometric mean of the strata's ratios.
+	Pooled Result
+	Strata []StratumResult
+	// MixPValue is the chi-square test's p-value that both arms drew
+	// their requests from the strata in the same proportions: small
+	// when the arms' mixes differ, the confounding pooling corrects.
+	MixPValue float64
+}
+
+// CompareStrata compares arm b against arm a within each stratum of
+// values (by key), and pooled. Strata where an arm has fewer than MinN
+// values are reported too few and left out of the pooled result.
+func CompareStrata(a, b map[string][]float64, rng *rand.Rand) Stratified {
+	keys := slices.Sorted(maps.Keys(a))
+	for k := range b {
+		if _, ok := a[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	var out Stratified
+	out.MixPValue = mixPValue(a, b, keys)
+	type used struct {
+		a, b   *Arm
+		weight float64
+	}
+	var us []used
+	total := 0.0
+	for _, k := range keys {
+		armA, armB := NewArm(a[k]), NewArm(b[k])
+		r := Compare(armA, armB, rng)
+		out.Strata = append(out.Strata, StratumResult{Key: k, NA: armA.N(), NB: armB.N(), Result: r})
+		if r.Verdict != TooFew {
+			us = append(us, used{armA, armB, float64(armA.N() + armB.N())})
+			total += float64(armA.N() + armB.N())
+		}
+	}
+	if len(us) == 0 {
+		out.Pooled = Result{Verdict: TooFew}
+		return out
+	}
+	var effect, variance float64
+	draws := make([]float64, Draws)
+	var logRatio float64
+	for _, u := range us {
+		w := u.weight / total
+		e, se := effectSE(u.a, u.b)
+		effect += w * e
+		variance += w * w * se * se
+		logRatio += w * math.Log(u.b.Quantile(0.5)/u.a.Quantile(0.5))
+		for i := range draws {
+			draws[i] += w * math.Log(u.b.draw(0.5, rng.Float64())/u.a.draw(0.5, rng.Float64()))
+		}
+	}
+	slices.Sort(draws)
+	p := &out.Pooled
+	p.Effect = effect
+	p.P50Ratio = math.Exp(logRatio)
+	p.P50RatioLo = math.Exp(stat.Quantile((1-Level)/2, stat.Empirical, draws, nil))
+	p.P50RatioHi = math.Exp(stat.Quantile(1-(1-Level)/2, stat.Empirical, draws, nil))
+	p.PValue = 1
+	if variance > 0 {
+		z := (effect - 0.5) / math.Sqrt(variance)
+		p.PValue = 2 * distuv.UnitNormal.Survival(math.Abs(z))
+	}
+	p.Verdict = decide(p)
+	return out
+}
+
+// effectSE is the Brunner-Munzel effect of b against a and its standard
+// error: the statistic is (effect − ½) over it.
+func effectSE(a, b *Arm) (effect, se float64) {
+	effect, w, _ := BrunnerMunzel(a, b)
+	if w == 0 {
+		return effect, 0
+	}
+	return effect, (effect - 0.5) / w
+}
+
+// mixPValue is the chi-square test of the arms' counts over the strata
+// against the counts were both arms to draw from the strata alike.
+func mixPValue(a, b map[string][]float64, keys []string) float64 {
+	if len(keys) < 2 {
+		return 1
+	}
+	var na, nb float64
+	for _, k := range keys {
+		na += float64(len(a[k]))
+		nb += float64(len(b[k]))
+	}
+	if na == 0 || nb == 0 {
+		return 1
+	}
+	var obs, exp []float64
+	for _, k := range keys {
+		row := float64(len(a[k]) + len(b[k]))
+		obs = append(obs, float64(len(a[k])), float64(len(b[k])))
+		exp = append(exp, row*na/(na+nb), row*nb/(na+nb))
+	}
+	chi := stat.ChiSquare(obs, exp)
+	return distuv.ChiSquared{K: float64(len(keys) - 1)}.Survival(chi)
+}
