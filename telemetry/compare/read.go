@@ -1,0 +1,156 @@
+package compare
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+
+	"github.com/tidwall/gjson"
+)
+
+// Metrics is the access-log fields a comparison reads: each request's
+// figures where measured (a null is not observed, never a zero).
+var Metrics = []string{
+	"time_to_first_token_ms", "mean_itl_ms", "max_itl_ms", "e2e_latency_ms",
+	"queue_time_ms", "tokens_per_second", "prefill_tokens_per_second",
+}
+
+// Bounds on what is read: a line past MaxLine is refused, as is input
+// past MaxRequests lines, with an error that says so.
+const (
+	MaxLine     = 1 << 20
+	MaxRequests = 10_000_000
+)
+
+// Request is what a comparison takes of one access-log line.
+type Request struct {
+	Arm     string
+	Stratum string
+	// Failed says the request failed: a 5xx, or an engine failure. It
+	// counts in the arm's error rate, and its figures are left out.
+	Failed bool
+	Values map[string]float64
+}
+
+// ParseLine reads one access-log line: its arm from the variant field,
+// else arm; its stratum (stratum); its figures. ok is false for a line
+// that is not a request's (another log line, or not JSON).
+func ParseLine(line []byte, arm string) (r Request, ok bool) {
+	if !gjson.ValidBytes(line) {
+		return r, false
+	}
+	fields := gjson.GetManyBytes(line, "msg", "variant", "status", "upstream_error")
+	if fields[0].String() != "request" {
+		return r, false
+	}
+	r.Arm = arm
+	if v := fields[1].String(); v != "" {
+		r.Arm = v
+	}
+	r.Failed = fields[2].Int() >= 500 || fields[3].Type == gjson.String
+	r.Stratum = stratum(line)
+	r.Values = map[string]float64{}
+	if r.Failed {
+		return r, true
+	}
+	for i, v := range gjson.GetManyBytes(line, Metrics...) {
+		if v.Type == gjson.Number {
+			r.Values[Metrics[i]] = v.Float()
+		}
+	}
+	return r, true
+}
+
+// stratum is the key of like requests: the endpoint, the model, the
+// prompt-cache class, and the prompt's and completion's lengths in
+// buckets a quarter of the next apart (up to 256, 1k, 4k, 16k tokens, or
+// more), unknown where the log says none.
+func stratum(line []byte) string {
+	f := gjson.GetManyBytes(line, "path", "model", "cache", "prompt_tokens", "completion_tokens")
+	cache := f[2].String()
+	if cache == "" {
+		cache = "unknown"
+	}
+	return fmt.Sprintf("endpoint=%s model=%s cache=%s prompt=%s completion=%s",
+		f[0].String(), f[1].String(), cache, bucket(f[3]), bucket(f[4]))
+}
+
+func bucket(v gjson.Result) string {
+	if v.Type != gjson.Number {
+		return "unknown"
+	}
+	for _, b := range []struct {
+		most int64
+		name string
+	}{{256, "≤256"}, {1024, "≤1k"}, {4096, "≤4k"}, {16384, "≤16k"}} {
+		if v.Int() <= b.most {
+			return b.name
+		}
+	}
+	return ">16k"
+}
+
+// Samples is what a comparison has read: by arm, each metric's values by
+// stratum, and the requests and failures.
+type Samples struct {
+	Values           map[string]map[string]map[string][]float64 // arm → metric → stratum → values
+	Requests, Failed map[string]int                             // by arm
+}
+
+// Read reads access-log lines from r into s, each line's arm its variant
+// field or arm. Lines that are not requests' are passed over.
+func (s *Samples) Read(r io.Reader, arm string) error {
+	if s.Values == nil {
+		s.Values, s.Requests, s.Failed = map[string]map[string]map[string][]float64{}, map[string]int{}, map[string]int{}
+	}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), MaxLine)
+	for sc.Scan() {
+		req, ok := ParseLine(sc.Bytes(), arm)
+		if !ok {
+			continue
+		}
+		if s.total() >= MaxRequests {
+			return fmt.Errorf("more than %d requests: compare a shorter span", MaxRequests)
+		}
+		s.add(req)
+	}
+	if err := sc.Err(); errors.Is(err, bufio.ErrTooLong) {
+		return fmt.Errorf("a line longer than %d bytes: not an access log", MaxLine)
+	} else if err != nil {
+		return err
+	}
+	return nil
+}
+
+func (s *Samples) total() (n int) {
+	for _, v := range s.Requests {
+		n += v
+	}
+	return n
+}
+
+func (s *Samples) add(req Request) {
+	s.Requests[req.Arm]++
+	if req.Failed {
+		s.Failed[req.Arm]++
+		return
+	}
+	byMetric := s.Values[req.Arm]
+	if byMetric == nil {
+		byMetric = map[string]map[string][]float64{}
+		s.Values[req.Arm] = byMetric
+	}
+	for m, v := range req.Values {
+		if byMetric[m] == nil {
+			byMetric[m] = map[string][]float64{}
+		}
+		byMetric[m][req.Stratum] = append(byMetric[m][req.Stratum], v)
+	}
+}
+
+// Arms is the arms read, in order.
+func (s *Samples) Arms() []string { return slices.Sorted(maps.Keys(s.Requests)) }
