@@ -98,6 +98,7 @@ func bucket(v gjson.Result) string {
 type Samples struct {
 	Values           map[string]map[string]map[string][]float64 // arm → metric → stratum → values
 	Requests, Failed map[string]int                             // by arm
+	n                int                                        // requests in all
 }
 
 // Read reads access-log lines from r into s, each line's arm its variant
@@ -113,7 +114,7 @@ func (s *Samples) Read(r io.Reader, arm string) error {
 		if !ok {
 			continue
 		}
-		if s.total() >= MaxRequests {
+		if s.n >= MaxRequests {
 			return fmt.Errorf("more than %d requests: compare a shorter span", MaxRequests)
 		}
 		s.add(req)
@@ -126,14 +127,8 @@ func (s *Samples) Read(r io.Reader, arm string) error {
 	return nil
 }
 
-func (s *Samples) total() (n int) {
-	for _, v := range s.Requests {
-		n += v
-	}
-	return n
-}
-
 func (s *Samples) add(req Request) {
+	s.n++
 	s.Requests[req.Arm]++
 	if req.Failed {
 		s.Failed[req.Arm]++

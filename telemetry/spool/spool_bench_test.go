@@ -10,15 +10,21 @@ import (
 // record is the size of a usage record with a few long names.
 var benchRecord = make([]byte, 900)
 
+// benchIDs is request ids as the sidecar makes them (UUIDv7), to reuse.
+func benchIDs() []string {
+	ids := make([]string, 1024)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("0193a0b1-c2d3-7e4f-8a9b-%012x", i)
+	}
+	return ids
+}
+
 // BenchmarkAppend is what a request pays the spool: its start and its
 // end, each one write(2) into the page cache, with no sync.
 func BenchmarkAppend(b *testing.B) {
 	s, _ := open(b, b.TempDir(), Options{MaxSize: 1 << 40, Readers: []string{"a"}})
 	defer s.Close()
-	ids := make([]string, 1024)
-	for i := range ids {
-		ids[i] = fmt.Sprintf("0193a0b1-c2d3-7e4f-8a9b-%012x", i)
-	}
+	ids := benchIDs()
 	b.SetBytes(2 * int64(len(benchRecord)))
 	b.ReportAllocs()
 	i := 0
@@ -64,10 +70,7 @@ func BenchmarkRequestDelivered(b *testing.B) {
 	s, _ := open(b, b.TempDir(), Options{MaxSize: 1 << 40, Sync: 1 << 62, Readers: []string{"a"}})
 	defer s.Close()
 	r := s.Reader("a")
-	ids := make([]string, 1024)
-	for i := range ids {
-		ids[i] = fmt.Sprintf("0193a0b1-c2d3-7e4f-8a9b-%012x", i)
-	}
+	ids := benchIDs()
 	b.SetBytes(2 * int64(len(benchRecord)))
 	b.ReportAllocs()
 	i := 0

@@ -76,24 +76,30 @@ func (d *delivery) deliver(records []spool.Record, probe bool) (rejected int, er
 		return 0, &EndpointRefuses{rej}
 	}
 	half := len(records) / 2
-	first, err1 := d.sendWhole(records[:half])
-	second, err2 := d.sendWhole(records[half:])
-	var rej1, rej2 *Rejected
-	refused1, refused2 := errors.As(err1, &rej1), errors.As(err2, &rej2)
-	if refused1 && refused2 && !rej.TooLarge {
+	halves := [2][]spool.Record{records[:half], records[half:]}
+	var n [2]int
+	var errs [2]error
+	var refused [2]bool
+	for i, h := range halves {
+		n[i], errs[i] = d.sendWhole(h)
+		refused[i] = errors.As(errs[i], new(*Rejected))
+	}
+	if refused[0] && refused[1] && !rej.TooLarge {
 		return 0, &EndpointRefuses{rej}
 	}
-	if err := errors.Join(retryable(err1), retryable(err2)); err != nil {
+	if err := errors.Join(retryable(errs[0]), retryable(errs[1])); err != nil {
 		return 0, err
 	}
 	// The sink takes records: what it refuses now is the record's.
-	if refused1 {
-		first, err1 = d.split(records[:half])
+	var t tally
+	for i, h := range halves {
+		if !refused[i] {
+			t.took(len(h), n[i])
+		} else if err := d.drill(h, &t); err != nil {
+			return 0, err
+		}
 	}
-	if refused2 {
-		second, err2 = d.split(records[half:])
-	}
-	return first + second, errors.Join(err1, err2)
+	return d.drop(t), nil
 }
 
 // probe delivers a batch of at most probeBatch records split down to
@@ -102,70 +108,64 @@ func (d *delivery) deliver(records []spool.Record, probe bool) (rejected int, er
 // refuses it and both its halves) are found, and an endpoint that refuses
 // every record loses none.
 func (d *delivery) probe(records []spool.Record) (int, error) {
-	var refused []spool.Record
-	accepted, err := d.drill(records, &refused)
-	switch {
-	case err != nil:
+	var t tally
+	if err := d.drill(records, &t); err != nil {
 		return 0, err
-	case accepted == 0 && len(refused) > 0:
+	}
+	if t.accepted == 0 && len(t.refused) > 0 {
 		return 0, &EndpointRefuses{&Rejected{Status: "every record refused alone"}}
 	}
-	for _, r := range refused {
-		d.rejects.report("usage record refused by its sink, and dropped", "sink", d.sink.Name(), "id", string(r.ID))
-	}
-	return len(refused), nil
+	return d.drop(t), nil
+}
+
+// tally is what sending a refused batch in parts found.
+type tally struct {
+	// accepted is the records the sink took; partial, those it refused
+	// in a partial success; refused, those it refused alone.
+	accepted, partial int
+	refused           []spool.Record
+}
+
+// took counts sent records the sink took, refusing partial of them.
+func (t *tally) took(sent, partial int) {
+	t.accepted += sent - partial
+	t.partial += partial
 }
 
 // drill sends records, splitting each refused batch down to single
-// records, which it adds to refused; it returns how many the sink took.
-func (d *delivery) drill(records []spool.Record, refused *[]spool.Record) (int, error) {
+// records.
+func (d *delivery) drill(records []spool.Record, t *tally) error {
 	n, err := d.sendWhole(records)
-	var rej *Rejected
-	if !errors.As(err, &rej) {
-		if err != nil {
-			return 0, err
-		}
-		return len(records) - n, nil
-	}
-	if len(records) == 1 {
-		*refused = append(*refused, records[0])
-		return 0, nil
+	switch {
+	case err == nil:
+		t.took(len(records), n)
+		return nil
+	case !errors.As(err, new(*Rejected)):
+		return err
+	case len(records) == 1:
+		t.refused = append(t.refused, records[0])
+		return nil
 	}
 	half := len(records) / 2
-	first, err := d.drill(records[:half], refused)
-	if err != nil {
-		return 0, err
+	if err := d.drill(records[:half], t); err != nil {
+		return err
 	}
-	second, err := d.drill(records[half:], refused)
-	return first + second, err
+	return d.drill(records[half:], t)
+}
+
+// drop logs the records the sink refused alone, and returns how many it
+// refused in all.
+func (d *delivery) drop(t tally) int {
+	for _, r := range t.refused {
+		d.rejects.report("usage record refused by its sink, and dropped", "sink", d.sink.Name(), "id", string(r.ID))
+	}
+	return t.partial + len(t.refused)
 }
 
 // sendWhole sends records once: what the sink refused of them when it
 // took them, or its error.
 func (d *delivery) sendWhole(records []spool.Record) (int, error) {
 	return d.partial(d.sink.Send(d.stopped, records), len(records))
-}
-
-// split delivers records to a sink known to take records: a batch it
-// rejects is split until the records it rejects alone are found, and
-// those are dropped.
-func (d *delivery) split(records []spool.Record) (int, error) {
-	n, err := d.sendWhole(records)
-	var rej *Rejected
-	if !errors.As(err, &rej) {
-		return n, err
-	}
-	if len(records) == 1 {
-		d.rejects.report("usage record refused by its sink, and dropped", "sink", d.sink.Name(), "status", rej.Status, "id", string(records[0].ID))
-		return 1, nil
-	}
-	half := len(records) / 2
-	first, err := d.split(records[:half])
-	if err != nil {
-		return 0, err
-	}
-	second, err := d.split(records[half:])
-	return first + second, err
 }
 
 // partial reads a sink's answer: a partial success is the batch

@@ -98,21 +98,7 @@ func TestDeliveryRetriesUntilAcknowledged(t *testing.T) {
 		r.Start(id, []byte(event))
 		r.End(id, []byte(event))
 	}
-	retried := func() float64 {
-		families, _ := reg.Gather()
-		for _, f := range families {
-			if f.GetName() == "timing_sidecar_usage_records_retried_total" {
-				return f.GetMetric()[0].GetCounter().GetValue()
-			}
-		}
-		return 0
-	}
-	for deadline := time.Now().Add(10 * time.Second); retried() == 0; {
-		if time.Now().After(deadline) {
-			t.Fatal("no retry counted")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	eventually(t, "a retry counted", func() bool { return counter(reg, "timing_sidecar_usage_records_retried_total") > 0 })
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	left := r.Close(ctx)
 	cancel()
