@@ -28,7 +28,7 @@ const (
 // Request is what a comparison takes of one access-log line.
 type Request struct {
 	Arm     string
-	Stratum string
+	Stratum Stratum
 	// Failed says the request failed: a 5xx, or an engine failure. It
 	// counts in the arm's error rate, and its figures are left out.
 	Failed bool
@@ -64,18 +64,31 @@ func ParseLine(line []byte, arm string) (r Request, ok bool) {
 	return r, true
 }
 
-// stratum is the key of like requests: the endpoint, the model, the
+// Stratum is a class of like requests: the endpoint, the model, the
 // prompt-cache class, and the prompt's and completion's lengths in
 // buckets a quarter of the next apart (up to 256, 1k, 4k, 16k tokens, or
 // more), unknown where the log says none.
-func stratum(line []byte) string {
+type Stratum struct {
+	Endpoint   string `json:"endpoint"`
+	Model      string `json:"model"`
+	Cache      string `json:"cache"`
+	Prompt     string `json:"prompt"`
+	Completion string `json:"completion"`
+}
+
+// String is the stratum as one line: its key in a comparison.
+func (s Stratum) String() string {
+	return fmt.Sprintf("endpoint=%s model=%s cache=%s prompt=%s completion=%s",
+		s.Endpoint, s.Model, s.Cache, s.Prompt, s.Completion)
+}
+
+func stratum(line []byte) Stratum {
 	f := gjson.GetManyBytes(line, "path", "model", "cache", "prompt_tokens", "completion_tokens")
 	cache := f[2].String()
 	if cache == "" {
 		cache = "unknown"
 	}
-	return fmt.Sprintf("endpoint=%s model=%s cache=%s prompt=%s completion=%s",
-		f[0].String(), f[1].String(), cache, bucket(f[3]), bucket(f[4]))
+	return Stratum{Endpoint: f[0].String(), Model: f[1].String(), Cache: cache, Prompt: bucket(f[3]), Completion: bucket(f[4])}
 }
 
 func bucket(v gjson.Result) string {
@@ -96,52 +109,75 @@ func bucket(v gjson.Result) string {
 // Samples is what a comparison has read: by arm, each metric's values by
 // stratum, and the requests and failures.
 type Samples struct {
-	Values           map[string]map[string]map[string][]float64 // arm → metric → stratum → values
-	Requests, Failed map[string]int                             // by arm
-	n                int                                        // requests in all
+	Values           map[string]map[string]map[Stratum][]float64 // arm → metric → stratum → values
+	Requests, Failed map[string]int                              // by arm
+	// Served is each arm's requests that did not fail, by stratum.
+	Served map[string]map[string]int
+	// Order is the arms in the order they were first read.
+	Order []string
+	n     int // requests in all
 }
 
 // Read reads access-log lines from r into s, each line's arm its variant
 // field or arm. Lines that are not requests' are passed over.
 func (s *Samples) Read(r io.Reader, arm string) error {
-	if s.Values == nil {
-		s.Values, s.Requests, s.Failed = map[string]map[string]map[string][]float64{}, map[string]int{}, map[string]int{}
-	}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), MaxLine)
 	for sc.Scan() {
-		req, ok := ParseLine(sc.Bytes(), arm)
-		if !ok {
-			continue
+		if err := s.Add(sc.Bytes(), arm); err != nil {
+			return err
 		}
-		if s.n >= MaxRequests {
-			return fmt.Errorf("more than %d requests: compare a shorter span", MaxRequests)
-		}
-		s.add(req)
 	}
 	if err := sc.Err(); errors.Is(err, bufio.ErrTooLong) {
-		return fmt.Errorf("a line longer than %d bytes: not an access log", MaxLine)
+		return errTooLong
 	} else if err != nil {
 		return err
 	}
 	return nil
 }
 
+var errTooLong = fmt.Errorf("a line longer than %d bytes: not an access log", MaxLine)
+
+// Add reads one access-log line into s, its arm its variant field or
+// arm; a line that is not a request's is passed over.
+func (s *Samples) Add(line []byte, arm string) error {
+	if s.Values == nil {
+		s.Values, s.Requests, s.Failed = map[string]map[string]map[Stratum][]float64{}, map[string]int{}, map[string]int{}
+		s.Served = map[string]map[string]int{}
+	}
+	req, ok := ParseLine(line, arm)
+	if !ok {
+		return nil
+	}
+	if s.n >= MaxRequests {
+		return fmt.Errorf("more than %d requests: compare a shorter span", MaxRequests)
+	}
+	s.add(req)
+	return nil
+}
+
 func (s *Samples) add(req Request) {
 	s.n++
+	if _, ok := s.Requests[req.Arm]; !ok {
+		s.Order = append(s.Order, req.Arm)
+	}
 	s.Requests[req.Arm]++
 	if req.Failed {
 		s.Failed[req.Arm]++
 		return
 	}
+	if s.Served[req.Arm] == nil {
+		s.Served[req.Arm] = map[string]int{}
+	}
+	s.Served[req.Arm][req.Stratum.String()]++
 	byMetric := s.Values[req.Arm]
 	if byMetric == nil {
-		byMetric = map[string]map[string][]float64{}
+		byMetric = map[string]map[Stratum][]float64{}
 		s.Values[req.Arm] = byMetric
 	}
 	for m, v := range req.Values {
 		if byMetric[m] == nil {
-			byMetric[m] = map[string][]float64{}
+			byMetric[m] = map[Stratum][]float64{}
 		}
 		byMetric[m][req.Stratum] = append(byMetric[m][req.Stratum], v)
 	}

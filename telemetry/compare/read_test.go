@@ -27,14 +27,14 @@ func TestReadsTheAccessLog(t *testing.T) {
 	if s.Requests["base"] != 3 || s.Failed["base"] != 1 || s.Requests["canary"] != 1 {
 		t.Errorf("requests %v failed %v", s.Requests, s.Failed)
 	}
-	chat := "endpoint=/v1/chat/completions model=llama cache=none prompt=≤1k completion=≤256"
+	chat := Stratum{"/v1/chat/completions", "llama", "none", "≤1k", "≤256"}
 	if v := s.Values["base"]["time_to_first_token_ms"][chat]; len(v) != 1 || v[0] != 80.5 {
-		t.Errorf("base's TTFT in %q: %v (all: %v)", chat, v, s.Values["base"]["time_to_first_token_ms"])
+		t.Errorf("base's TTFT in %v: %v (all: %v)", chat, v, s.Values["base"]["time_to_first_token_ms"])
 	}
 	if _, ok := s.Values["base"]["max_itl_ms"]; ok {
 		t.Error("a null max_itl_ms became a value")
 	}
-	long := "endpoint=/v1/completions model=llama cache=unknown prompt=>16k completion=unknown"
+	long := Stratum{"/v1/completions", "llama", "unknown", ">16k", "unknown"}
 	if v := s.Values["base"]["time_to_first_token_ms"][long]; len(v) != 1 {
 		t.Errorf("the long prompt's stratum: %v", s.Values["base"]["time_to_first_token_ms"])
 	}

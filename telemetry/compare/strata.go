@@ -49,11 +49,7 @@ func CompareStrata(a, b map[string][]float64, rng *rand.Rand) Stratified {
 	}
 	slices.Sort(keys)
 	var out Stratified
-	out.MixPValue = mixPValue(a, b, keys)
-	type used struct {
-		a, b   *Arm
-		weight float64
-	}
+	out.MixPValue = MixPValue(counts(a), counts(b))
 	var us []used
 	total := 0.0
 	for _, k := range keys {
@@ -61,7 +57,7 @@ func CompareStrata(a, b map[string][]float64, rng *rand.Rand) Stratified {
 		r := Compare(armA, armB, rng)
 		out.Strata = append(out.Strata, StratumResult{Key: k, NA: armA.N(), NB: armB.N(), Result: r})
 		if r.Verdict != TooFew {
-			us = append(us, used{armA, armB, float64(armA.N() + armB.N())})
+			us = append(us, used{k, armA, armB, float64(armA.N() + armB.N())})
 			total += float64(armA.N() + armB.N())
 		}
 	}
@@ -70,31 +66,49 @@ func CompareStrata(a, b map[string][]float64, rng *rand.Rand) Stratified {
 		return out
 	}
 	var effect, variance float64
-	draws := make([]float64, Draws)
-	var logRatio float64
 	for _, u := range us {
 		w := u.weight / total
 		e, se := effectSE(u.a, u.b)
 		effect += w * e
 		variance += w * w * se * se
-		logRatio += w * math.Log(u.b.Quantile(0.5)/u.a.Quantile(0.5))
-		for i := range draws {
-			draws[i] += w * math.Log(u.b.draw(0.5, rng.Float64())/u.a.draw(0.5, rng.Float64()))
-		}
 	}
-	slices.Sort(draws)
 	p := &out.Pooled
 	p.Effect = effect
-	p.P50Ratio = math.Exp(logRatio)
-	p.P50RatioLo = math.Exp(stat.Quantile((1-Level)/2, stat.Empirical, draws, nil))
-	p.P50RatioHi = math.Exp(stat.Quantile(1-(1-Level)/2, stat.Empirical, draws, nil))
+	p.P50Ratio, p.P50RatioLo, p.P50RatioHi = pooledRatio(us, total, 0.5, rng)
+	p.P90Ratio, p.P90RatioLo, p.P90RatioHi = pooledRatio(us, total, 0.9, rng)
 	p.PValue = 1
 	if variance > 0 {
 		z := (effect - 0.5) / math.Sqrt(variance)
 		p.PValue = 2 * distuv.UnitNormal.Survival(math.Abs(z))
 	}
-	p.Verdict = decide(p)
+	p.Verdict = decide(p, p.PValue)
 	return out
+}
+
+// used is a stratum in the pooled result, with its requests as weight.
+type used struct {
+	key    string
+	a, b   *Arm
+	weight float64
+}
+
+// pooledRatio is the strata's weighted geometric mean of b's p-quantile
+// over a's, and its percentile-bootstrap interval from the same weights
+// on each stratum's independent draws.
+func pooledRatio(us []used, total, p float64, rng *rand.Rand) (ratio, lo, hi float64) {
+	draws := make([]float64, Draws)
+	var logRatio float64
+	for _, u := range us {
+		w := u.weight / total
+		logRatio += w * math.Log(u.b.Quantile(p)/u.a.Quantile(p))
+		for i := range draws {
+			draws[i] += w * math.Log(u.b.draw(p, rng.Float64())/u.a.draw(p, rng.Float64()))
+		}
+	}
+	slices.Sort(draws)
+	return math.Exp(logRatio),
+		math.Exp(stat.Quantile((1-Level)/2, stat.Empirical, draws, nil)),
+		math.Exp(stat.Quantile(1-(1-Level)/2, stat.Empirical, draws, nil))
 }
 
 // effectSE is the Brunner-Munzel effect of b against a and its standard
@@ -107,24 +121,39 @@ func effectSE(a, b *Arm) (effect, se float64) {
 	return effect, (effect - 0.5) / w
 }
 
-// mixPValue is the chi-square test of the arms' counts over the strata
-// against the counts were both arms to draw from the strata alike.
-func mixPValue(a, b map[string][]float64, keys []string) float64 {
+func counts(values map[string][]float64) map[string]int {
+	c := make(map[string]int, len(values))
+	for k, v := range values {
+		c[k] = len(v)
+	}
+	return c
+}
+
+// MixPValue is the chi-square test of two arms' requests over strata
+// (counts by key) against the counts were both arms to draw from the
+// strata alike.
+func MixPValue(a, b map[string]int) float64 {
+	keys := slices.Sorted(maps.Keys(a))
+	for k := range b {
+		if _, ok := a[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
 	if len(keys) < 2 {
 		return 1
 	}
 	var na, nb float64
 	for _, k := range keys {
-		na += float64(len(a[k]))
-		nb += float64(len(b[k]))
+		na += float64(a[k])
+		nb += float64(b[k])
 	}
 	if na == 0 || nb == 0 {
 		return 1
 	}
 	var obs, exp []float64
 	for _, k := range keys {
-		row := float64(len(a[k]) + len(b[k]))
-		obs = append(obs, float64(len(a[k])), float64(len(b[k])))
+		row := float64(a[k] + b[k])
+		obs = append(obs, float64(a[k]), float64(b[k]))
 		exp = append(exp, row*na/(na+nb), row*nb/(na+nb))
 	}
 	chi := stat.ChiSquare(obs, exp)

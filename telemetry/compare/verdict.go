@@ -30,8 +30,10 @@ type Result struct {
 	Verdict Verdict
 	// Effect is P(a < b) + P(a = b)/2: 0.5 when neither tends higher.
 	Effect, PValue float64
-	// P50Ratio is b's median over a's, with its interval.
+	// P50Ratio is b's median over a's, with its interval; P90Ratio the
+	// same of the 90th percentiles.
 	P50Ratio, P50RatioLo, P50RatioHi float64
+	P90Ratio, P90RatioLo, P90RatioHi float64
 	// Detectable is, with no difference found, the smallest change of
 	// the median the data could have shown: the interval's farther
 	// bound from 1, as a fraction.
@@ -51,17 +53,20 @@ func Compare(a, b *Arm, rng *rand.Rand) Result {
 	var r Result
 	r.Effect, _, r.PValue = BrunnerMunzel(a, b)
 	r.P50Ratio, r.P50RatioLo, r.P50RatioHi = RatioCI(a, b, 0.5, Level, Draws, rng)
-	r.Verdict = decide(&r)
+	r.P90Ratio, r.P90RatioLo, r.P90RatioHi = RatioCI(a, b, 0.9, Level, Draws, rng)
+	r.Verdict = decide(&r, r.PValue)
 	return r
 }
 
-// decide is r's verdict from its test and its interval, setting
-// Detectable when it finds no difference.
-func decide(r *Result) Verdict {
+// decide is r's verdict from its test's p-value p (r's own, or as
+// adjusted for many comparisons) and its interval, setting Detectable
+// when it finds no difference.
+func decide(r *Result, p float64) Verdict {
+	r.Detectable = 0
 	switch {
-	case r.PValue < Alpha && r.Effect > 0.5 && r.P50RatioLo > 1:
+	case p < Alpha && r.Effect > 0.5 && r.P50RatioLo > 1:
 		return Slower
-	case r.PValue < Alpha && r.Effect < 0.5 && r.P50RatioHi < 1:
+	case p < Alpha && r.Effect < 0.5 && r.P50RatioHi < 1:
 		return Faster
 	}
 	r.Detectable = max(r.P50RatioHi-1, 1-r.P50RatioLo)
