@@ -136,8 +136,10 @@ func TestDashboardAndRulesInPrometheus(t *testing.T) {
 	const ttft, slo = 150 * time.Millisecond, 400 * time.Millisecond
 	engine := startEngine(t, emulator.Config{Model: "m", PromptTokensDetails: true,
 		Timing: emulator.Timing{TTFT: ttft, ITL: 5 * time.Millisecond, TokensPerEvent: 1, OutputTokens: 16}})
+	// Two arms: the deployment's (--variant) and the one half the known
+	// streams name in their header, as a gateway splitting traffic would.
 	s := startSidecar(t, []string{"--upstream", engine.URL(), "--slo-ttft", slo.String(), "--slo-itl", "50ms",
-		"--tenant-header", "X-Tenant", "--tenant-label", "--readiness-interval", "200ms"})
+		"--tenant-header", "X-Tenant", "--tenant-label", "--variant", "stable", "--variant-header", "X-Variant", "--readiness-interval", "200ms"})
 	prom := startPrometheus(t, s.admin)
 
 	// Known timings: every stream's first token 150 ms after the engine
@@ -154,6 +156,20 @@ func TestDashboardAndRulesInPrometheus(t *testing.T) {
 	mustReturn := dashboardAndRuleExpressions(t, prom)
 	awaitAllReturnData(t, prom, mustReturn)
 	t.Logf("%d dashboard and rule expressions return data before any failure", len(mustReturn))
+	// The Arms row compares rates: a second round of each arm's streams,
+	// once the first is scraped, gives every arm one.
+	for _, arm := range []string{"stable", "canary"} {
+		for i := range 4 {
+			h := map[string]string{"X-Request-Id": fmt.Sprintf("%s-%d", arm, i)}
+			if arm != "stable" {
+				h["X-Variant"] = arm
+			}
+			if r := send(t, s.base, true, 8, h); r.status != 200 {
+				t.Fatalf("%s stream %d: %d", arm, i, r.status)
+			}
+		}
+	}
+	awaitEveryArm(t, prom, []string{"stable", "canary"})
 	checkPrefillPanel(t, prom, s, misses)
 
 	// Failures now: a stream the engine cuts (an upstream error), a
@@ -185,6 +201,9 @@ func sendKnownStreams(t *testing.T, s *sidecar, n int) []float64 {
 	for i := range n {
 		wg.Go(func() {
 			h := map[string]string{"X-Request-Id": fmt.Sprintf("known-%d", i), "X-Tenant": "acme"}
+			if i%2 == 1 {
+				h["X-Variant"] = "canary" // the others are the deployment's, stable
+			}
 			if i%4 == 3 {
 				// A few prompt tokens from the prefix cache: the TTFT
 				// panels by cache class get a second class, and the
@@ -388,6 +407,72 @@ func awaitAllReturnData(t *testing.T, prom *promServer, mustReturn []string) {
 		}
 		time.Sleep(250 * time.Millisecond) // polling Prometheus, which has no event to await
 	}
+}
+
+// awaitEveryArm polls until each expression of the dashboard's Arms row
+// returns a number for every arm, for 30 s.
+func awaitEveryArm(t *testing.T, prom *promServer, arms []string) {
+	t.Helper()
+	exprs := rowExpressions(t, "Arms")
+	if len(exprs) < 6 {
+		t.Fatalf("the Arms row has %d expressions: %v", len(exprs), exprs)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var missing []string
+		for _, e := range exprs {
+			got := map[string]bool{}
+			for _, r := range prom.query(t, fillVariables(e)) {
+				got[r.Metric["variant"]] = !math.IsNaN(r.value())
+			}
+			for _, arm := range arms {
+				if !got[arm] {
+					missing = append(missing, arm+": "+e)
+				}
+			}
+		}
+		if len(missing) == 0 {
+			t.Logf("each of the Arms row's %d expressions has a number for each arm, %v", len(exprs), arms)
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 30s, the Arms row has no number for these arms:\n%s", strings.Join(missing, "\n"))
+		}
+		time.Sleep(250 * time.Millisecond) // polling Prometheus, which has no event to await
+	}
+}
+
+// rowExpressions is the expressions of the dashboard's panels under the
+// row titled title, up to the next row.
+func rowExpressions(t *testing.T, title string) []string {
+	t.Helper()
+	raw, err := os.ReadFile(dashboardFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Panels []struct {
+			Type, Title string
+			Targets     []struct{ Expr string }
+		}
+	}
+	if err := json.Unmarshal(raw, &d); err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	in := false
+	for _, p := range d.Panels {
+		if p.Type == "row" {
+			in = p.Title == title
+			continue
+		}
+		for _, tg := range p.Targets {
+			if in && tg.Expr != "" {
+				out = append(out, tg.Expr)
+			}
+		}
+	}
+	return out
 }
 
 // sendCutAndLeftStreams sends a stream the engine cuts (an upstream error)

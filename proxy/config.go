@@ -63,6 +63,7 @@ const (
 	DefaultInjectUsage           = true
 	DefaultMaxModelLabels        = 32
 	DefaultMaxTenantLabels       = 32
+	DefaultMaxVariantLabels      = 8 // an experiment's two or three arms, and room for overlapping ones
 	DefaultReadinessProbe        = ProbeHTTP
 	DefaultReadinessPath         = "/health"
 	DefaultReadinessInterval     = 2 * time.Second
@@ -182,6 +183,13 @@ type Config struct {
 	// counters; MaxTenantLabels bounds its values.
 	TenantLabel     bool
 	MaxTenantLabels int
+	// Variant is the deployment's arm of a latency experiment (a canary
+	// Deployment's "canary"), and VariantHeader the request header that
+	// names a request's own arm (set by the gateway that splits traffic),
+	// which wins over Variant. Either set labels every figure with the
+	// request's arm; MaxVariantLabels bounds the label's values.
+	Variant, VariantHeader string
+	MaxVariantLabels       int
 	// ReadinessProbe is how /readyz checks the engine: ProbeHTTP or
 	// ProbeTCP; ReadinessPath is the HTTP probe's path; the probe runs
 	// every ReadinessInterval and /readyz answers from its last result.
@@ -246,6 +254,7 @@ func DefaultConfig() Config {
 		InjectUsage:            DefaultInjectUsage,
 		MaxModelLabels:         DefaultMaxModelLabels,
 		MaxTenantLabels:        DefaultMaxTenantLabels,
+		MaxVariantLabels:       DefaultMaxVariantLabels,
 		ReadinessProbe:         DefaultReadinessProbe,
 		ReadinessPath:          DefaultReadinessPath,
 		ReadinessInterval:      DefaultReadinessInterval,
@@ -396,6 +405,7 @@ func (c *Config) sizeProblems() []error {
 		{"max event size", c.MaxEventSize, 1024},
 		{"max model labels", c.MaxModelLabels, 1},
 		{"max tenant labels", c.MaxTenantLabels, 1},
+		{"max variant labels", c.MaxVariantLabels, 1},
 	} {
 		if s.v < s.min {
 			errs = append(errs, fmt.Errorf("%s %d: must be at least %d", s.name, s.v, s.min))

@@ -90,7 +90,8 @@ type flight struct {
 
 var requestIDHeader = []byte("X-Request-Id")
 
-// begin starts a flight: request id, tenant, and the in-flight gauge.
+// begin starts a flight: request id, tenant, variant, and the in-flight
+// gauge.
 func (p *Proxy) begin(ctx *fasthttp.RequestCtx, arrival time.Time) *flight {
 	f, _ := p.pools.flights.Get().(*flight)
 	if f == nil {
@@ -112,6 +113,10 @@ func (p *Proxy) begin(ctx *fasthttp.RequestCtx, arrival time.Time) *flight {
 	if p.cfg.TenantHeader != "" {
 		f.rec.Tenant = string(ctx.Request.Header.Peek(p.cfg.TenantHeader))
 	}
+	f.rec.Variant = p.cfg.Variant
+	if v := variantHeader(&ctx.Request.Header, p.cfg.VariantHeader); len(v) > 0 {
+		f.rec.Variant = string(v) // the request's own arm wins over the deployment's
+	}
 	var ok bool
 	if f.rec.Asked.TTFT, ok = askedObjective(&ctx.Request.Header, p.cfg.SLOTTFTHeader); !ok {
 		f.rec.AskedInvalid |= telemetry.ObjectiveTTFT
@@ -123,6 +128,15 @@ func (p *Proxy) begin(ctx *fasthttp.RequestCtx, arrival time.Time) *flight {
 	f.trailers = ctx.Request.Header.IsHTTP11() && bytes.Contains(ctx.Request.Header.Peek("Te"), []byte("trailers"))
 	p.telemetry.Begin()
 	return f
+}
+
+// variantHeader is the arm a request names in header name, nil when name
+// is empty or the request names none.
+func variantHeader(h *fasthttp.RequestHeader, name string) []byte {
+	if name == "" {
+		return nil
+	}
+	return h.Peek(name)
 }
 
 // askedObjective reads the objective a request carries in header name:

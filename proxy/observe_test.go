@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -409,6 +410,93 @@ func TestTenantLabel(t *testing.T) {
 	if !strings.Contains(log.lines()[1], `"tenant":"globex"`) {
 		t.Errorf("access log lacks the tenant: %s", log.lines()[1])
 	}
+}
+
+// TestVariant: a request's arm is its variant header's value, else the
+// deployment's (--variant), in the series and the access log; a header
+// value takes a label slot only with a 2xx answer, and past the bound
+// counts as "other"; without variants configured no series has the label.
+func TestVariant(t *testing.T) {
+	type call struct {
+		header string // X-Variant's value; empty: not sent
+		status int    // the engine's answer
+	}
+	for _, tc := range []struct {
+		name         string
+		flag, header string
+		max          int
+		calls        []call
+		logged       []string           // each line's variant
+		series       map[string]float64 // requests by variant label; nil: no label
+	}{
+		{name: "off", header: "", max: 8, calls: []call{{"canary", 200}},
+			logged: []string{""}},
+		{name: "the deployment's arm", flag: "stable", max: 8, calls: []call{{"", 200}, {"canary", 200}},
+			logged: []string{"stable", "stable"}, series: map[string]float64{"stable": 2}},
+		{name: "the header wins", flag: "stable", header: "X-Variant", max: 8, calls: []call{{"canary", 200}, {"", 200}},
+			logged: []string{"canary", "stable"}, series: map[string]float64{"canary": 1, "stable": 1}},
+		{name: "the header alone", header: "X-Variant", max: 8, calls: []call{{"canary", 200}, {"", 200}},
+			logged: []string{"canary", ""}, series: map[string]float64{"canary": 1, "": 1}},
+		{name: "a 4xx takes no slot", flag: "stable", header: "X-Variant", max: 2, calls: []call{{"junk", 404}, {"canary", 200}, {"junk", 404}},
+			logged: []string{"junk", "canary", "junk"}, series: map[string]float64{"other": 2, "canary": 1}},
+		{name: "past the bound", flag: "stable", header: "X-Variant", max: 2, calls: []call{{"canary", 200}, {"third", 200}, {"stable", 200}},
+			logged: []string{"canary", "third", "stable"}, series: map[string]float64{"canary": 1, "other": 1, "stable": 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			engine := newFakeEngine(t)
+			var log syncBuffer
+			p, base := startSidecar(t, engine.URL(), func(c *Config) {
+				c.Variant, c.VariantHeader, c.MaxVariantLabels = tc.flag, tc.header, tc.max
+			}, &log)
+			for _, c := range tc.calls {
+				h := map[string]string{"X-Fake-Status": strconv.Itoa(c.status)}
+				if c.header != "" {
+					h["X-Variant"] = c.header
+				}
+				resp := post(t, base+"/v1/chat/completions", `{"model":"m"}`, h)
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			p.telemetry.Flush()
+			lines := log.lines()
+			for i, want := range tc.logged {
+				var line map[string]any
+				if i >= len(lines) || json.Unmarshal([]byte(lines[i]), &line) != nil || line["variant"] != want {
+					t.Errorf("access-log line %d: variant %v, want %q", i, line["variant"], want)
+				}
+			}
+			if got := requestsByVariant(t, p); !maps.Equal(got, tc.series) {
+				t.Errorf("requests by variant %v, want %v", got, tc.series)
+			}
+		})
+	}
+}
+
+// requestsByVariant sums timing_sidecar_requests_total by its variant
+// label; nil when no series has the label.
+func requestsByVariant(t *testing.T, p *Proxy) map[string]float64 {
+	t.Helper()
+	mfs, err := p.registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out map[string]float64
+	for _, mf := range mfs {
+		if mf.GetName() != "timing_sidecar_requests_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "variant" {
+					if out == nil {
+						out = map[string]float64{}
+					}
+					out[l.GetValue()] += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return out
 }
 
 // eventually polls cond until it holds or the deadline passes: readiness

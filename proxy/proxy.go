@@ -99,6 +99,7 @@ func New(cfg Config, log *slog.Logger, accessLog io.Writer) (*Proxy, error) {
 	p := &Proxy{cfg: cfg, policy: cfg.policy(), bootstrapLeg: rewrite.LegNamed(cfg.DisaggregationLeg), log: log, up: up, pools: newPools(cfg.MaxEventSize), registry: telemetry.NewRegistry(), stop: make(chan struct{}), streams: newStreamSet(),
 		bodies: membudget.New(cfg.MaxBodyMemory), tls: serveTLS}
 	opts := telemetry.Options{MaxModels: cfg.MaxModelLabels, TenantLabel: cfg.TenantLabel, MaxTenants: cfg.MaxTenantLabels,
+		VariantLabel: cfg.Variant != "" || cfg.VariantHeader != "", MaxVariants: cfg.MaxVariantLabels, Variant: cfg.Variant,
 		Objectives:       telemetry.Objectives{TTFT: cfg.SLOTTFT, ITL: cfg.SLOITL, E2E: cfg.SLOE2E},
 		KernelTimestamps: up.KernelStamps()}
 	if cfg.AccessLog && accessLog != nil {

@@ -328,6 +328,8 @@ func appendLine(b []byte, now time.Time, r *Record, j *judgement) []byte {
 	b = strconv.AppendBool(b, r.CutAtShutdown)
 	b = append(b, `,"tenant":`...)
 	b = appendString(b, r.Tenant)
+	b = append(b, `,"variant":`...)
+	b = appendString(b, r.Variant)
 	if j.by.Set() {
 		b = append(b, `,"slo":`...)
 		b = appendString(b, j.verdict.String())

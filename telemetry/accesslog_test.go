@@ -74,14 +74,15 @@ func slogLine(r *Record) []byte {
 		num("relay_delay_max_ms", relayDelay(&r.RelayDelays, (*timing.Delays).Max)),
 		num("spec_acceptance_length", m.Engine.AcceptanceLength), num("spec_acceptance_rate", m.Engine.AcceptanceRate),
 		num("client_stall_ms", timing.Number{Value: float64(r.ClientStall) / float64(time.Millisecond), Set: true}), slog.Int("bytes_in", r.BytesIn), slog.Int("bytes_out", r.BytesOut),
-		slog.String("upstream_error", r.UpstreamError), slog.Bool("client_gone", r.ClientGone), slog.Bool("cut_at_shutdown", r.CutAtShutdown), slog.String("tenant", r.Tenant))
+		slog.String("upstream_error", r.UpstreamError), slog.Bool("client_gone", r.ClientGone), slog.Bool("cut_at_shutdown", r.CutAtShutdown), slog.String("tenant", r.Tenant),
+		slog.String("variant", r.Variant))
 	return buf.Bytes()
 }
 
 func TestAccessLogLineIsSlogs(t *testing.T) {
 	hostile := "q\"b\\s\n\r\t\x00\x1f<>&\u2028\u2029é€😀"
 	for i, r := range append(slicesClone(requests), Record{ID: hostile, Method: "POST", Path: "/" + hostile, Model: hostile,
-		Tenant: hostile, Status: 200, Measured: true, Metrics: timing.Metrics{E2ELatency: num(1234567.8915), TokensPerSecond: num(0.0004)}}) {
+		Tenant: hostile, Variant: hostile, Status: 200, Measured: true, Metrics: timing.Metrics{E2ELatency: num(1234567.8915), TokensPerSecond: num(0.0004)}}) {
 		now := time.Date(2026, 12, 3, 14, 2, 0, 123456789, time.UTC)
 		got := appendLine(nil, now, &r, &judgement{})
 		if !bytes.HasSuffix(got, []byte("\n")) || bytes.Count(got, []byte("\n")) != 1 {

@@ -71,8 +71,12 @@ type GenAIMetrics struct {
 
 // genaiKey is a series' labels, bounded as the Prometheus labels are.
 type genaiKey struct {
-	endpoint, model, responseModel, errorType, tenant, leg string
+	endpoint, model, responseModel, errorType, tenant, variant, leg string
 }
+
+// genaiAttributes says which of the optional attributes the series carry:
+// those whose Prometheus labels are on.
+type genaiAttributes struct{ tenant, variant bool }
 
 // genaiSeries is the options that record to one label set, by token type
 // for the token usage.
@@ -148,7 +152,7 @@ func otlpMetricExporter(s Signal) (sdkmetric.Exporter, error) {
 }
 
 // seriesFor returns the recording options of a label set.
-func (g *GenAIMetrics) seriesFor(k genaiKey, tenantAttr bool) *genaiSeries {
+func (g *GenAIMetrics) seriesFor(k genaiKey, on genaiAttributes) *genaiSeries {
 	if s, ok := g.series.Load(k); ok {
 		return s.(*genaiSeries)
 	}
@@ -163,8 +167,11 @@ func (g *GenAIMetrics) seriesFor(k genaiKey, tenantAttr bool) *genaiSeries {
 	if k.errorType != "" {
 		a = append(a, semconv.ErrorTypeKey.String(k.errorType))
 	}
-	if tenantAttr {
+	if on.tenant {
 		a = append(a, attrTenant.String(k.tenant))
+	}
+	if on.variant {
+		a = append(a, attrVariant.String(k.variant))
 	}
 	a = append(a, attrLeg.String(k.leg))
 	with := func(extra ...attribute.KeyValue) []metric.RecordOption {
@@ -230,15 +237,16 @@ type genaiObservation struct {
 	input, output, cached          int64
 	hasInput, hasOutput, hasCached bool
 	endpoint, model, responseModel string
-	errorType, tenant, leg         string
+	errorType, tenant, variant     string
+	leg                            string
 }
 
 // record records one request's observation.
-func (g *GenAIMetrics) record(o *genaiObservation, tenantAttr bool) {
+func (g *GenAIMetrics) record(o *genaiObservation, on genaiAttributes) {
 	if g == nil {
 		return
 	}
-	s := g.seriesFor(genaiKey{o.endpoint, o.model, o.responseModel, o.errorType, o.tenant, o.leg}, tenantAttr)
+	s := g.seriesFor(genaiKey{o.endpoint, o.model, o.responseModel, o.errorType, o.tenant, o.variant, o.leg}, on)
 	ctx := context.Background()
 	if o.hasTTFT {
 		g.ttft.Record(ctx, o.ttft, s.latency...)

@@ -497,3 +497,37 @@ func TestRecordingWithGenAIAllocatesNothing(t *testing.T) {
 		}
 	}
 }
+
+// TestGenAIMetricsCarryTheVariant: with variants configured, each point
+// carries the request's arm, bounded as the label is; without, none does.
+func TestGenAIMetricsCarryTheVariant(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts Options
+		want []string // the variant attribute's values; nil: none
+	}{
+		{"off", Options{MaxModels: 8}, nil},
+		{"on", Options{MaxModels: 8, VariantLabel: true, MaxVariants: 2, Variant: "stable"}, []string{"canary", "other", "stable"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, reader, _ := genaiRecorder(t, tc.opts)
+			for _, variant := range []string{"stable", "canary", "third"} {
+				rec := Record{Endpoint: EndpointChat, Model: "m", Variant: variant, Stream: true, Status: 200, Measured: true,
+					Metrics: timing.Metrics{E2ELatency: num(10)}}
+				r.Begin()
+				r.Finish(&rec)
+			}
+			m, _ := findMetric(collect(t, reader), "gen_ai.server.request.duration")
+			var got []string
+			for _, p := range m.Data.(metricdata.Histogram[float64]).DataPoints {
+				if v, ok := p.Attributes.Value(attrVariant); ok {
+					got = append(got, v.AsString())
+				}
+			}
+			slices.Sort(got)
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("variant attributes %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

@@ -44,16 +44,24 @@ func clean(s string) string {
 }
 
 // boundedLabel admits the first max distinct values of a label taken from
-// client input (model, tenant) and maps the rest to "other", so no client
-// can blow up the series count.
+// client input (model, tenant, variant) and maps the rest to "other", so
+// no client can blow up the series count.
 type boundedLabel struct {
 	max  int
 	mu   sync.RWMutex
 	seen map[string]struct{}
 }
 
-func newBoundedLabel(max int) *boundedLabel {
-	return &boundedLabel{max: max, seen: make(map[string]struct{}, max)}
+// newBoundedLabel admits the first max values served, and the values
+// given here from the start (the deployment's own variant), whatever max.
+func newBoundedLabel(max int, admitted ...string) *boundedLabel {
+	b := &boundedLabel{max: max, seen: make(map[string]struct{}, max)}
+	for _, v := range admitted {
+		if v != "" {
+			b.seen[v] = struct{}{}
+		}
+	}
+	return b
 }
 
 // value returns v if it is admitted, else "other". An empty value stays

@@ -5,13 +5,19 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/timing-sidecar/timing-sidecar/timing"
 )
 
 // finish runs Begin and Finish, turning a panic into a test failure.
@@ -222,4 +228,134 @@ func FuzzClean(f *testing.F) {
 			t.Fatalf("clean is not idempotent on %q", s)
 		}
 	})
+}
+
+// variantFamilies are the series that carry the "variant" label when
+// variants are configured: every latency histogram (but the relay delay),
+// and the request, token and goodput counters.
+var variantFamilies = []string{
+	"timing_sidecar_queue_time_seconds", "timing_sidecar_time_to_first_token_seconds",
+	"timing_sidecar_time_to_first_content_token_seconds", "timing_sidecar_inter_token_latency_seconds",
+	"timing_sidecar_max_inter_token_latency_seconds", "timing_sidecar_e2e_request_latency_seconds",
+	"timing_sidecar_prefill_tokens_per_second", "timing_sidecar_tokens_per_event",
+	"timing_sidecar_requests_total", "timing_sidecar_prompt_tokens_total", "timing_sidecar_generation_tokens_total",
+	"timing_sidecar_cached_prompt_tokens_total", "timing_sidecar_cache_write_prompt_tokens_total",
+	"timing_sidecar_slo_requests_total",
+}
+
+// variantRecord is a measured stream with every figure a series observes.
+var variantRecord = Record{Endpoint: EndpointChat, Model: "m", Tenant: "acme", Stream: true, Status: 200, Measured: true,
+	Metrics: timing.Metrics{QueueTime: num(5), FirstTokenAfterArrival: num(90), FirstContentAfterArrival: num(95), MeanITL: num(12),
+		MaxITL: num(30), E2ELatency: num(400), PrefillTokensPerSecond: num(3000), TokensPerEvent: num(1), PromptTokens: cnt(900),
+		CompletionTokens: cnt(20), CachedTokens: cnt(0), Cache: timing.CacheNone, CacheWriteTokens: cnt(900)}}
+
+// TestVariantLabel: with variants configured, each series a request
+// reaches carries its arm ("" for none); without, no series has the label,
+// whatever the record says.
+func TestVariantLabel(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		opts    Options
+		variant string
+		label   bool   // the families carry the label
+		want    string // its value
+	}{
+		{"off", Options{}, "canary", false, ""},
+		{"the request's arm", Options{VariantLabel: true, MaxVariants: 8, Variant: "stable"}, "canary", true, "canary"},
+		{"the deployment's arm", Options{VariantLabel: true, MaxVariants: 8, Variant: "stable"}, "stable", true, "stable"},
+		{"no arm", Options{VariantLabel: true, MaxVariants: 8}, "", true, ""},
+		{"beside the tenant", Options{VariantLabel: true, MaxVariants: 8, TenantLabel: true}, "canary", true, "canary"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			opts := tc.opts
+			opts.MaxModels, opts.MaxTenants, opts.Objectives = 8, 8, Objectives{E2E: time.Second}
+			r := NewRecorder(reg, opts)
+			req := variantRecord
+			req.Variant = tc.variant
+			finish(t, r, &req)
+			mfs, err := reg.Gather()
+			if err != nil {
+				t.Fatal(err)
+			}
+			seen := map[string]bool{}
+			for _, mf := range mfs {
+				labelled := tc.label && slices.Contains(variantFamilies, mf.GetName())
+				seen[mf.GetName()] = true
+				for _, m := range mf.GetMetric() {
+					switch v, has := labelValue(m, "variant"); {
+					case has != labelled:
+						t.Errorf("%s: variant label present %v, want %v", mf.GetName(), has, labelled)
+					case has && v != tc.want:
+						t.Errorf("%s: variant %q, want %q", mf.GetName(), v, tc.want)
+					}
+				}
+			}
+			for _, name := range variantFamilies {
+				if !seen[name] {
+					t.Errorf("no %s series", name)
+				}
+			}
+		})
+	}
+}
+
+// labelValue is the value of m's label name, and whether m has it.
+func labelValue(m *dto.Metric, name string) (string, bool) {
+	for _, lp := range m.GetLabel() {
+		if lp.GetName() == name {
+			return lp.GetValue(), true
+		}
+	}
+	return "", false
+}
+
+// TestVariantAdmission: the deployment's arm (--variant) is admitted from
+// the start; a request's own arm takes a slot as a tenant does, only with
+// a 2xx answer, and past --max-variant-labels counts as "other".
+func TestVariantAdmission(t *testing.T) {
+	type step struct {
+		variant string
+		status  int
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []step
+		want  map[string]float64 // requests by "variant status"
+	}{
+		{"the deployment's arm, served or not", []step{{"stable", 503}, {"stable", 200}},
+			map[string]float64{"stable 503": 1, "stable 200": 1}},
+		{"a 4xx arm takes no slot", []step{{"x", 404}, {"canary", 200}, {"x", 404}},
+			map[string]float64{"other 404": 2, "canary 200": 1}},
+		{"past the bound, other", []step{{"canary", 200}, {"b", 200}, {"canary", 503}},
+			map[string]float64{"canary 200": 1, "other 200": 1, "canary 503": 1}},
+		{"no arm is empty", []step{{"", 200}}, map[string]float64{" 200": 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			// Two slots: the deployment's arm and one more.
+			r := NewRecorder(reg, Options{MaxModels: 8, VariantLabel: true, MaxVariants: 2, Variant: "stable"})
+			for _, s := range tc.steps {
+				finish(t, r, &Record{Endpoint: EndpointChat, Variant: s.variant, Status: s.status})
+			}
+			got := map[string]float64{}
+			mfs, err := reg.Gather()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, mf := range mfs {
+				if mf.GetName() != "timing_sidecar_requests_total" {
+					continue
+				}
+				for _, m := range mf.GetMetric() {
+					v, _ := labelValue(m, "variant")
+					status, _ := labelValue(m, "status")
+					got[v+" "+status] += m.GetCounter().GetValue()
+				}
+			}
+			if !maps.Equal(got, tc.want) {
+				t.Errorf("requests by variant and status %v, want %v", got, tc.want)
+			}
+		})
+	}
 }

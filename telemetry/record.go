@@ -51,6 +51,9 @@ type Record struct {
 	// read it (traced requests, or with the GenAI metrics on).
 	ResponseModel string
 	Tenant        string
+	// Variant is the request's arm of a latency experiment: the one its
+	// variant header named, else the deployment's (--variant).
+	Variant string
 	// Leg is LegPrefill or LegDecode for one leg of a request a router
 	// split over two engines; empty is LegWhole.
 	Leg    string

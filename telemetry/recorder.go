@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -44,6 +45,14 @@ type Options struct {
 	// MaxTenants bounds its values, admitted the same way.
 	TenantLabel bool
 	MaxTenants  int
+	// VariantLabel adds a "variant" label, the request's arm of a latency
+	// experiment, to the latency histograms and the request, token and
+	// goodput counters, and the attribute to the GenAI metrics;
+	// MaxVariants bounds its values, admitted as the tenant's are, but
+	// for Variant, the deployment's own arm, admitted from the start.
+	VariantLabel bool
+	MaxVariants  int
+	Variant      string
 	// AccessLog, when set, gets one JSON line per request, buffered (see
 	// accessLog); Log gets the report of lines dropped.
 	AccessLog io.Writer
@@ -69,14 +78,14 @@ type Options struct {
 
 // Recorder records finished requests.
 type Recorder struct {
-	models, tenants *boundedLabel
-	tenantLabel     bool
-	access          *accessLog
-	tracer          *Tracer
-	genai           *GenAIMetrics
-	objectives      Objectives
-	usage           UsageRecords
-	envelope        UsageEnvelope
+	models, tenants, variants *boundedLabel
+	tenantLabel, variantLabel bool
+	access                    *accessLog
+	tracer                    *Tracer
+	genai                     *GenAIMetrics
+	objectives                Objectives
+	usage                     UsageRecords
+	envelope                  UsageEnvelope
 
 	queue, ttft, ttfc, itl, maxITL, e2e *prometheus.HistogramVec
 	tokensPerEvent                      *prometheus.HistogramVec
@@ -97,23 +106,25 @@ type Recorder struct {
 	relayDelay                          prometheus.Histogram
 	kernelTimestamps                    prometheus.Gauge
 
-	// series caches each (endpoint, model, tenant)'s histograms and token
-	// counters, and counters each label set's requests_total counter, so
-	// that a request finds its series in a map read instead of hashing and
-	// validating its labels once per series (a third of recording). They
-	// hold one entry per series, which the labels' bounds already bound.
+	// series caches each (endpoint, model, leg, tenant, variant)'s
+	// histograms and token counters, and counters each label set's
+	// requests_total counter, so that a request finds its series in a map
+	// read instead of hashing and validating its labels once per series (a
+	// third of recording). They hold one entry per series, which the
+	// labels' bounds already bound.
 	series   sync.Map // seriesKey -> *modelSeries
 	counters sync.Map // requestKey -> prometheus.Counter
 }
 
-// seriesKey names a modelSeries; tenant is empty without the tenant label.
-type seriesKey struct{ endpoint, model, leg, tenant string }
+// seriesKey names a modelSeries; tenant and variant are empty without
+// their labels.
+type seriesKey struct{ endpoint, model, leg, tenant, variant string }
 
 // requestKey is the label set of timing_sidecar_requests_total.
 type requestKey struct {
-	endpoint, model, leg, tenant string
-	status                       int
-	stream                       bool
+	endpoint, model, leg, tenant, variant string
+	status                                int
+	stream                                bool
 }
 
 type modelSeries struct {
@@ -124,8 +135,9 @@ type modelSeries struct {
 	// ttft is the TTFT histogram of each cache class, made on first use:
 	// most deployments see one or two classes.
 	ttft [timing.CacheClasses]atomic.Pointer[prometheus.Observer]
-	// labels are the series' own, for the TTFT histograms made later.
-	endpoint, model, leg string
+	// labels are the histograms' label values but the cache class, for
+	// the TTFT histograms made later.
+	labels []string
 }
 
 // ttftOf returns the TTFT histogram of cache class c.
@@ -133,36 +145,30 @@ func (r *Recorder) ttftOf(s *modelSeries, c timing.CacheClass) prometheus.Observ
 	if o := s.ttft[c].Load(); o != nil {
 		return *o
 	}
-	o := r.ttft.WithLabelValues(s.endpoint, s.model, s.leg, c.String())
+	o := r.ttft.WithLabelValues(append(slices.Clip(s.labels), c.String())...)
 	s.ttft[c].CompareAndSwap(nil, &o)
 	return *s.ttft[c].Load()
 }
 
-// seriesFor returns the series of a measured request; tenant is ignored
-// without the tenant label.
-func (r *Recorder) seriesFor(endpoint, model, leg, tenant string) *modelSeries {
-	if !r.tenantLabel {
-		tenant = ""
-	}
-	k := seriesKey{endpoint, model, leg, tenant}
+// seriesFor returns the series of a measured request; tenant and variant
+// are ignored without their labels.
+func (r *Recorder) seriesFor(endpoint, model, leg, tenant, variant string) *modelSeries {
+	tenant, variant = r.onLabels(tenant, variant)
+	k := seriesKey{endpoint, model, leg, tenant, variant}
 	if s, ok := r.series.Load(k); ok {
 		return s.(*modelSeries)
 	}
-	counted := []string{endpoint, model, leg}
-	if r.tenantLabel {
-		counted = append(counted, tenant)
-	}
+	perModel := r.optional([]string{endpoint, model, leg}, false, "", variant)
+	counted := r.optional([]string{endpoint, model, leg}, true, tenant, variant)
 	s := &modelSeries{
-		endpoint:         endpoint,
-		model:            model,
-		leg:              leg,
-		queue:            r.queue.WithLabelValues(endpoint, model, leg),
-		ttfc:             r.ttfc.WithLabelValues(endpoint, model, leg),
-		itl:              r.itl.WithLabelValues(endpoint, model, leg),
-		maxITL:           r.maxITL.WithLabelValues(endpoint, model, leg),
-		e2e:              r.e2e.WithLabelValues(endpoint, model, leg),
-		prefill:          r.prefill.WithLabelValues(endpoint, model, leg),
-		tokensPerEvent:   r.tokensPerEvent.WithLabelValues(endpoint, model, leg),
+		labels:           perModel,
+		queue:            r.queue.WithLabelValues(perModel...),
+		ttfc:             r.ttfc.WithLabelValues(perModel...),
+		itl:              r.itl.WithLabelValues(perModel...),
+		maxITL:           r.maxITL.WithLabelValues(perModel...),
+		e2e:              r.e2e.WithLabelValues(perModel...),
+		prefill:          r.prefill.WithLabelValues(perModel...),
+		tokensPerEvent:   r.tokensPerEvent.WithLabelValues(perModel...),
 		promptTokens:     r.promptTokens.WithLabelValues(counted...),
 		outputTokens:     r.outputTokens.WithLabelValues(counted...),
 		cachedTokens:     r.cachedTokens.WithLabelValues(counted...),
@@ -172,18 +178,37 @@ func (r *Recorder) seriesFor(endpoint, model, leg, tenant string) *modelSeries {
 	return actual.(*modelSeries)
 }
 
+// onLabels is tenant and variant, each emptied where its label is off,
+// so that such values make no series of their own.
+func (r *Recorder) onLabels(tenant, variant string) (string, string) {
+	if !r.tenantLabel {
+		tenant = ""
+	}
+	if !r.variantLabel {
+		variant = ""
+	}
+	return tenant, variant
+}
+
+// optional appends to lvs the values of the optional labels that are on,
+// in their order: tenant (where the series has it) and variant.
+func (r *Recorder) optional(lvs []string, hasTenant bool, tenant, variant string) []string {
+	if hasTenant && r.tenantLabel {
+		lvs = append(lvs, tenant)
+	}
+	if r.variantLabel {
+		lvs = append(lvs, variant)
+	}
+	return lvs
+}
+
 // requestCounter returns the requests_total counter of k.
 func (r *Recorder) requestCounter(k requestKey) prometheus.Counter {
-	if !r.tenantLabel {
-		k.tenant = ""
-	}
+	k.tenant, k.variant = r.onLabels(k.tenant, k.variant)
 	if c, ok := r.counters.Load(k); ok {
 		return c.(prometheus.Counter)
 	}
-	labels := []string{k.endpoint, strconv.FormatBool(k.stream), strconv.Itoa(k.status), k.model, k.leg}
-	if r.tenantLabel {
-		labels = append(labels, k.tenant)
-	}
+	labels := r.optional([]string{k.endpoint, strconv.FormatBool(k.stream), strconv.Itoa(k.status), k.model, k.leg}, true, k.tenant, k.variant)
 	actual, _ := r.counters.LoadOrStore(k, r.requests.WithLabelValues(labels...))
 	return actual.(prometheus.Counter)
 }
@@ -191,24 +216,23 @@ func (r *Recorder) requestCounter(k requestKey) prometheus.Counter {
 // NewRecorder registers the sidecar's series with reg.
 func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 	r := &Recorder{
-		models:      newBoundedLabel(opts.MaxModels),
-		tenants:     newBoundedLabel(opts.MaxTenants),
-		tenantLabel: opts.TenantLabel,
-		tracer:      opts.Tracer,
-		genai:       opts.GenAI,
-		objectives:  opts.Objectives,
-		usage:       opts.Usage,
-		envelope:    opts.UsageEnvelope,
+		models:       newBoundedLabel(opts.MaxModels),
+		tenants:      newBoundedLabel(opts.MaxTenants),
+		variants:     newBoundedLabel(opts.MaxVariants, clean(opts.Variant)),
+		tenantLabel:  opts.TenantLabel,
+		variantLabel: opts.VariantLabel,
+		tracer:       opts.Tracer,
+		genai:        opts.GenAI,
+		objectives:   opts.Objectives,
+		usage:        opts.Usage,
+		envelope:     opts.UsageEnvelope,
 	}
 	// leg: whole, or the prefill or decode leg of a request a router
-	// split over two engines (see legOf).
-	perModel := []string{"endpoint", "model", "leg"}
-	counted := []string{"endpoint", "model", "leg"}
-	requestLabels := []string{"endpoint", "stream", "status", "model", "leg"}
-	if r.tenantLabel {
-		counted = append(counted, "tenant")
-		requestLabels = append(requestLabels, "tenant")
-	}
+	// split over two engines (see legOf). The histograms have no tenant.
+	perModel := r.optional([]string{"endpoint", "model", "leg"}, false, "", "variant")
+	counted := r.optional([]string{"endpoint", "model", "leg"}, true, "tenant", "variant")
+	requestLabels := r.optional([]string{"endpoint", "stream", "status", "model", "leg"}, true, "tenant", "variant")
+	sloLabels := r.optional([]string{"endpoint", "model", "leg", "result", "objectives"}, true, "tenant", "variant")
 	histogram := func(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
 		return prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: name, Help: help, Buckets: buckets,
@@ -217,7 +241,7 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 			NativeHistogramBucketFactor:     1.1,
 			NativeHistogramMaxBucketNumber:  160,
 			NativeHistogramMinResetDuration: time.Hour,
-		}, append(perModel, labels...))
+		}, append(slices.Clip(perModel), labels...))
 	}
 	r.queue = histogram("timing_sidecar_queue_time_seconds",
 		"Time from the sidecar holding the whole request to the engine's response headers, for streamed responses.", latencyBuckets)
@@ -262,7 +286,7 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 		Help: "Requests being handled now."})
 	r.slo = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_slo_requests_total",
 		Help: "Requests judged against their latency objectives: result met or missed; objectives flags (--slo-ttft, --slo-itl, --slo-e2e) or request (at least one from the request's own headers, --slo-ttft-header, --slo-itl-header). met / (met + missed) is goodput."},
-		append([]string{"endpoint", "model", "leg", "result", "objectives"}, counted[3:]...))
+		sloLabels)
 	r.invalidObjectives = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_invalid_objectives_total",
 		Help: "Requests whose objective header (ttft or itl) held no usable objective (not a positive number of milliseconds up to an hour): judged by the flags instead."},
 		[]string{"objective"})
@@ -343,12 +367,13 @@ func (r *Recorder) Finish(req *Record) {
 	}
 	r.inFlight.Dec()
 	req.ID, req.Method, req.Path = clean(req.ID), clean(req.Method), clean(req.Path)
-	req.Model, req.Tenant = clean(req.Model), clean(req.Tenant)
+	req.Model, req.Tenant, req.Variant = clean(req.Model), clean(req.Tenant), clean(req.Variant)
 	served := req.Status >= 200 && req.Status < 300
 	model := r.models.value(req.Model, served)
 	tenant := r.tenants.value(req.Tenant, served)
+	variant := r.variants.value(req.Variant, served)
 	leg := legOf(req)
-	r.requestCounter(requestKey{req.Endpoint, model, leg, tenant, req.Status, req.Stream}).Inc()
+	r.requestCounter(requestKey{req.Endpoint, model, leg, tenant, variant, req.Status, req.Stream}).Inc()
 	if req.UpstreamError != "" {
 		r.upstreamErrors.WithLabelValues(req.UpstreamError).Inc()
 	}
@@ -363,10 +388,10 @@ func (r *Recorder) Finish(req *Record) {
 	}
 	var figures genaiObservation
 	if req.Measured {
-		r.observe(req, model, tenant, &figures)
+		r.observe(req, model, tenant, variant, &figures)
 	}
 	if r.genai != nil {
-		r.observeGenAI(req, model, tenant, &figures)
+		r.observeGenAI(req, model, tenant, variant, &figures)
 	}
 	if req.AskedInvalid&ObjectiveTTFT != 0 {
 		r.invalidObjectives.WithLabelValues(missedTTFT).Inc()
@@ -376,19 +401,7 @@ func (r *Recorder) Finish(req *Record) {
 	}
 	j := r.judge(req)
 	if j.verdict != Undecided {
-		// The other result exists too, at 0: goodput's "missed" side
-		// reads 0 on a healthy system, not "no data".
-		other := Missed
-		if j.verdict == Missed {
-			other = Met
-		}
-		if r.tenantLabel {
-			r.slo.WithLabelValues(req.Endpoint, model, leg, j.verdict.String(), j.source, tenant).Inc()
-			r.slo.WithLabelValues(req.Endpoint, model, leg, other.String(), j.source, tenant)
-		} else {
-			r.slo.WithLabelValues(req.Endpoint, model, leg, j.verdict.String(), j.source).Inc()
-			r.slo.WithLabelValues(req.Endpoint, model, leg, other.String(), j.source)
-		}
+		r.countJudgement(&j, r.optional([]string{req.Endpoint, model, leg, j.verdict.String(), j.source}, true, tenant, variant))
 	}
 	now := time.Now()
 	if r.usage != nil && req.UsageID != "" {
@@ -407,6 +420,19 @@ type judgement struct {
 	source  string     // ObjectivesFlags or ObjectivesRequest
 }
 
+// countJudgement counts a judged request in the goodput counter, lvs
+// being its labels' values. The other result exists too, at 0: goodput's
+// "missed" side reads 0 on a healthy system, not "no data".
+func (r *Recorder) countJudgement(j *judgement, lvs []string) {
+	r.slo.WithLabelValues(lvs...).Inc()
+	other := Missed
+	if j.verdict == Missed {
+		other = Met
+	}
+	lvs[3] = other.String() // the result's place in sloLabels
+	r.slo.WithLabelValues(lvs...)
+}
+
 // judge judges req by the flags' objectives, or the ones it asked for.
 func (r *Recorder) judge(req *Record) judgement {
 	by, asked := r.objectives.With(req.Asked)
@@ -421,9 +447,9 @@ func (r *Recorder) judge(req *Record) judgement {
 // observe records a measured request's figures into the Prometheus series
 // and gives o the same figures, in the same units, for the GenAI metrics:
 // one reading, so the two agree.
-func (r *Recorder) observe(req *Record, model, tenant string, o *genaiObservation) {
+func (r *Recorder) observe(req *Record, model, tenant, variant string, o *genaiObservation) {
 	m := &req.Metrics
-	s := r.seriesFor(req.Endpoint, model, legOf(req), tenant)
+	s := r.seriesFor(req.Endpoint, model, legOf(req), tenant, variant)
 	if c := m.PromptTokens; c.Set {
 		s.promptTokens.Add(float64(c.Value))
 		o.input, o.hasInput = c.Value, true
@@ -472,13 +498,16 @@ func (r *Recorder) observe(req *Record, model, tenant string, o *genaiObservatio
 // nor time per output token: the conventions define those for successful
 // responses only, and a failure's duration is what lets an error rate be
 // read from gen_ai.server.request.duration.
-func (r *Recorder) observeGenAI(req *Record, model, tenant string, o *genaiObservation) {
+func (r *Recorder) observeGenAI(req *Record, model, tenant, variant string, o *genaiObservation) {
 	if req.Endpoint == EndpointOther {
 		return // not a GenAI operation
 	}
 	o.endpoint, o.model, o.errorType, o.leg = req.Endpoint, model, errorType(req), legOf(req)
 	if r.tenantLabel {
 		o.tenant = tenant
+	}
+	if r.variantLabel {
+		o.variant = variant
 	}
 	if req.ResponseModel != "" {
 		// Only a value the request models admitted: a response model
@@ -492,7 +521,7 @@ func (r *Recorder) observeGenAI(req *Record, model, tenant string, o *genaiObser
 		// those the Prometheus counters count.
 		o.duration, o.hasDuration = failedDuration(req)
 	}
-	r.genai.record(o, r.tenantLabel)
+	r.genai.record(o, genaiAttributes{tenant: r.tenantLabel, variant: r.variantLabel})
 }
 
 // failedDuration is a failed request's duration in seconds: its measured

@@ -22,24 +22,27 @@ func (discardSink) Close(context.Context) error                { return nil }
 
 // BenchmarkFinish records a measured streamed request of an admitted model
 // with the tenant label on: the cost every request pays once, without and
-// with the access log, and with the OpenTelemetry GenAI metrics beside
-// the Prometheus series.
+// with the access log, with the OpenTelemetry GenAI metrics beside the
+// Prometheus series, and with the variant label on too.
 func BenchmarkFinish(b *testing.B) {
 	for _, bc := range []struct {
-		name  string
-		log   io.Writer
-		genai bool
-		usage bool
+		name    string
+		log     io.Writer
+		genai   bool
+		usage   bool
+		variant bool
 	}{
-		{"metrics", nil, false, false},
-		{"access_log", io.Discard, false, false},
-		{"metrics+genai", nil, true, false},
-		{"access_log+genai", io.Discard, true, false},
-		{"access_log+usage", io.Discard, false, true},
+		{"metrics", nil, false, false, false},
+		{"access_log", io.Discard, false, false, false},
+		{"metrics+genai", nil, true, false, false},
+		{"access_log+genai", io.Discard, true, false, false},
+		{"access_log+usage", io.Discard, false, true, false},
+		{"metrics+variant", nil, false, false, true},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			reg := prometheus.NewRegistry()
-			opts := Options{MaxModels: 8, TenantLabel: true, MaxTenants: 8, AccessLog: bc.log}
+			opts := Options{MaxModels: 8, TenantLabel: true, MaxTenants: 8, AccessLog: bc.log,
+				VariantLabel: bc.variant, MaxVariants: 8, Variant: "stable"}
 			if bc.genai {
 				g, err := NewGenAIMetrics(OTLP{Metrics: Signal{On: true}, MetricReader: sdkmetric.NewManualReader()}, reg, quiet, "10.0.0.5", 8000)
 				if err != nil {
@@ -62,6 +65,9 @@ func BenchmarkFinish(b *testing.B) {
 			r := NewRecorder(reg, opts)
 			req := requests[0]
 			req.Method, req.Path, req.Tenant, req.ResponseModel = "POST", "/v1/chat/completions", "acme", req.Model
+			if bc.variant {
+				req.Variant = "canary"
+			}
 			b.ReportAllocs()
 			for b.Loop() {
 				r.Begin()

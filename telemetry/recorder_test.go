@@ -180,7 +180,7 @@ func TestClientPacedRequestsAreCountedApart(t *testing.T) {
 	if got := testutil.ToFloat64(r.clientPaced); got != 1 {
 		t.Errorf("client-paced requests %v, want 1", got)
 	}
-	if got := testutil.ToFloat64(r.seriesFor(EndpointChat, "m", LegWhole, "").outputTokens); got != 10 {
+	if got := testutil.ToFloat64(r.seriesFor(EndpointChat, "m", LegWhole, "", "").outputTokens); got != 10 {
 		t.Errorf("generated tokens %v, want both requests' 10", got)
 	}
 	if got := histogramCount(t, reg, "timing_sidecar_e2e_request_latency_seconds"); got != 1 {

@@ -59,6 +59,7 @@ const (
 	vllmE2E          = attribute.Key("gen_ai.latency.e2e")
 	vllmRequestID    = attribute.Key("gen_ai.request.id")
 	attrTenant       = attribute.Key(attrPrefix + "tenant")
+	attrVariant      = attribute.Key(attrPrefix + "variant")
 	attrStream       = attribute.Key(attrPrefix + "stream")
 	attrLeg          = attribute.Key(attrPrefix + "leg")
 	attrClientGone   = attribute.Key(attrPrefix + "client_gone")
@@ -135,6 +136,9 @@ func serverAttributes(a []attribute.KeyValue, r *Record) []attribute.KeyValue {
 	}
 	if r.Tenant != "" {
 		a = append(a, attrTenant.String(r.Tenant))
+	}
+	if r.Variant != "" {
+		a = append(a, attrVariant.String(r.Variant))
 	}
 	if r.ClientGone {
 		a = append(a, attrClientGone.Bool(true))

@@ -199,7 +199,7 @@ func reasoningRecord() Record {
 		CachedTokens: timing.Count{Value: 8, Set: true}}, true, timing.EngineTiming{Reported: true, Source: "vllm", Total: timing.Number{Value: 380, Set: true},
 		QueueTime: timing.Number{Value: 15, Set: true}})
 	return Record{ID: "req-1", Method: "POST", Path: "/v1/chat/completions", Endpoint: EndpointChat, Model: "qwen3",
-		Tenant: "acme", Stream: true, Status: 200, Measured: true, Metrics: m,
+		Tenant: "acme", Variant: "canary", Stream: true, Status: 200, Measured: true, Metrics: m,
 		Trace: Trace{Clock: clock, EngineStatus: 200, EngineAddress: "127.0.0.1", EnginePort: 8000, Address: "llm.internal", Port: 8001,
 			Sampling: Sampling{MaxTokens: 64, HasMaxTokens: true, Temperature: 0.7, HasTemperature: true},
 			Answer:   Answer{ID: "chatcmpl-9", Model: "qwen3", FinishReasons: []string{"stop"}}}}
@@ -258,7 +258,7 @@ func checkServerAttributes(t *testing.T, a map[string]attribute.Value) {
 		"gen_ai.request.temperature": 0.7, "gen_ai.usage.input_tokens": int64(12), "gen_ai.usage.output_tokens": int64(30),
 		"gen_ai.request.id": "req-1", "gen_ai.latency.time_in_queue": 0.02, "gen_ai.latency.time_to_first_token": 0.1,
 		"gen_ai.latency.e2e": 0.41, "http.response.status_code": int64(200), "server.address": "llm.internal",
-		"server.port": int64(8001), "timing_sidecar.tenant": "acme", "url.path": "/v1/chat/completions",
+		"server.port": int64(8001), "timing_sidecar.tenant": "acme", "timing_sidecar.variant": "canary", "url.path": "/v1/chat/completions",
 		// 8 of 12 prompt tokens cached: a full hit, whose 4 computed
 		// tokens give no prefill speed (checked below).
 		"gen_ai.usage.cache_read.input_tokens": int64(8), "timing_sidecar.cache": "full",
@@ -420,7 +420,7 @@ func TestClientStringsAreCleanedInSpans(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := NewRecorder(prometheus.NewRegistry(), Options{MaxModels: 4, MaxTenants: 4, Tracer: tr})
-	rec := Record{Endpoint: EndpointChat, Model: strings.Repeat("m", 1000) + "\xff", Tenant: strings.Repeat("t", 1000),
+	rec := Record{Endpoint: EndpointChat, Model: strings.Repeat("m", 1000) + "\xff", Tenant: strings.Repeat("t", 1000), Variant: strings.Repeat("v", 1000) + "\xfe",
 		ID: strings.Repeat("i", 1000), Method: "POST", Path: "/v1/chat/completions", Status: 200,
 		Trace: Trace{Address: "host\xfe\xff" + strings.Repeat("h", 1000), Answer: Answer{ID: strings.Repeat("a", 1000), FinishReasons: []string{strings.Repeat("f", 1000)}}}}
 	r.Begin()
@@ -497,5 +497,21 @@ func TestShutdownIsBoundedByItsContext(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Shutdown outlived its context by 10 s against an exporter that ignores its own")
+	}
+}
+
+// TestSpanCarriesTheVariant: the SERVER span names the request's arm, and
+// has no such attribute without one.
+func TestSpanCarriesTheVariant(t *testing.T) {
+	for _, tc := range []struct{ name, variant string }{{"an arm", "canary"}, {"none", ""}} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := reasoningRecord()
+			rec.Variant = tc.variant
+			server, _ := tracedRecord(t, &rec, "")
+			v, ok := attrs(server.Attributes)[string(attrVariant)]
+			if ok != (tc.variant != "") || ok && v.AsString() != tc.variant {
+				t.Errorf("timing_sidecar.variant %v (present %v), want %q", v.AsInterface(), ok, tc.variant)
+			}
+		})
 	}
 }

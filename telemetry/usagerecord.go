@@ -58,7 +58,7 @@ func (r *Recorder) StartUsage(req *Record, arrival time.Time) {
 		id = uuid.New()
 	}
 	req.UsageID, req.Arrival = id.String(), arrival
-	req.ID, req.Model, req.Tenant = clean(req.ID), clean(req.Model), clean(req.Tenant)
+	req.ID, req.Model, req.Tenant, req.Variant = clean(req.ID), clean(req.Model), clean(req.Tenant), clean(req.Variant)
 	bp := usageBuffers.Get().(*[]byte)
 	*bp = appendUsageRecord((*bp)[:0], &r.envelope, req, EndLost, time.Time{})
 	r.usage.Start(req.UsageID, *bp)
@@ -111,6 +111,8 @@ func appendUsageRecord(b []byte, env *UsageEnvelope, r *Record, end string, ende
 	b = appendString(b, r.ID)
 	b = append(b, `,"tenant":`...)
 	b = appendOptionalString(b, r.Tenant)
+	b = append(b, `,"variant":`...)
+	b = appendOptionalString(b, r.Variant)
 	b = append(b, `,"model":`...)
 	b = appendOptionalString(b, r.Model)
 	b = append(b, `,"endpoint":`...)

@@ -59,21 +59,21 @@ func TestUsageRecord(t *testing.T) {
 		end  string
 		want map[string]any
 	}{
-		{"completed stream", Record{ID: "r1", Endpoint: EndpointChat, Model: "llama", Tenant: "acme", Stream: true, Status: 200, Measured: true,
+		{"completed stream", Record{ID: "r1", Endpoint: EndpointChat, Model: "llama", Tenant: "acme", Variant: "canary", Stream: true, Status: 200, Measured: true,
 			Elapsed: 1500 * time.Millisecond, Metrics: timing.Metrics{PromptTokens: cnt(7), CachedTokens: cnt(0), Cache: timing.CacheNone,
 				Sent: cnt(12), SentFrom: timing.CountUsage, ReasoningTokens: cnt(5), FirstTokenAfterArrival: num(80.5), MeanITL: num(7.25)}},
 			EndCompleted, map[string]any{"prompt_tokens": "7", "prompt_tokens_from": "usage", "cached_tokens": "0", "completion_tokens": "12",
 				"completion_tokens_from": "usage", "reasoning_tokens": "5", "cache_write_tokens": nil, "cache_write_tokens_from": "unknown",
-				"time_to_first_token_ms": "80.5", "mean_itl_ms": "7.25", "duration_ms": "1500", "status": "200", "tenant": "acme"}},
+				"time_to_first_token_ms": "80.5", "mean_itl_ms": "7.25", "duration_ms": "1500", "status": "200", "tenant": "acme", "variant": "canary"}},
 		{"cut by its client", Record{ID: "r2", Endpoint: EndpointChat, Model: "llama", Stream: true, Status: 200, ClientGone: true, Measured: true,
 			Elapsed: time.Second, Metrics: timing.Metrics{Sent: cnt(3), SentFrom: timing.CountCounted}},
 			EndClientGone, map[string]any{"completion_tokens": "3", "completion_tokens_from": "counted", "prompt_tokens": nil,
-				"prompt_tokens_from": "unknown", "cached_tokens_from": "unknown", "tenant": nil}},
+				"prompt_tokens_from": "unknown", "cached_tokens_from": "unknown", "tenant": nil, "variant": nil}},
 		{"cut at shutdown", Record{ID: "r3", Endpoint: EndpointCompletions, Stream: true, Status: 200, CutAtShutdown: true, ClientGone: true, Measured: true},
 			EndShutdown, map[string]any{"model": nil, "duration_ms": nil}},
 		{"engine failed", Record{ID: "r4", Endpoint: EndpointChat, Status: 502, UpstreamError: ErrorConnect, Elapsed: time.Millisecond},
 			EndEngineError, map[string]any{"upstream_error": "connect", "status": "502", "completion_tokens": nil, "completion_tokens_from": "unknown"}},
-		{"hostile strings", Record{ID: hostile, Endpoint: EndpointChat, Model: hostile, Tenant: hostile, Status: 200},
+		{"hostile strings", Record{ID: hostile, Endpoint: EndpointChat, Model: hostile, Tenant: hostile, Variant: hostile, Status: 200},
 			EndCompleted, map[string]any{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

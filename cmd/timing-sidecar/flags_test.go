@@ -28,7 +28,10 @@ func flagsTable() string {
 		if def == "" {
 			def = df.GetValue()
 		}
-		fmt.Fprintf(&b, "| `--%s` | `%s` | `%s` | %s |\n", f.Names()[0], df.GetEnvVars()[0], strings.Trim(def, `"`),
+		if def = strings.Trim(def, `"`); def != "" {
+			def = "`" + def + "`" // an empty code span would show its backticks
+		}
+		fmt.Fprintf(&b, "| `--%s` | `%s` | %s | %s |\n", f.Names()[0], df.GetEnvVars()[0], def,
 			strings.ReplaceAll(df.GetUsage(), "|", `\|`))
 	}
 	return b.String()

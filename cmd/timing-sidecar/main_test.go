@@ -69,3 +69,36 @@ func TestInvalidSettingsAreRefusedTogether(t *testing.T) {
 		}
 	}
 }
+
+// TestVariantFlags: the experiment arm's flags and variables reach the
+// config, and a bound under 1 is refused.
+func TestVariantFlags(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		env, args     []string
+		variant, hdr  string
+		maxVariants   int
+		wantErrSubstr string
+	}{
+		{name: "defaults", maxVariants: proxy.DefaultMaxVariantLabels},
+		{name: "flags", args: []string{"--variant", "canary", "--variant-header", "X-Variant", "--max-variant-labels", "3"},
+			variant: "canary", hdr: "X-Variant", maxVariants: 3},
+		{name: "environment", env: []string{"TIMING_SIDECAR_VARIANT", "canary", "TIMING_SIDECAR_VARIANT_HEADER", "X-Arm"},
+			variant: "canary", hdr: "X-Arm", maxVariants: proxy.DefaultMaxVariantLabels},
+		{name: "no slot", args: []string{"--variant", "canary", "--max-variant-labels", "0"},
+			variant: "canary", maxVariants: 0, wantErrSubstr: "max variant labels 0: must be at least 1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for i := 0; i < len(tc.env); i += 2 {
+				t.Setenv(tc.env[i], tc.env[i+1])
+			}
+			cfg, err := parse(t, tc.args...)
+			if tc.wantErrSubstr == "" && err != nil || tc.wantErrSubstr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErrSubstr)) {
+				t.Errorf("error %v, want one saying %q", err, tc.wantErrSubstr)
+			}
+			if cfg.Variant != tc.variant || cfg.VariantHeader != tc.hdr || cfg.MaxVariantLabels != tc.maxVariants {
+				t.Errorf("variant %q, header %q, max %d; want %q, %q, %d", cfg.Variant, cfg.VariantHeader, cfg.MaxVariantLabels, tc.variant, tc.hdr, tc.maxVariants)
+			}
+		})
+	}
+}

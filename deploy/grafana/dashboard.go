@@ -148,7 +148,29 @@ func Dashboard() (dashboard.Dashboard, error) {
 	b.WithPanel(stat.NewPanelBuilder().Title("Engines ready").Description("Sidecars whose last probe of the engine succeeded, of all.").
 		Datasource(datasource).Span(12).Height(4).
 		WithTarget(query(`sum(timing_sidecar_engine_ready{`+pods+`}) / count(timing_sidecar_engine_ready{`+pods+`})`, "ready")).Unit("percentunit"))
+
+	armsRow(b)
 	return b.Build()
+}
+
+// armsRow adds the experiment's arms side by side: each figure by the
+// "variant" label (--variant, --variant-header), one series per arm.
+func armsRow(b *dashboard.DashboardBuilder) {
+	byArm := func(histogram string, q float64) *prometheus.DataqueryBuilder {
+		return query(fmt.Sprintf(`histogram_quantile(%g, sum by (le, variant) (rate(%s_bucket{%s}[$__rate_interval])))`, q, histogram, models),
+			fmt.Sprintf("p%g {{variant}}", q*100))
+	}
+	requests := `sum by (variant) (rate(timing_sidecar_requests_total{` + models + `}[$__rate_interval]))`
+	b.WithRow(dashboard.NewRowBuilder("Arms"))
+	b.WithPanel(panel("TTFT by arm", "Time to first token (p50, p90) of each arm of a latency experiment: the variant label, from --variant or --variant-header. One unnamed series without them.", "s",
+		byArm("timing_sidecar_time_to_first_token_seconds", 0.5), byArm("timing_sidecar_time_to_first_token_seconds", 0.9)))
+	b.WithPanel(panel("Inter-token latency by arm", "Each stream's mean inter-token latency (p50, p90), by arm.", "s",
+		byArm("timing_sidecar_inter_token_latency_seconds", 0.5), byArm("timing_sidecar_inter_token_latency_seconds", 0.9)))
+	// 0 where an arm has no 5xx, rather than no series.
+	b.WithPanel(panel("Error rate by arm", "Share of each arm's requests answered with a 5xx.", "percentunit",
+		query(`(sum by (variant) (rate(timing_sidecar_requests_total{`+models+`, status=~"5.."}[$__rate_interval])) or 0 * `+requests+`) / `+requests, "{{variant}}")).Max(1))
+	b.WithPanel(panel("Goodput by arm", "Share of each arm's judged requests that met every latency objective set (--slo-ttft, --slo-itl, --slo-e2e). Empty without objectives.", "percentunit",
+		query(`sum by (variant) (rate(timing_sidecar_slo_requests_total{`+models+`, result="met"}[$__rate_interval])) / sum by (variant) (rate(timing_sidecar_slo_requests_total{`+models+`}[$__rate_interval]))`, "{{variant}}")).Max(1))
 }
 
 // Expressions lists every PromQL expression of a dashboard's panels (rows'
