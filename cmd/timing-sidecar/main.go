@@ -38,7 +38,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Writer:    stdout,
 		ErrWriter: stderr,
 		Flags:     serveFlags(),
-		Commands:  []*cli.Command{demoCommand(), emulateCommand(), benchCommand(), accuracyCommand(), injectCommand()},
+		Commands:  []*cli.Command{demoCommand(), emulateCommand(), benchCommand(), accuracyCommand(), injectCommand(), compareCommand()},
 		Action: func(c *cli.Context) error {
 			cfg := configFrom(c)
 			cfg.OTLP.ServiceVersion = version

@@ -1,6 +1,6 @@
 // Package needs gives tests the programs they drive on a clean machine:
-// Debian's programs (Prometheus, Python, Node, curl), installed with
-// apt-get when missing, and tools built from the Go module proxy (the
+// Debian's programs (Prometheus, Python, Node, curl, Chromium), installed
+// with apt-get when missing, and tools built from the Go module proxy (the
 // OpenTelemetry Collector, Helm) into the user's cache. A test that cannot
 // have one fails rather than passing by skipping what it claims to check.
 // e2e/prepare gets them all ahead of the tests, saying what it does.
@@ -22,6 +22,7 @@ import (
 var Debian = []struct{ Program, Package string }{
 	{"gcc", "gcc"}, {"prometheus", "prometheus"}, {"promtool", "prometheus"},
 	{"python3", "python3"}, {"node", "nodejs"}, {"npm", "npm"}, {"curl", "curl"},
+	{"chromium", "chromium"},
 }
 
 var mu sync.Mutex // one apt-get at a time

@@ -1,10 +1,10 @@
 // Command prepare gets what the tests drive onto this machine before they
 // run, saying what it does at each slow stage: the Debian programs
-// (Prometheus, Python, Node, curl) that are missing, and the tools built
-// from the Go module proxy into the user's cache (the OpenTelemetry
-// Collector, then Helm). On a machine that has them all it takes a moment.
-// The tests get anything still missing themselves; this only moves the
-// wait to where it is announced.
+// (Prometheus, Python, Node, curl, Chromium) that are missing, and the
+// tools built from the Go module proxy into the user's cache (the
+// OpenTelemetry Collector, then Helm). On a machine that has them all it
+// takes a moment. The tests get anything still missing themselves; this
+// only moves the wait to where it is announced.
 //
 //	go run ./e2e/prepare
 //	go run ./e2e/prepare -path otelcol   (builds one tool if needed, prints its path)

@@ -38,11 +38,16 @@ type Request struct {
 // ParseLine reads one access-log line: its arm from the variant field,
 // else arm; its stratum (stratum); its figures. ok is false for a line
 // that is not a request's (another log line, or not JSON).
+//
+// A request whose client left before the end (client_gone), or held the
+// engine back 10 ms or more (client_stall_ms), keeps its count but not
+// its figures: they are the client's pace as much as the engine's, and
+// the Prometheus histograms leave them out for the same reason.
 func ParseLine(line []byte, arm string) (r Request, ok bool) {
 	if !gjson.ValidBytes(line) {
 		return r, false
 	}
-	fields := gjson.GetManyBytes(line, "msg", "variant", "status", "upstream_error")
+	fields := gjson.GetManyBytes(line, "msg", "variant", "status", "upstream_error", "client_gone", "client_stall_ms")
 	if fields[0].String() != "request" {
 		return r, false
 	}
@@ -50,10 +55,10 @@ func ParseLine(line []byte, arm string) (r Request, ok bool) {
 	if v := fields[1].String(); v != "" {
 		r.Arm = v
 	}
-	r.Failed = fields[2].Int() >= 500 || fields[3].Type == gjson.String
+	r.Failed = fields[2].Int() >= 500 || fields[3].String() != ""
 	r.Stratum = stratum(line)
 	r.Values = map[string]float64{}
-	if r.Failed {
+	if r.Failed || fields[4].Bool() || fields[5].Float() >= clientPaced {
 		return r, true
 	}
 	for i, v := range gjson.GetManyBytes(line, Metrics...) {
@@ -63,6 +68,10 @@ func ParseLine(line []byte, arm string) (r Request, ok bool) {
 	}
 	return r, true
 }
+
+// clientPaced is the client stall, in ms, past which a request's
+// figures are the client's: the recorder's threshold.
+const clientPaced = 10
 
 // Stratum is a class of like requests: the endpoint, the model, the
 // prompt-cache class, and the prompt's and completion's lengths in

@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 )
 
 // Report is a comparison of every other arm against the base arm: what
@@ -258,12 +259,28 @@ func sequential(st strataValues, pooled Entry) *Sequential {
 	}
 	n := min(len(pooled.Values[pooled.Base]), len(pooled.Values[pooled.Arm]))
 	r := NewSequentialTest(st.a, st.b).Read(*pooled.Difference.P50Ratio, SequentialAlpha/float64(len(Metrics)), n)
+	r.Verdict = oriented(pooled.Metric, r.Verdict)
 	return &r
+}
+
+// oriented is a verdict of metric's values in the words of speed: for a
+// rate (tokens per second), higher values are faster.
+func oriented(metric string, v Verdict) Verdict {
+	if !strings.HasSuffix(metric, "_per_second") {
+		return v
+	}
+	switch v {
+	case Slower:
+		return Faster
+	case Faster:
+		return Slower
+	}
+	return v
 }
 
 // setResult takes a comparison's figures into the entry.
 func (e *Entry) setResult(r Result) {
-	e.Verdict = r.Verdict
+	e.Verdict = oriented(e.Metric, r.Verdict)
 	if r.Verdict == TooFew {
 		return
 	}
@@ -322,7 +339,7 @@ func (r *Report) adjust() {
 		}
 		e.QValue = number(q[i])
 		res := e.result
-		e.Verdict = decide(&res, q[i])
+		e.Verdict = oriented(e.Metric, decide(&res, q[i]))
 		if e.Verdict == NoDifference {
 			e.Detectable = number(res.Detectable)
 		}

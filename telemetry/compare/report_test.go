@@ -22,7 +22,7 @@ func accessLog(rng *rand.Rand, n int, hits map[string]float64, slower float64, f
 			if arm == "canary" {
 				median *= slower
 			}
-			fmt.Fprintf(&b, `{"msg":"request","variant":%q,"path":"/v1/chat/completions","model":"m","status":200,"cache":%q,"prompt_tokens":500,"completion_tokens":100,"time_to_first_token_ms":%.3f,"upstream_error":null}`+"\n",
+			fmt.Fprintf(&b, `{"msg":"request","variant":%q,"path":"/v1/chat/completions","model":"m","status":200,"cache":%q,"prompt_tokens":500,"completion_tokens":100,"time_to_first_token_ms":%.3f,"upstream_error":""}`+"\n",
 				arm, cache, ttft(rng, 1, median)[0])
 		}
 		for range failed[arm] {
@@ -134,5 +134,45 @@ func TestReportJSON(t *testing.T) {
 	diff, _ := first["difference"].(map[string]any)
 	if _, ok := diff["p50_ratio_ci"].([]any); !ok {
 		t.Errorf("difference %v", diff)
+	}
+}
+
+// TestReportSaysNoDifferenceForAA: through the whole path (access-log
+// lines, strata, pooling, the false discovery rate), two arms alike with
+// alike mixes say "no difference" for the pooled TTFT in at least 95% of
+// 200 seeds.
+func TestReportSaysNoDifferenceForAA(t *testing.T) {
+	const seeds = 200
+	same := 0
+	for seed := range seeds {
+		rng := rand.New(rand.NewPCG(uint64(seed), 21))
+		r := Build(read(t, accessLog(rng, 500, map[string]float64{"stable": 0.3, "canary": 0.3}, 1, nil)), BuildOptions{Seed: uint64(seed)})
+		if e, _ := r.Entry("time_to_first_token_ms", "canary"); e.Verdict == NoDifference {
+			same++
+		}
+	}
+	t.Logf("A/A through the report: no difference in %d of %d seeds (%.1f%%)", same, seeds, 100*float64(same)/seeds)
+	if same < seeds*95/100 {
+		t.Errorf("no difference in %d of %d", same, seeds)
+	}
+}
+
+// BenchmarkBuild: a report of 100,000 requests an arm in 8 strata.
+func BenchmarkBuild(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 1))
+	var log strings.Builder
+	for _, arm := range []string{"stable", "canary"} {
+		for i := range 100_000 {
+			fmt.Fprintf(&log, `{"msg":"request","variant":%q,"path":"/v1/chat/completions","model":"m%d","status":200,"cache":"none","prompt_tokens":%d,"completion_tokens":100,"time_to_first_token_ms":%.3f,"mean_itl_ms":%.3f,"e2e_latency_ms":%.3f}`+"\n",
+				arm, i%2, 100<<(i%4*2), ttft(rng, 1, 100)[0], ttft(rng, 1, 10)[0], ttft(rng, 1, 1000)[0])
+		}
+	}
+	var s Samples
+	if err := s.Read(strings.NewReader(log.String()), ""); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for range b.N {
+		Build(&s, BuildOptions{Seed: 1, Sequential: true})
 	}
 }

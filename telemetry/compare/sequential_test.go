@@ -3,12 +3,14 @@ package compare
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
 // looks draws two arms' TTFT streams, in two strata (cache hits at 20 ms
 // and misses at 100 ms, times ratio for b), and calls look after every
-// step requests per arm, up to n, with the values so far.
+// step requests per arm, up to n, with the values so far, kept sorted (a
+// sort of sorted values is quick, and looks are many).
 func looks(rng *rand.Rand, n, step int, ratio float64, look func(a, b map[string][]float64, perArm int) bool) {
 	a, b := map[string][]float64{}, map[string][]float64{}
 	for got := step; got <= n; got += step {
@@ -16,13 +18,30 @@ func looks(rng *rand.Rand, n, step int, ratio float64, look func(a, b map[string
 			m     map[string][]float64
 			ratio float64
 		}{{a, 1}, {b, ratio}} {
-			arm.m["full"] = append(arm.m["full"], ttft(rng, step/4, 20*arm.ratio)...)
-			arm.m["none"] = append(arm.m["none"], ttft(rng, step-step/4, 100*arm.ratio)...)
+			arm.m["full"] = merged(arm.m["full"], ttft(rng, step/4, 20*arm.ratio))
+			arm.m["none"] = merged(arm.m["none"], ttft(rng, step-step/4, 100*arm.ratio))
 		}
 		if !look(a, b, got) {
 			return
 		}
 	}
+}
+
+// merged is sorted values and more, sorted.
+func merged(sorted, more []float64) []float64 {
+	slices.Sort(more)
+	out := make([]float64, 0, len(sorted)+len(more))
+	i, j := 0, 0
+	for i < len(sorted) || j < len(more) {
+		if j == len(more) || (i < len(sorted) && sorted[i] <= more[j]) {
+			out = append(out, sorted[i])
+			i++
+		} else {
+			out = append(out, more[j])
+			j++
+		}
+	}
+	return out
 }
 
 // TestSequentialAAAtEveryLook: two arms alike, looked at every 100

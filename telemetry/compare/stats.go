@@ -97,7 +97,8 @@ func RatioCI(a, b *Arm, p, level float64, draws int, rng *rand.Rand) (ratio, lo,
 // Journal 42(1), 2000; the form of SciPy's stats.brunnermunzel). It
 // returns the estimated P(a < b) + P(a = b)/2, the statistic, and the
 // two-sided p-value from Student's t with the Satterthwaite degrees of
-// freedom. Ties take midranks. Arms of identical values give p 1.
+// freedom. Ties take midranks. Arms of identical values give p 1; arms
+// whose values do not overlap, p 0.
 func BrunnerMunzel(a, b *Arm) (effect, w, pValue float64) {
 	nx, ny := float64(a.N()), float64(b.N())
 	all := append(slices.Clone(a.x), b.x...)
@@ -119,7 +120,14 @@ func BrunnerMunzel(a, b *Arm) (effect, w, pValue float64) {
 	effect = (my - (ny+1)/2) / nx
 	v := nx*sx + ny*sy
 	if v == 0 {
-		return effect, 0, 1
+		// No spread within either arm's ranks: every value of one arm
+		// is on one side of every value of the other (complete
+		// separation, the statistic infinite and p 0, as SciPy gives),
+		// or all are one value (p 1).
+		if effect == 0.5 {
+			return effect, 0, 1
+		}
+		return effect, math.Copysign(math.Inf(1), effect-0.5), 0
 	}
 	w = nx * ny * (my - mx) / ((nx + ny) * math.Sqrt(v))
 	df := v * v / ((nx*sx)*(nx*sx)/(nx-1) + (ny*sy)*(ny*sy)/(ny-1))

@@ -20,6 +20,25 @@ func TestBrunnerMunzelAsPublished(t *testing.T) {
 	}
 }
 
+// TestBrunnerMunzelSeparated: arms whose values do not overlap differ
+// beyond doubt (p 0, as SciPy says); arms of one value do not (p 1).
+func TestBrunnerMunzelSeparated(t *testing.T) {
+	low, high := make([]float64, 30), make([]float64, 30)
+	for i := range low {
+		low[i], high[i] = 40+float64(i)/10, 60+float64(i)/10
+	}
+	if e, _, p := BrunnerMunzel(NewArm(low), NewArm(high)); e != 1 || p != 0 {
+		t.Errorf("separated: effect %v p %v", e, p)
+	}
+	if r := Compare(NewArm(low), NewArm(high), rand.New(rand.NewPCG(1, 1))); r.Verdict != Slower {
+		t.Errorf("separated: %q", r.Verdict)
+	}
+	same := []float64{5, 5, 5, 5}
+	if e, _, p := BrunnerMunzel(NewArm(same), NewArm(same)); e != 0.5 || p != 1 {
+		t.Errorf("one value: effect %v p %v", e, p)
+	}
+}
+
 // ttft draws n TTFT-like values in ms: log-normal around median ms.
 func ttft(rng *rand.Rand, n int, median float64) []float64 {
 	d := distuv.LogNormal{Mu: math.Log(median), Sigma: 0.5, Src: rng}

@@ -76,10 +76,14 @@ func CompareStrata(a, b map[string][]float64, rng *rand.Rand) Stratified {
 	p.Effect = effect
 	p.P50Ratio, p.P50RatioLo, p.P50RatioHi = pooledRatio(us, total, 0.5, rng)
 	p.P90Ratio, p.P90RatioLo, p.P90RatioHi = pooledRatio(us, total, 0.9, rng)
-	p.PValue = 1
-	if variance > 0 {
+	switch {
+	case variance > 0:
 		z := (effect - 0.5) / math.Sqrt(variance)
 		p.PValue = 2 * distuv.UnitNormal.Survival(math.Abs(z))
+	case effect != 0.5:
+		p.PValue = 0 // every stratum's arms separated, one way
+	default:
+		p.PValue = 1
 	}
 	p.Verdict = decide(p, p.PValue)
 	return out
