@@ -713,8 +713,12 @@ func htmlXTicks(a htmlXAxis) []htmlTick {
 		}
 	} else {
 		step := htmlNiceStep((a.hi - a.lo) / 5)
-		for i := 0; a.lo+float64(i)*step <= a.hi+step/1e6; i++ {
-			values = append(values, a.lo+float64(i)*step)
+		// Each tick rounded to the step's decimals: 20.4, not the
+		// 20.400000000000002 that adding steps makes.
+		scale := math.Pow(10, max(0, -math.Floor(math.Log10(step))))
+		first := math.Ceil(a.lo/step-1e-9) * step
+		for i := 0; first+float64(i)*step <= a.hi+step/1e6; i++ {
+			values = append(values, math.Round((first+float64(i)*step)*scale)/scale)
 		}
 	}
 	ticks := make([]htmlTick, len(values))

@@ -229,6 +229,8 @@ func TestHTMLTicks(t *testing.T) {
 		{"short log", []float64{12, 40, 900}, []string{"10", "20", "50", "100", "200", "500", "1,000"}},
 		{"long log", []float64{0.5, 40, 90_000}, []string{"1", "10", "100", "1,000", "10k", "100k"}},
 		{"one value", []float64{5, 5}, []string{"4", "4.5", "5", "5.5", "6"}},
+		// Steps of 0.2 added up are not round in binary: the labels are.
+		{"fractional steps", []float64{20.21, 20.55, 20.98}, []string{"20.2", "20.4", "20.6", "20.8", "21"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			x := htmlNewXAxis([]htmlDistribution{{x: c.values}}, 0, 100)
