@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // The HTML report (`timing-sidecar compare --html`): one page that needs
@@ -314,6 +315,9 @@ func htmlNewSequentialView(metric string, s *Sequential) *htmlSequentialView {
 	switch {
 	case s.Decided:
 		v.Decided = "yes: the experiment may stop"
+	case s.More > 0 && s.MoreSeconds != nil:
+		v.Decided = "not yet: about " + htmlCount(s.More) + " more requests per arm, " +
+			(time.Duration(*s.MoreSeconds) * time.Second).Round(time.Minute).String() + " at the present pace"
 	case s.More > 0:
 		v.Decided = "not yet: about " + htmlCount(s.More) + " more requests per arm"
 	default:

@@ -7,6 +7,7 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/tidwall/gjson"
 )
@@ -29,6 +30,8 @@ const (
 type Request struct {
 	Arm     string
 	Stratum Stratum
+	// Time is the line's time, zero if it has none.
+	Time time.Time
 	// Failed says the request failed: a 5xx, or an engine failure. It
 	// counts in the arm's error rate, and its figures are left out.
 	Failed bool
@@ -47,7 +50,7 @@ func ParseLine(line []byte, arm string) (r Request, ok bool) {
 	if !gjson.ValidBytes(line) {
 		return r, false
 	}
-	fields := gjson.GetManyBytes(line, "msg", "variant", "status", "upstream_error", "client_gone", "client_stall_ms")
+	fields := gjson.GetManyBytes(line, "msg", "variant", "status", "upstream_error", "client_gone", "client_stall_ms", "time")
 	if fields[0].String() != "request" {
 		return r, false
 	}
@@ -57,6 +60,7 @@ func ParseLine(line []byte, arm string) (r Request, ok bool) {
 	}
 	r.Failed = fields[2].Int() >= 500 || fields[3].String() != ""
 	r.Stratum = stratum(line)
+	r.Time, _ = time.Parse(time.RFC3339Nano, fields[6].String())
 	r.Values = map[string]float64{}
 	if r.Failed || fields[4].Bool() || fields[5].Float() >= clientPaced {
 		return r, true
@@ -122,6 +126,8 @@ type Samples struct {
 	Requests, Failed map[string]int                              // by arm
 	// Served is each arm's requests that did not fail, by stratum.
 	Served map[string]map[string]int
+	// First and Last are each arm's earliest and latest line times.
+	First, Last map[string]time.Time
 	// Order is the arms in the order they were first read.
 	Order []string
 	n     int // requests in all
@@ -153,6 +159,7 @@ func (s *Samples) Add(line []byte, arm string) error {
 	if s.Values == nil {
 		s.Values, s.Requests, s.Failed = map[string]map[string]map[Stratum][]float64{}, map[string]int{}, map[string]int{}
 		s.Served = map[string]map[string]int{}
+		s.First, s.Last = map[string]time.Time{}, map[string]time.Time{}
 	}
 	req, ok := ParseLine(line, arm)
 	if !ok {
@@ -171,6 +178,14 @@ func (s *Samples) add(req Request) {
 		s.Order = append(s.Order, req.Arm)
 	}
 	s.Requests[req.Arm]++
+	if t := req.Time; !t.IsZero() {
+		if f, ok := s.First[req.Arm]; !ok || t.Before(f) {
+			s.First[req.Arm] = t
+		}
+		if t.After(s.Last[req.Arm]) {
+			s.Last[req.Arm] = t
+		}
+	}
 	if req.Failed {
 		s.Failed[req.Arm]++
 		return

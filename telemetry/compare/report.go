@@ -25,11 +25,13 @@ type Report struct {
 	Method  Method  `json:"method"`
 }
 
-// ArmTotal is an arm's requests and failures.
+// ArmTotal is an arm's requests and failures, and its pace: requests a
+// second over the span of its lines' times (null under a second).
 type ArmTotal struct {
-	Name     string `json:"name"`
-	Requests int    `json:"requests"`
-	Failed   int    `json:"failed"`
+	Name              string   `json:"name"`
+	Requests          int      `json:"requests"`
+	Failed            int      `json:"failed"`
+	RequestsPerSecond *float64 `json:"requests_per_second"`
 }
 
 // MixCheck is the mix check of one arm against the base.
@@ -168,7 +170,7 @@ func Build(s *Samples, opts BuildOptions) Report {
 	rng := rand.New(rand.NewPCG(opts.Seed, 0x5eed))
 	rep := Report{Base: base, Method: method}
 	for _, arm := range s.Order {
-		rep.Arms = append(rep.Arms, ArmTotal{arm, s.Requests[arm], s.Failed[arm]})
+		rep.Arms = append(rep.Arms, ArmTotal{arm, s.Requests[arm], s.Failed[arm], s.pace(arm)})
 	}
 	for _, arm := range s.Order {
 		if arm == base {
@@ -185,7 +187,7 @@ func Build(s *Samples, opts BuildOptions) Report {
 			}
 			entries := compareMetric(metric, base, arm, st, rng)
 			if opts.Sequential {
-				entries[0].Sequential = sequential(st, entries[0])
+				entries[0].Sequential = sequential(st, entries[0], s)
 			}
 			rep.Results = append(rep.Results, entries...)
 		}
@@ -252,15 +254,38 @@ func compareMetric(metric, base, arm string, st strataValues, rng *rand.Rand) []
 }
 
 // sequential is the anytime-valid reading of a pooled entry: each
-// metric's test takes an equal share of SequentialAlpha.
-func sequential(st strataValues, pooled Entry) *Sequential {
+// metric's test takes an equal share of SequentialAlpha. At the arms'
+// paces of values (requests a second, times the share of requests that
+// have the metric), the requests it still needs take MoreSeconds.
+func sequential(st strataValues, pooled Entry, s *Samples) *Sequential {
 	if pooled.Difference.P50Ratio == nil {
 		return nil
 	}
 	n := min(len(pooled.Values[pooled.Base]), len(pooled.Values[pooled.Arm]))
 	r := NewSequentialTest(st.a, st.b).Read(*pooled.Difference.P50Ratio, SequentialAlpha/float64(len(Metrics)), n)
 	r.Verdict = oriented(pooled.Metric, r.Verdict)
+	slowest := math.Inf(1)
+	for _, arm := range []string{pooled.Base, pooled.Arm} {
+		pace := s.pace(arm)
+		if pace == nil {
+			return &r
+		}
+		slowest = min(slowest, *pace*float64(len(pooled.Values[arm]))/float64(s.Requests[arm]))
+	}
+	if r.More > 0 && slowest > 0 {
+		r.MoreSeconds = number(float64(r.More) / slowest)
+	}
 	return &r
+}
+
+// pace is arm's requests a second over its lines' span, nil under a
+// second or without times.
+func (s *Samples) pace(arm string) *float64 {
+	span := s.Last[arm].Sub(s.First[arm]).Seconds()
+	if span < 1 {
+		return nil
+	}
+	return number(float64(s.Requests[arm]) / span)
 }
 
 // oriented is a verdict of metric's values in the words of speed: for a

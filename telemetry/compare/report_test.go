@@ -3,9 +3,11 @@ package compare
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 )
 
 // accessLog writes n request lines per arm: cache hits (20 ms TTFT) and
@@ -174,5 +176,32 @@ func BenchmarkBuild(b *testing.B) {
 	b.ResetTimer()
 	for range b.N {
 		Build(&s, BuildOptions{Seed: 1, Sequential: true})
+	}
+}
+
+// TestTheSequentialReadingSaysHowLong: with the log's times, an undecided
+// reading says how long the requests it still needs take at the arms'
+// pace: here two requests a second an arm.
+func TestTheSequentialReadingSaysHowLong(t *testing.T) {
+	rng := rand.New(rand.NewPCG(51, 52))
+	var timed strings.Builder
+	start := time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
+	i := 0
+	for line := range strings.Lines(accessLog(rng, 200, map[string]float64{"stable": 0.3, "canary": 0.3}, 1.04, nil)) {
+		at := start.Add(time.Duration(i%200) * 500 * time.Millisecond).Format(time.RFC3339Nano)
+		timed.WriteString(strings.Replace(line, `{"msg"`, `{"time":"`+at+`","msg"`, 1))
+		i++
+	}
+	r := Build(read(t, timed.String()), BuildOptions{Seed: 1, Sequential: true})
+	if pace := r.Arms[0].RequestsPerSecond; pace == nil || math.Abs(*pace-200/99.5) > 0.01 {
+		t.Errorf("pace %v, want 200 requests over 99.5 s", pace)
+	}
+	e, _ := r.Entry("time_to_first_token_ms", "canary")
+	s := e.Sequential
+	if s == nil || s.Decided || s.More == 0 || s.MoreSeconds == nil {
+		t.Fatalf("reading %+v", s)
+	}
+	if want := float64(s.More) / (200 / 99.5); math.Abs(*s.MoreSeconds-want) > 1 {
+		t.Errorf("%d more requests take %v s, want %v", s.More, *s.MoreSeconds, want)
 	}
 }

@@ -42,6 +42,9 @@ type Sequential struct {
 	// present difference and pace of narrowing, roughly; 0 when no
 	// decision is in sight.
 	More int `json:"more_requests"`
+	// MoreSeconds is how long those requests take at the arms' paces in
+	// the log; null without times in it.
+	MoreSeconds *float64 `json:"more_seconds"`
 }
 
 // Settings of the sequential test.

@@ -6,6 +6,7 @@ import (
 	"math"
 	"strings"
 	"text/tabwriter"
+	"time"
 )
 
 // WriteText writes the report for people at a terminal: per arm its
@@ -61,6 +62,9 @@ func writeRow(w io.Writer, e Entry) {
 		switch {
 		case s.Decided:
 			verdict += ", decided: may stop"
+		case s.More > 0 && s.MoreSeconds != nil:
+			verdict += fmt.Sprintf(", undecided: about %d more requests an arm, %s at the present pace", s.More,
+				(time.Duration(*s.MoreSeconds) * time.Second).Round(time.Minute))
 		case s.More > 0:
 			verdict += fmt.Sprintf(", undecided: about %d more requests an arm", s.More)
 		default:
