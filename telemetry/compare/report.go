@@ -254,7 +254,8 @@ func compareMetric(metric, base, arm string, st strataValues, rng *rand.Rand) []
 }
 
 // sequential is the anytime-valid reading of a pooled entry: each
-// metric's test takes an equal share of SequentialAlpha. At the arms'
+// metric of each arm compared takes an equal share of SequentialAlpha.
+// At the arms'
 // paces of values (requests a second, times the share of requests that
 // have the metric), the requests it still needs take MoreSeconds.
 func sequential(st strataValues, pooled Entry, s *Samples) *Sequential {
@@ -262,7 +263,8 @@ func sequential(st strataValues, pooled Entry, s *Samples) *Sequential {
 		return nil
 	}
 	n := min(len(pooled.Values[pooled.Base]), len(pooled.Values[pooled.Arm]))
-	r := NewSequentialTest(st.a, st.b).Read(*pooled.Difference.P50Ratio, SequentialAlpha/float64(len(Metrics)), n)
+	share := SequentialAlpha / float64(len(Metrics)*max(1, len(s.Order)-1))
+	r := NewSequentialTest(st.a, st.b).Read(*pooled.Difference.P50Ratio, share, n)
 	r.Verdict = oriented(pooled.Metric, r.Verdict)
 	slowest := math.Inf(1)
 	for _, arm := range []string{pooled.Base, pooled.Arm} {

@@ -51,8 +51,8 @@ type Sequential struct {
 const (
 	// SequentialAlpha is the chance, over a whole experiment however
 	// often it is looked at, that any metric's verdict is wrong: each
-	// metric's test takes an equal share of it (Bonferroni), so the
-	// guarantee holds over all of them together.
+	// metric of each arm compared takes an equal share of it
+	// (Bonferroni), so the guarantee holds over all of them together.
 	SequentialAlpha = Alpha
 	// TuneN is the requests per stratum and arm where the test's
 	// boundary is tightest (the mixture's v_opt): latency experiments
@@ -247,7 +247,19 @@ func (t *SequentialTest) RatioCI(estimate, alpha float64) (lo, hi float64, ok bo
 func (t *SequentialTest) Read(estimate, alpha float64, n int) Sequential {
 	s := Sequential{PValue: t.PValue(), Verdict: NoDifference}
 	lo, hi, ok := t.RatioCI(estimate, alpha)
-	if !ok || len(t.strata) == 0 {
+	switch {
+	case len(t.strata) == 0:
+		return s
+	case !ok && s.PValue < alpha:
+		// No one ratio fits every stratum (they differ each their own
+		// way), yet the medians differ: the way the strata's weighted
+		// ratio goes.
+		s.Verdict, s.Decided = Faster, true
+		if estimate > 1 {
+			s.Verdict = Slower
+		}
+		return s
+	case !ok:
 		return s
 	}
 	s.RatioCI = &Interval{lo, hi}

@@ -140,3 +140,19 @@ func TestMoreIsRough(t *testing.T) {
 		t.Errorf("nothing in sight: %d", n)
 	}
 }
+
+// TestStrataThatDifferEachTheirOwnWay: one stratum 30% slower, the other
+// alike, and no one ratio fits both: the medians differ, the way the
+// weighted ratio goes, and the reading says so without an interval.
+func TestStrataThatDifferEachTheirOwnWay(t *testing.T) {
+	rng := rand.New(rand.NewPCG(14, 14))
+	a := map[string][]float64{"full": ttft(rng, 3000, 20), "none": ttft(rng, 3000, 100)}
+	b := map[string][]float64{"full": ttft(rng, 3000, 20), "none": ttft(rng, 3000, 170)}
+	test := NewSequentialTest(a, b)
+	if _, _, ok := test.RatioCI(1.3, Alpha); ok {
+		t.Fatal("a single ratio fits these strata: the case is not exercised")
+	}
+	if r := test.Read(1.3, Alpha, 6000); r.Verdict != Slower || !r.Decided || r.RatioCI != nil {
+		t.Errorf("reading %+v", r)
+	}
+}
