@@ -9,7 +9,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"time"
 )
 
 // The HTML report (`timing-sidecar compare --html`): one page that needs
@@ -317,7 +316,7 @@ func htmlNewSequentialView(metric string, s *Sequential) *htmlSequentialView {
 		v.Decided = "yes: the experiment may stop"
 	case s.More > 0 && s.MoreSeconds != nil:
 		v.Decided = "not yet: about " + htmlCount(s.More) + " more requests per arm, " +
-			(time.Duration(*s.MoreSeconds) * time.Second).Round(time.Minute).String() + " at the present pace"
+			wait(*s.MoreSeconds) + " at the present pace"
 	case s.More > 0:
 		v.Decided = "not yet: about " + htmlCount(s.More) + " more requests per arm"
 	default:

@@ -222,23 +222,13 @@ func (s *Samples) strata(base, arm, metric string) strataValues {
 func compareMetric(metric, base, arm string, st strataValues, rng *rand.Rand) []Entry {
 	sr := CompareStrata(st.a, st.b, rng)
 	pooled := Entry{Metric: metric, Base: base, Arm: arm, Values: map[string][]float64{}}
-	var weights []weighted
-	var total float64
-	for _, r := range sr.Strata {
-		if r.Verdict != TooFew {
-			total += float64(r.NA + r.NB)
-		}
-	}
 	for _, r := range sr.Strata {
 		pooled.Values[base] = append(pooled.Values[base], st.a[r.Key]...)
 		pooled.Values[arm] = append(pooled.Values[arm], st.b[r.Key]...)
-		if r.Verdict != TooFew {
-			weights = append(weights, weighted{st.a[r.Key], st.b[r.Key], float64(r.NA+r.NB) / total})
-		}
 	}
-	pooled.Arms = map[string]ArmFigures{
-		base: standardized(weights, func(w weighted) []float64 { return w.a }),
-		arm:  standardized(weights, func(w weighted) []float64 { return w.b }),
+	pooled.Arms = map[string]ArmFigures{base: {N: len(pooled.Values[base])}, arm: {N: len(pooled.Values[arm])}}
+	if sr.a != nil {
+		pooled.Arms = map[string]ArmFigures{base: sr.a.figures(), arm: sr.b.figures()}
 	}
 	pooled.setResult(sr.Pooled)
 	entries := []Entry{pooled}
@@ -264,7 +254,7 @@ func sequential(st strataValues, pooled Entry, s *Samples) *Sequential {
 	}
 	n := min(len(pooled.Values[pooled.Base]), len(pooled.Values[pooled.Arm]))
 	share := SequentialAlpha / float64(len(Metrics)*max(1, len(s.Order)-1))
-	r := NewSequentialTest(st.a, st.b).Read(*pooled.Difference.P50Ratio, share, n)
+	r := NewSequentialTest(st.a, st.b).Read(share, n)
 	r.Verdict = oriented(pooled.Metric, r.Verdict)
 	slowest := math.Inf(1)
 	for _, arm := range []string{pooled.Base, pooled.Arm} {
@@ -397,8 +387,8 @@ func (r *Report) Entry(metric, arm string) (Entry, bool) {
 var method = Method{
 	Level: Level, Alpha: Alpha, MinN: MinN, Draws: Draws,
 	Test:        "Brunner-Munzel rank test, two-sided; a verdict needs its q-value below alpha and the median ratio's interval on one side of 1",
-	Intervals:   "quantiles: exact percentile bootstrap of the order statistic; ratios: percentile bootstrap of independent draws of each arm; pooled quantiles: Woodruff's interval of the stratum-weighted distribution",
-	Pooled:      "strata weighted by their requests in both arms: effect by the weighted Brunner-Munzel effect's z-test, ratio by the weighted geometric mean of the strata's ratios",
+	Intervals:   "quantiles: exact percentile bootstrap of the order statistic; ratios: percentile bootstrap of independent draws of each arm; pooled: Woodruff's interval of the stratum-weighted distribution's quantile, and the arms' standard errors from it on the ratio's logarithm",
+	Pooled:      "strata weighted by their requests in both arms: the test is the weighted Brunner-Munzel effect's z-test; the quantiles are each arm's stratum-weighted distribution's, and the ratio is theirs",
 	Adjustment:  "Benjamini-Hochberg over every entry and error rate",
 	ErrorRates:  "5xx or engine failure over requests; two-proportion z-test, Newcombe's hybrid score interval of the difference",
 	StrataBasis: "endpoint, model, cache class, prompt and completion tokens (≤256, ≤1k, ≤4k, ≤16k, >16k); strata where an arm has fewer than min_n values are shown, not pooled",

@@ -187,7 +187,7 @@ func TestTheSequentialReadingSaysHowLong(t *testing.T) {
 	var timed strings.Builder
 	start := time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
 	i := 0
-	for line := range strings.Lines(accessLog(rng, 200, map[string]float64{"stable": 0.3, "canary": 0.3}, 1.04, nil)) {
+	for line := range strings.Lines(accessLog(rng, 200, map[string]float64{"stable": 0.3, "canary": 0.3}, 1.15, nil)) {
 		at := start.Add(time.Duration(i%200) * 500 * time.Millisecond).Format(time.RFC3339Nano)
 		timed.WriteString(strings.Replace(line, `{"msg"`, `{"time":"`+at+`","msg"`, 1))
 		i++

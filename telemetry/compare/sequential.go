@@ -213,8 +213,29 @@ func (t *SequentialTest) logEvidence(scale float64) float64 {
 	return sum
 }
 
+// commonRatio is the strata's medians' ratios, b's over a's, as one:
+// their geometric mean weighted by the strata's values. Where one ratio
+// fits every stratum, it is near it; the confidence sequence is sought
+// either side of it.
+func (t *SequentialTest) commonRatio() float64 {
+	var sum, weight float64
+	for _, s := range t.strata {
+		w := float64(len(s.a.x) + len(s.b.x))
+		sum += w * math.Log(s.b.x[len(s.b.x)/2]/s.a.x[len(s.a.x)/2])
+		weight += w
+	}
+	if weight == 0 || math.IsNaN(sum) || math.IsInf(sum, 0) {
+		return 1
+	}
+	return math.Exp(sum / weight)
+}
+
 // PValue is the anytime-valid p-value of equal medians in every stratum.
 func (t *SequentialTest) PValue() float64 { return min(1, math.Exp(-t.logEvidence(1))) }
+
+// searchSpan is how far either side of the estimate the confidence
+// sequence is sought: a ratio past a hundredfold says nothing yet.
+const searchSpan = 100
 
 // RatioCI is the confidence sequence of b's medians over a's at level
 // 1 - alpha: the ratios the test at alpha does not reject, found by
@@ -239,12 +260,13 @@ func (t *SequentialTest) RatioCI(estimate, alpha float64) (lo, hi float64, ok bo
 		}
 		return math.Exp(in)
 	}
-	return bound(estimate / 100), bound(estimate * 100), true
+	return bound(estimate / searchSpan), bound(estimate * searchSpan), true
 }
 
-// Read is the test's reading at level alpha, the pooled ratio estimate
-// given, and n the requests per arm so far.
-func (t *SequentialTest) Read(estimate, alpha float64, n int) Sequential {
+// Read is the test's reading at level alpha, n the requests per arm so
+// far.
+func (t *SequentialTest) Read(alpha float64, n int) Sequential {
+	estimate := t.commonRatio()
 	s := Sequential{PValue: t.PValue(), Verdict: NoDifference}
 	lo, hi, ok := t.RatioCI(estimate, alpha)
 	switch {
@@ -261,6 +283,9 @@ func (t *SequentialTest) Read(estimate, alpha float64, n int) Sequential {
 		return s
 	case !ok:
 		return s
+	}
+	if lo <= estimate/searchSpan*(1+1e-9) || hi >= estimate*searchSpan*(1-1e-9) {
+		return s // wider than the search: no interval to show yet
 	}
 	s.RatioCI = &Interval{lo, hi}
 	switch {

@@ -112,7 +112,7 @@ func TestSequentialFindsAShift(t *testing.T) {
 	for seed := range seeds {
 		rng := rand.New(rand.NewPCG(uint64(seed), 13))
 		looks(rng, 8000, 250, 1.1, func(a, b map[string][]float64, n int) bool {
-			r := NewSequentialTest(a, b).Read(1.1, Alpha/float64(len(Metrics)), n)
+			r := NewSequentialTest(a, b).Read(Alpha/float64(len(Metrics)), n)
 			if r.Verdict == Slower {
 				found++
 				at += n
@@ -152,7 +152,7 @@ func TestStrataThatDifferEachTheirOwnWay(t *testing.T) {
 	if _, _, ok := test.RatioCI(1.3, Alpha); ok {
 		t.Fatal("a single ratio fits these strata: the case is not exercised")
 	}
-	if r := test.Read(1.3, Alpha, 6000); r.Verdict != Slower || !r.Decided || r.RatioCI != nil {
+	if r := test.Read(Alpha, 6000); r.Verdict != Slower || !r.Decided || r.RatioCI != nil {
 		t.Errorf("reading %+v", r)
 	}
 }

@@ -163,8 +163,12 @@ func TestLikeWithLike(t *testing.T) {
 }
 
 // TestStrataFindAShift: a 10% shift within every stratum, at 2,000
-// requests an arm, is found pooled in at least 48 of 50 seeds, and A/A
-// within strata says no difference in at least 95% of 400 seeds.
+// requests an arm, is found pooled in at least 45 of 50 seeds, and A/A
+// within strata says no difference in at least 95% of 400 seeds. The
+// pooled median of a mix of cache hits (20 ms) and misses (100 ms) lies
+// in the misses' lower tail, where values are sparse: its interval is
+// wider than one stratum's, the price of a pooled ratio that is the
+// ratio of the quantiles shown.
 func TestStrataFindAShift(t *testing.T) {
 	const seeds = 400
 	same, found := 0, 0
@@ -184,7 +188,32 @@ func TestStrataFindAShift(t *testing.T) {
 		}
 	}
 	t.Logf("within strata: A/A no difference in %d of %d; +10%% found slower in %d of 50", same, seeds, found)
-	if same < seeds*95/100 || found < 48 {
+	if same < seeds*95/100 || found < 45 {
 		t.Errorf("A/A no difference %d of %d; +10%% slower %d of 50", same, seeds, found)
+	}
+}
+
+// TestPooledRatioIntervalsCover: with b's values 1.1 times a's in every
+// stratum, b's standardized quantiles are 1.1 times a's, whatever the
+// mix: the pooled p50 and p90 ratios' 95% intervals hold 1.1 in at least
+// 93% of 400 seeds.
+func TestPooledRatioIntervalsCover(t *testing.T) {
+	const seeds = 400
+	held50, held90 := 0, 0
+	for seed := range seeds {
+		rng := rand.New(rand.NewPCG(uint64(seed), 15))
+		a, b := confounded(rng, 1000)
+		b["full"], b["none"] = ttft(rng, 600, 22), ttft(rng, 400, 110)
+		p := CompareStrata(a, b, rng).Pooled
+		if p.P50RatioLo <= 1.1 && 1.1 <= p.P50RatioHi {
+			held50++
+		}
+		if p.P90RatioLo <= 1.1 && 1.1 <= p.P90RatioHi {
+			held90++
+		}
+	}
+	t.Logf("pooled ratios' 95%% intervals held the truth: p50 in %.1f%%, p90 in %.1f%% of %d seeds", 100*float64(held50)/seeds, 100*float64(held90)/seeds, seeds)
+	if held50 < seeds*93/100 || held90 < seeds*93/100 {
+		t.Errorf("held p50 %d, p90 %d of %d", held50, held90, seeds)
 	}
 }

@@ -27,14 +27,18 @@ type StratumResult struct {
 
 // Stratified is a comparison within strata, and pooled over them.
 type Stratified struct {
-	// Pooled is the strata's results weighted by their requests; its
-	// P50Ratio is the weighted geometric mean of the strata's ratios.
+	// Pooled is the strata's results weighted by their requests: its
+	// effect the strata's weighted, its ratios those of the arms'
+	// standardized quantiles (pooled.go).
 	Pooled Result
 	Strata []StratumResult
 	// MixPValue is the chi-square test's p-value that both arms drew
 	// their requests from the strata in the same proportions: small
 	// when the arms' mixes differ, the confounding pooling corrects.
 	MixPValue float64
+	// a and b are the arms' standardized distributions, nil when no
+	// stratum is pooled.
+	a, b *standardDist
 }
 
 // CompareStrata compares arm b against arm a within each stratum of
@@ -57,7 +61,7 @@ func CompareStrata(a, b map[string][]float64, rng *rand.Rand) Stratified {
 		r := Compare(armA, armB, rng)
 		out.Strata = append(out.Strata, StratumResult{Key: k, NA: armA.N(), NB: armB.N(), Result: r})
 		if r.Verdict != TooFew {
-			us = append(us, used{k, armA, armB, float64(armA.N() + armB.N())})
+			us = append(us, used{armA, armB, float64(armA.N() + armB.N())})
 			total += float64(armA.N() + armB.N())
 		}
 	}
@@ -74,8 +78,14 @@ func CompareStrata(a, b map[string][]float64, rng *rand.Rand) Stratified {
 	}
 	p := &out.Pooled
 	p.Effect = effect
-	p.P50Ratio, p.P50RatioLo, p.P50RatioHi = pooledRatio(us, total, 0.5, rng)
-	p.P90Ratio, p.P90RatioLo, p.P90RatioHi = pooledRatio(us, total, 0.9, rng)
+	var sa, sb []standardStratum
+	for _, u := range us {
+		sa = append(sa, standardStratum{u.a.x, u.weight / total})
+		sb = append(sb, standardStratum{u.b.x, u.weight / total})
+	}
+	out.a, out.b = newStandardDist(sa), newStandardDist(sb)
+	p.P50Ratio, p.P50RatioLo, p.P50RatioHi = standardizedRatio(out.a, out.b, 0.5)
+	p.P90Ratio, p.P90RatioLo, p.P90RatioHi = standardizedRatio(out.a, out.b, 0.9)
 	switch {
 	case variance > 0:
 		z := (effect - 0.5) / math.Sqrt(variance)
@@ -91,28 +101,8 @@ func CompareStrata(a, b map[string][]float64, rng *rand.Rand) Stratified {
 
 // used is a stratum in the pooled result, with its requests as weight.
 type used struct {
-	key    string
 	a, b   *Arm
 	weight float64
-}
-
-// pooledRatio is the strata's weighted geometric mean of b's p-quantile
-// over a's, and its percentile-bootstrap interval from the same weights
-// on each stratum's independent draws.
-func pooledRatio(us []used, total, p float64, rng *rand.Rand) (ratio, lo, hi float64) {
-	draws := make([]float64, Draws)
-	var logRatio float64
-	for _, u := range us {
-		w := u.weight / total
-		logRatio += w * math.Log(u.b.Quantile(p)/u.a.Quantile(p))
-		for i := range draws {
-			draws[i] += w * math.Log(u.b.draw(p, rng.Float64())/u.a.draw(p, rng.Float64()))
-		}
-	}
-	slices.Sort(draws)
-	return math.Exp(logRatio),
-		math.Exp(stat.Quantile((1-Level)/2, stat.Empirical, draws, nil)),
-		math.Exp(stat.Quantile(1-(1-Level)/2, stat.Empirical, draws, nil))
 }
 
 // effectSE is the Brunner-Munzel effect of b against a and its standard

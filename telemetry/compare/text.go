@@ -34,25 +34,77 @@ func WriteText(w io.Writer, r *Report) error {
 		}
 		p("mix of requests of %s: %s (chi-square p %s)\n", m.Arm, state, pvalue(&m.PValue))
 	}
-	var metric, arm string
-	for _, e := range r.Results {
-		if e.Metric != metric || e.Arm != arm {
-			metric, arm = e.Metric, e.Arm
-			p("\n%s, %s against %s\n", metric, arm, e.Base)
-			p("  stratum\tn\tp50 %s\tp50 %s\tp90 %s\tp90 %s\tp50 ratio\tq\tverdict\n", e.Base, arm, e.Base, arm)
+	for start := 0; start < len(r.Results); {
+		end := start + 1
+		for end < len(r.Results) && r.Results[end].Metric == r.Results[start].Metric && r.Results[end].Arm == r.Results[start].Arm {
+			end++
 		}
-		writeRow(tw, e)
+		writeMetric(tw, r.Results[start:end])
+		start = end
 	}
 	return tw.Flush()
 }
 
-func writeRow(w io.Writer, e Entry) {
-	a, b := e.Arms[e.Base], e.Arms[e.Arm]
-	name := "all (weighted by strata)"
-	if e.Stratum != nil {
-		s := e.Stratum
-		name = strings.Join([]string{s.Endpoint, s.Model, "cache " + s.Cache, "prompt " + s.Prompt, "completion " + s.Completion}, " ")
+// writeMetric writes one metric's entries of one arm: what every stratum
+// shares said once, above a row per stratum naming what differs.
+func writeMetric(w io.Writer, entries []Entry) {
+	e := entries[0]
+	fmt.Fprintf(w, "\n%s, %s against %s\n", e.Metric, e.Arm, e.Base)
+	varies, shared := strataFields(entries)
+	if len(shared) > 0 {
+		fmt.Fprintf(w, "  every stratum: %s\n", strings.Join(shared, ", "))
 	}
+	fmt.Fprintf(w, "  stratum\tn\tp50 %s\tp50 %s\tp90 %s\tp90 %s\tp50 ratio\tq\tverdict\n", e.Base, e.Arm, e.Base, e.Arm)
+	for _, e := range entries {
+		name := "all (weighted by strata)"
+		if e.Stratum != nil {
+			var parts []string
+			for _, f := range varies {
+				parts = append(parts, f.name+" "+f.of(e.Stratum))
+			}
+			name = strings.Join(parts, " ")
+		}
+		writeRow(w, name, e)
+	}
+}
+
+// stratumField is one field of a stratum, named.
+type stratumField struct {
+	name string
+	of   func(*Stratum) string
+}
+
+var stratumFields = []stratumField{
+	{"endpoint", func(s *Stratum) string { return s.Endpoint }},
+	{"model", func(s *Stratum) string { return s.Model }},
+	{"cache", func(s *Stratum) string { return s.Cache }},
+	{"prompt", func(s *Stratum) string { return s.Prompt }},
+	{"completion", func(s *Stratum) string { return s.Completion }},
+}
+
+// strataFields splits the strata's fields into those that vary among the
+// entries and those all share ("model m").
+func strataFields(entries []Entry) (varies []stratumField, shared []string) {
+	for _, f := range stratumFields {
+		values := map[string]bool{}
+		var one string
+		for _, e := range entries {
+			if e.Stratum != nil {
+				one = f.of(e.Stratum)
+				values[one] = true
+			}
+		}
+		if len(values) == 1 {
+			shared = append(shared, f.name+" "+one)
+		} else {
+			varies = append(varies, f)
+		}
+	}
+	return varies, shared
+}
+
+func writeRow(w io.Writer, name string, e Entry) {
+	a, b := e.Arms[e.Base], e.Arms[e.Arm]
 	verdict := string(e.Verdict)
 	if e.Detectable != nil {
 		verdict += fmt.Sprintf(" (detectable ±%.1f%%)", 100**e.Detectable)
@@ -63,8 +115,7 @@ func writeRow(w io.Writer, e Entry) {
 		case s.Decided:
 			verdict += ", decided: may stop"
 		case s.More > 0 && s.MoreSeconds != nil:
-			verdict += fmt.Sprintf(", undecided: about %d more requests an arm, %s at the present pace", s.More,
-				(time.Duration(*s.MoreSeconds) * time.Second).Round(time.Minute))
+			verdict += fmt.Sprintf(", undecided: about %d more requests an arm, %s at the present pace", s.More, wait(*s.MoreSeconds))
 		case s.More > 0:
 			verdict += fmt.Sprintf(", undecided: about %d more requests an arm", s.More)
 		default:
@@ -76,12 +127,20 @@ func writeRow(w io.Writer, e Entry) {
 		ratio(e.Difference.P50Ratio, e.Difference.P50RatioCI), pvalue(e.QValue), verdict)
 }
 
-// figure is v to three significant figures, or "-".
+// figure is v to three significant figures, whole from 1,000 up (never
+// in exponent form), or "-".
 func figure(v *float64) string {
 	if v == nil {
 		return "-"
 	}
-	return fmt.Sprintf("%.3g", *v)
+	return short(*v)
+}
+
+func short(v float64) string {
+	if math.Abs(v) >= 1000 {
+		return fmt.Sprintf("%.0f", v)
+	}
+	return fmt.Sprintf("%.3g", v)
 }
 
 func withCI(v *float64, c *Interval) string {
@@ -95,7 +154,7 @@ func ci(c *Interval) string {
 	if c == nil {
 		return "-"
 	}
-	return fmt.Sprintf("[%.3g, %.3g]", c[0], c[1])
+	return "[" + short(c[0]) + ", " + short(c[1]) + "]"
 }
 
 func ratio(v *float64, c *Interval) string {
@@ -125,3 +184,16 @@ func percent(v float64) string { return fmt.Sprintf("%.2f%%", 100*v) }
 func points(v float64) string { return fmt.Sprintf("%+.2f pp", 100*v) }
 
 func ciPoints(c Interval) string { return fmt.Sprintf("[%+.2f, %+.2f]", 100*c[0], 100*c[1]) }
+
+// wait is a span of seconds for people: to the second under a minute,
+// to the minute under a day, else in hours.
+func wait(seconds float64) string {
+	d := time.Duration(seconds * float64(time.Second))
+	switch {
+	case d < time.Minute:
+		return d.Round(time.Second).String()
+	case d < 24*time.Hour:
+		return d.Round(time.Minute).String()
+	}
+	return fmt.Sprintf("%.0fh", d.Hours())
+}
