@@ -65,6 +65,9 @@ func (p *Proxy) relayAssembled(ctx *fasthttp.RequestCtx, f *flight, x *upstream.
 		ctx.Response.Header.SetStatusMessage(nil)
 		ctx.Response.SetBody(body)
 		f.rec.Status, f.rec.BytesOut = status, len(body)
+		if status >= 500 {
+			f.rec.UpstreamError = telemetry.ErrorStream
+		}
 		return
 	}
 	// The body is built for the response, which takes it without a copy;

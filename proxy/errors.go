@@ -8,6 +8,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/timing-sidecar/timing-sidecar/proxy/upstream"
+	"github.com/timing-sidecar/timing-sidecar/rewrite"
 	"github.com/timing-sidecar/timing-sidecar/telemetry"
 )
 
@@ -118,5 +119,14 @@ func upstreamErrorKind(err error, beforeHeaders bool) string {
 		return telemetry.ErrorConnect
 	default:
 		return telemetry.ErrorClosed
+	}
+}
+
+// noteStreamError records an engine failure told inside a stream (an
+// error event whose code is a 5xx, or none): the status went out as 200
+// before it, and without it the failure would count as served.
+func noteStreamError(f *flight, ev rewrite.Event) {
+	if ev.Kind == rewrite.EventError && f.rec.UpstreamError == "" && rewrite.ErrorStatus(ev.Data) >= 500 {
+		f.rec.UpstreamError = telemetry.ErrorStream
 	}
 }

@@ -24,7 +24,9 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/timing-sidecar/timing-sidecar/e2e/emulator"
 	"github.com/timing-sidecar/timing-sidecar/rewrite"
+	"github.com/timing-sidecar/timing-sidecar/telemetry"
 )
 
 // syncBuffer is a log the test can read while the proxy writes.
@@ -738,4 +740,58 @@ func TestARefusalIsAFailureWithItsDuration(t *testing.T) {
 	if count != 1 || sum <= 0 || sum > waited.Seconds() {
 		t.Errorf("request durations with error.type 413: %d, summing to %v s; want 1, within the %v the client waited", count, sum, waited)
 	}
+}
+
+// TestAnErrorInsideAStreamIsAFailure: an engine that answers 200 and then
+// reports a failure in the stream (llama.cpp does, for output it cannot
+// parse) has failed the request: stream_error in the access log and the
+// failures counter, streamed or upgraded to one answer; the client gets
+// the engine's bytes as they were.
+func TestAnErrorInsideAStreamIsAFailure(t *testing.T) {
+	engine := startEmulator(t, emulator.Config{Timing: emulator.Timing{OutputTokens: 6}})
+	for _, c := range []struct {
+		name    string
+		stream  bool
+		upgrade bool
+	}{{"streamed", true, false}, {"upgraded", false, true}} {
+		t.Run(c.name, func(t *testing.T) {
+			var log syncBuffer
+			p, base := startSidecar(t, engine.URL(), func(cfg *Config) { cfg.UpgradeNonStreaming = c.upgrade }, &log)
+			body := fmt.Sprintf(`{"model":"m","stream":%v,"messages":[{"role":"user","content":"hi"}]}`, c.stream)
+			resp := post(t, base+"/v1/chat/completions", body, map[string]string{emulator.HeaderErrorAfter: "2"})
+			raw, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if !strings.Contains(string(raw), "emulated engine failure") {
+				t.Fatalf("the engine's error did not reach the client: %d %s", resp.StatusCode, raw)
+			}
+			p.telemetry.Flush()
+			lines := log.lines()
+			if len(lines) != 1 || !strings.Contains(lines[0], `"upstream_error":"stream_error"`) {
+				t.Errorf("access log: %v", lines)
+			}
+			if n := upstreamErrors(t, p, telemetry.ErrorStream); n != 1 {
+				t.Errorf("stream_error counted %v times", n)
+			}
+		})
+	}
+}
+
+// upstreamErrors is timing_sidecar_upstream_errors_total of kind.
+func upstreamErrors(t *testing.T, p *Proxy, kind string) float64 {
+	t.Helper()
+	mfs, err := p.registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "timing_sidecar_upstream_errors_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if m.GetLabel()[0].GetValue() == kind {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
 }

@@ -573,6 +573,7 @@ func (r *eventRelay) inspect(raw []byte, at time.Time) {
 		r.answerEnded, r.answerEndedAt = true, at
 	}
 	f.clock.CountOutput(ev.CompletionCount(), ev.Kind == rewrite.EventToken)
+	noteStreamError(f, ev)
 	if f.readsAnswer() {
 		f.route.api.ObserveEvent(&f.answer, ev)
 	}

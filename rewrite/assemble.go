@@ -262,23 +262,28 @@ func (a *Assembly) Finished() bool {
 }
 
 // Error returns the data of an in-stream error event and the HTTP status
-// the engine would have answered a non-streaming request with: the error's
-// code when it is an HTTP error status, else 500. ok is false when the
-// stream carried no error.
+// the engine would have answered a non-streaming request with
+// (ErrorStatus). ok is false when the stream carried no error.
 func (a *Assembly) Error() (body []byte, status int, ok bool) {
 	if a.errorEvent == nil {
 		return nil, 0, false
 	}
-	doc := gjson.ParseBytes(a.errorEvent)
+	return a.errorEvent, ErrorStatus(a.errorEvent), true
+}
+
+// ErrorStatus is the HTTP status an in-stream error event's data stands
+// for: its code (error.code, or code) when that is an HTTP error status,
+// else 500.
+func ErrorStatus(data []byte) int {
+	doc := gjson.ParseBytes(data)
 	code := doc.Get("error.code")
 	if !code.Exists() {
 		code = doc.Get("code")
 	}
-	status = 500
 	if code.Type == gjson.Number && code.Num >= 400 && code.Num < 600 && code.Num == float64(int(code.Num)) {
-		status = int(code.Num)
+		return int(code.Num)
 	}
-	return a.errorEvent, status, true
+	return 500
 }
 
 // AppendBody appends the non-streaming response. chat selects the chat

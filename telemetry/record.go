@@ -31,6 +31,7 @@ const (
 	ErrorBadResponse = "bad_response" // the engine's response headers could not be read (too large)
 	ErrorInterrupted = "interrupted"  // the engine's body ended early (closed or reset)
 	ErrorIdleTimeout = "idle_timeout" // the engine went silent mid-body past the idle timeout
+	ErrorStream      = "stream_error" // the engine's stream carried an error event of a 5xx (or no) code
 
 	// Why a measured request went to the engine unread and unedited, and
 	// was answered without the metrics object.

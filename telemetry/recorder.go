@@ -270,7 +270,7 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 	r.cacheWriteTokens = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_cache_write_prompt_tokens_total",
 		Help: "Prompt tokens the engine computed and wrote to its prefix cache, from engines that report them (vLLM's created_cache_tokens, the Messages API's cache_creation_input_tokens)."}, counted)
 	r.upstreamErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "timing_sidecar_upstream_errors_total",
-		Help: "Engine failures by kind: connect, timeout, closed (before headers), bad_response (headers too large, or a stream that cannot be reassembled), interrupted or idle_timeout (mid-body)."}, []string{"kind"})
+		Help: "Engine failures by kind: connect, timeout, closed (before headers), bad_response (headers too large, or a stream that cannot be reassembled), interrupted or idle_timeout (mid-body), stream_error (an error event of the engine's own in a stream, with a 5xx or no code)."}, []string{"kind"})
 	r.clientDisconnects = prometheus.NewCounter(prometheus.CounterOpts{Name: "timing_sidecar_client_disconnects_total",
 		Help: "Requests whose client left before the response was complete; the engine's request was aborted."})
 	r.clientPaced = prometheus.NewCounter(prometheus.CounterOpts{Name: "timing_sidecar_client_paced_requests_total",
@@ -305,7 +305,7 @@ func NewRecorder(reg prometheus.Registerer, opts Options) *Recorder {
 	// Every kind exists from the start, at 0: a healthy system shows 0
 	// failures on the dashboard and in the recording rules, not "no
 	// data", and rate() over a first failure sees its increase.
-	for _, kind := range []string{ErrorConnect, ErrorTimeout, ErrorClosed, ErrorBadResponse, ErrorInterrupted, ErrorIdleTimeout} {
+	for _, kind := range []string{ErrorConnect, ErrorTimeout, ErrorClosed, ErrorBadResponse, ErrorInterrupted, ErrorIdleTimeout, ErrorStream} {
 		r.upstreamErrors.WithLabelValues(kind)
 	}
 	for _, reason := range []string{UnreadRepeated, UnreadInvalid, UnreadNoMemory} {

@@ -133,7 +133,7 @@ func Dashboard() (dashboard.Dashboard, error) {
 		query(`sum by (tenant) (rate(timing_sidecar_generation_tokens_total{`+models+`}[$__rate_interval]))`, "generated {{tenant}}")))
 
 	b.WithRow(dashboard.NewRowBuilder("Errors and the sidecar"))
-	b.WithPanel(panel("Engine failures", "Per second, by kind: connect, timeout, closed, bad_response, interrupted, idle_timeout.", "reqps",
+	b.WithPanel(panel("Engine failures", "Per second, by kind: connect, timeout, closed, bad_response, interrupted, idle_timeout, stream_error.", "reqps",
 		query(`sum by (kind) (rate(timing_sidecar_upstream_errors_total{`+pods+`}[$__rate_interval]))`, "{{kind}}")))
 	b.WithPanel(panel("Client disconnects and requests in flight", "Clients that left before their response was complete (per second), and requests being handled.", "none",
 		query(`sum(rate(timing_sidecar_client_disconnects_total{`+pods+`}[$__rate_interval]))`, "disconnects/s"),
