@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/timing-sidecar/timing-sidecar/telemetry"
+	"github.com/timing-sidecar/timing-sidecar/telemetry/requests"
 )
 
 // adminIdleTimeout closes admin connections idle for longer than the
@@ -52,7 +53,14 @@ func (r *readiness) set(err error) {
 // AdminHandler serves the admin endpoints (telemetry.AdminHandler):
 // /metrics, /healthz, and /readyz as the engine probe and shutdown say.
 func (p *Proxy) AdminHandler() http.Handler {
-	return telemetry.AdminHandler(p.registry, p.ready.state, p.cfg.AdminPprof)
+	h := telemetry.AdminHandler(p.registry, p.ready.state, p.cfg.AdminPprof)
+	if p.debug == nil {
+		return h
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/", h)
+	mux.Handle("GET /debug/requests", p.debug.Handler(requests.Access(p.cfg.DebugRequests), p.cfg.TraceURL, requests.Render))
+	return mux
 }
 
 // ServeAdmin serves the admin endpoints on ln and probes the engine in the

@@ -63,7 +63,8 @@ const (
 	DefaultInjectUsage           = true
 	DefaultMaxModelLabels        = 32
 	DefaultMaxTenantLabels       = 32
-	DefaultMaxVariantLabels      = 8 // an experiment's two or three arms, and room for overlapping ones
+	DefaultMaxVariantLabels      = 8
+	DefaultDebugRequests         = DebugLoopback // an experiment's two or three arms, and room for overlapping ones
 	DefaultReadinessProbe        = ProbeHTTP
 	DefaultReadinessPath         = "/health"
 	DefaultReadinessInterval     = 2 * time.Second
@@ -151,6 +152,12 @@ type Config struct {
 	AdminListen string
 	// AdminPprof serves Go's profiler under /debug/pprof/ on the admin port.
 	AdminPprof bool
+	// DebugRequests says who the /debug/requests page answers on the
+	// admin port (DebugLoopback, DebugAny), or DebugOff: then nothing is
+	// recorded for it. TraceURL is the link of a request's trace there,
+	// {trace_id} standing for its id; empty, none.
+	DebugRequests string
+	TraceURL      string
 	// AccessLog writes one JSON line per request.
 	AccessLog bool
 	// KernelTimestamps takes every mark from the kernel's receive time of
@@ -255,6 +262,7 @@ func DefaultConfig() Config {
 		MaxModelLabels:         DefaultMaxModelLabels,
 		MaxTenantLabels:        DefaultMaxTenantLabels,
 		MaxVariantLabels:       DefaultMaxVariantLabels,
+		DebugRequests:          DefaultDebugRequests,
 		ReadinessProbe:         DefaultReadinessProbe,
 		ReadinessPath:          DefaultReadinessPath,
 		ReadinessInterval:      DefaultReadinessInterval,
@@ -278,7 +286,7 @@ func (c *Config) Validate() error {
 			cpuRequestError(c.CPURequest),
 		},
 		c.readinessProblems(),
-		[]error{c.shutdownProblem(), c.tenantProblem(), c.upstreamProblem(), c.modeProblem(), c.legProblem()},
+		[]error{c.shutdownProblem(), c.tenantProblem(), c.upstreamProblem(), c.modeProblem(), c.legProblem(), c.debugProblem()},
 		c.durationProblems(),
 		c.tlsProblems(),
 		[]error{c.connectTimeoutProblem()},
@@ -341,6 +349,22 @@ func (c *Config) modeProblem() error {
 		return nil
 	}
 	return fmt.Errorf("per-request metrics mode %q: want off, vllm, opt-in or always", c.Mode)
+}
+
+// Who the /debug/requests page answers: loopback peers, any peer, or
+// none (nothing recorded for it).
+const (
+	DebugLoopback = "loopback"
+	DebugAny      = "any"
+	DebugOff      = "off"
+)
+
+func (c *Config) debugProblem() error {
+	switch c.DebugRequests {
+	case DebugLoopback, DebugAny, DebugOff:
+		return nil
+	}
+	return fmt.Errorf("debug requests %q: want loopback, any or off", c.DebugRequests)
 }
 
 // durationProblems checks the timeouts, where 0 means none.

@@ -13,6 +13,7 @@ import (
 	"github.com/timing-sidecar/timing-sidecar/proxy/clientconn"
 	"github.com/timing-sidecar/timing-sidecar/rewrite"
 	"github.com/timing-sidecar/timing-sidecar/telemetry"
+	"github.com/timing-sidecar/timing-sidecar/telemetry/requests"
 	"github.com/timing-sidecar/timing-sidecar/timing"
 )
 
@@ -22,6 +23,11 @@ type flight struct {
 	rec   telemetry.Record
 	clock timing.Clock
 	usage timing.Usage
+	// live is the request as /debug/requests shows it running, once
+	// registered (liveOn); timeline its stream's events, for the page.
+	live     requests.Running
+	liveOn   bool
+	timeline timing.Timeline
 	// measured: the clock ran (a chat or completions request the engine
 	// accepted with 200).
 	measured bool
@@ -98,7 +104,9 @@ func (p *Proxy) begin(ctx *fasthttp.RequestCtx, arrival time.Time) *flight {
 		f = new(flight)
 	}
 	cc, _ := ctx.Conn().(*clientconn.Conn)
-	*f = flight{clock: timing.Clock{Arrival: arrival}, route: routeOf(ctx.Path()), body: f.body[:0], edit: f.edit, client: cc}
+	timeline := f.timeline
+	timeline.Reset()
+	*f = flight{clock: timing.Clock{Arrival: arrival}, route: routeOf(ctx.Path()), body: f.body[:0], edit: f.edit, client: cc, timeline: timeline}
 	f.rec = telemetry.Record{
 		Method:   string(ctx.Method()),
 		Path:     string(ctx.Path()),
@@ -172,6 +180,26 @@ func newRequestID() string {
 	return hex.EncodeToString(b[:])
 }
 
+// showLive registers a measured request on /debug/requests as running,
+// once its model is read.
+func (p *Proxy) showLive(f *flight) {
+	if p.debug == nil {
+		return
+	}
+	f.live = requests.Running{ID: f.rec.ID, Endpoint: f.rec.Endpoint, Model: f.rec.Model, Tenant: f.rec.Tenant,
+		Variant: f.rec.Variant, Arrival: f.clock.Arrival}
+	f.liveOn = true
+	p.debug.Begin(&f.live)
+}
+
+// showEvent records, for /debug/requests, an event that arrived at
+// arrived and has now been written to the client: the clock read is the
+// page's one cost per event, paid only with the page on.
+func (f *flight) showEvent(arrived time.Time) {
+	f.timeline.Event(arrived.Sub(f.clock.Arrival), time.Since(f.clock.Arrival))
+	f.live.Event()
+}
+
 // relayed records that an event reached the client's socket delay after
 // it arrived from the engine: the sidecar's own delay on it.
 func (p *Proxy) relayed(f *flight, delay time.Duration) {
@@ -237,5 +265,8 @@ func (p *Proxy) record(f *flight) (ok bool) {
 	}
 	f.rec.ResponseModel = f.answer.Model
 	p.telemetry.Finish(&f.rec)
+	if f.liveOn {
+		p.debug.Finish(&f.live, &f.rec, &f.clock, &f.timeline, f.rec.Trace.ID())
+	}
 	return true
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/timing-sidecar/timing-sidecar/proxy/upstream"
 	"github.com/timing-sidecar/timing-sidecar/rewrite"
 	"github.com/timing-sidecar/timing-sidecar/telemetry"
+	"github.com/timing-sidecar/timing-sidecar/telemetry/requests"
 )
 
 func (p *Proxy) handle(ctx *fasthttp.RequestCtx) {
@@ -135,6 +136,7 @@ func (p *Proxy) serveMeasured(ctx *fasthttp.RequestCtx, f *flight, body []byte) 
 	req.BehindSidecar = len(ctx.Request.Header.Peek(sidecarHeader)) > 0
 	pl := rewrite.PlanFor(p.policy, req)
 	f.rec.Model, f.rec.Stream = req.Model, req.Stream
+	p.showLive(f)
 	f.clock.HeadersLate = splitDownstream(&ctx.Request.Header, req)
 	f.clock.SeveralChoices = req.MultipleChoices
 	leg := req.Leg
@@ -296,6 +298,9 @@ func (f *flight) accepted(ctx *fasthttp.RequestCtx, x *upstream.Exchange, resp *
 		clientconn.CloseAfterError(ctx)
 	}
 	f.clock.Accepted = x.HeadersRead()
+	if f.liveOn {
+		f.live.Mark(requests.StageAccepted, f.clock.Accepted)
+	}
 	f.rec.Trace.EngineStatus = resp.StatusCode()
 	if f.route.measured {
 		f.readEngineHeaders(&resp.Header)

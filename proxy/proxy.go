@@ -23,6 +23,7 @@ import (
 	"github.com/timing-sidecar/timing-sidecar/proxy/upstream"
 	"github.com/timing-sidecar/timing-sidecar/rewrite"
 	"github.com/timing-sidecar/timing-sidecar/telemetry"
+	"github.com/timing-sidecar/timing-sidecar/telemetry/requests"
 	"github.com/timing-sidecar/timing-sidecar/telemetry/usage"
 	"github.com/timing-sidecar/timing-sidecar/timing"
 )
@@ -46,6 +47,8 @@ type Proxy struct {
 	// metrics are.
 	tracer *telemetry.Tracer
 	genai  *telemetry.GenAIMetrics
+	// debug keeps the requests /debug/requests shows; nil when it is off.
+	debug *requests.Store
 	// usage is nil when the usage records are off.
 	usage *usage.Records
 	// engineAddress and enginePort are the engine's, for spans.
@@ -98,6 +101,9 @@ func New(cfg Config, log *slog.Logger, accessLog io.Writer) (*Proxy, error) {
 	}
 	p := &Proxy{cfg: cfg, policy: cfg.policy(), bootstrapLeg: rewrite.LegNamed(cfg.DisaggregationLeg), log: log, up: up, pools: newPools(cfg.MaxEventSize), registry: telemetry.NewRegistry(), stop: make(chan struct{}), streams: newStreamSet(),
 		bodies: membudget.New(cfg.MaxBodyMemory), tls: serveTLS}
+	if cfg.DebugRequests != DebugOff {
+		p.debug = requests.New(requests.Options{})
+	}
 	opts := telemetry.Options{MaxModels: cfg.MaxModelLabels, TenantLabel: cfg.TenantLabel, MaxTenants: cfg.MaxTenantLabels,
 		VariantLabel: cfg.Variant != "" || cfg.VariantHeader != "", MaxVariants: cfg.MaxVariantLabels, Variant: cfg.Variant,
 		Objectives:       telemetry.Objectives{TTFT: cfg.SLOTTFT, ITL: cfg.SLOITL, E2E: cfg.SLOE2E},

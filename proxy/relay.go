@@ -14,6 +14,7 @@ import (
 
 	"github.com/timing-sidecar/timing-sidecar/proxy/upstream"
 	"github.com/timing-sidecar/timing-sidecar/rewrite"
+	"github.com/timing-sidecar/timing-sidecar/telemetry/requests"
 	"github.com/timing-sidecar/timing-sidecar/timing"
 )
 
@@ -465,6 +466,9 @@ func (r *eventRelay) WriteTo(w io.Writer) (written int64, err error) {
 			return written, werr
 		}
 		r.noteDelivery()
+		if r.f.liveOn && len(r.pending) == 0 {
+			r.f.showEvent(r.pendingAt)
+		}
 		if c := r.f.client; len(r.pending) == 0 && (c == nil || !r.pendingAt.Before(c.StallEnded())) {
 			r.p.relayed(r.f, delay)
 		}
@@ -568,9 +572,15 @@ func (r *eventRelay) inspect(raw []byte, at time.Time) {
 	ev := f.route.api.ClassifyEvent(raw)
 	if ev.Kind == rewrite.EventToken {
 		f.clock.MarkOutput(at, ev.Output)
+		if f.liveOn {
+			f.live.Mark(requests.StageTokens, at)
+		}
 	}
 	if ev.EndsAnswer() && !r.answerEnded {
 		r.answerEnded, r.answerEndedAt = true, at
+		if f.liveOn {
+			f.live.Mark(requests.StageEnding, at)
+		}
 	}
 	f.clock.CountOutput(ev.CompletionCount(), ev.Kind == rewrite.EventToken)
 	noteStreamError(f, ev)

@@ -94,6 +94,23 @@ func BenchmarkRelayEvent300B(b *testing.B) {
 	}
 }
 
+// BenchmarkRelayEvent300BPageOn is the same with /debug/requests on: each
+// event's arrival and write kept in the request's timeline (its cost is
+// this less BenchmarkRelayEvent300B).
+func BenchmarkRelayEvent300BPageOn(b *testing.B) {
+	r := newBenchRelay(event300)
+	r.f.liveOn = true
+	var w eventWriter
+	b.SetBytes(int64(len(event300)))
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		if i%1000 == 0 {
+			r.f.timeline.Reset() // a new request's, as begin resets it
+		}
+		writeEvents(b, r, &w, 1)
+	}
+}
+
 // BenchmarkRelayStream100 relays a whole stream: 100 content events and the
 // usage event with the metrics spliced in.
 func BenchmarkRelayStream100(b *testing.B) {
@@ -110,6 +127,7 @@ func BenchmarkRelayStream100(b *testing.B) {
 
 func TestRelayAllocatesNothingPerEvent(t *testing.T) {
 	t.Run("untraced", func(t *testing.T) { relayAllocations(t, nil) })
+	t.Run("debug page", func(t *testing.T) { relayAllocations(t, nil, func(f *flight) { f.liveOn = true }) })
 	t.Run("traced", func(t *testing.T) {
 		tracer, err := telemetry.NewTracer(telemetry.OTLP{Traces: telemetry.Signal{On: true}, SpanExporter: tracetest.NewNoopExporter()}, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 		if err != nil {
@@ -121,10 +139,14 @@ func TestRelayAllocatesNothingPerEvent(t *testing.T) {
 }
 
 // relayAllocations checks that a stream's events cost no allocation in
-// steady state, with tracing on when tracer is not nil.
-func relayAllocations(t *testing.T, tracer *telemetry.Tracer) {
+// steady state, with tracing on when tracer is not nil, and the flight as
+// set.
+func relayAllocations(t *testing.T, tracer *telemetry.Tracer, set ...func(*flight)) {
 	stream := strings.Repeat(event300, 10) + usageEvent
 	r := newBenchRelay(stream)
+	for _, s := range set {
+		s(r.f)
+	}
 	tracer.Begin(&r.f.rec.Trace, propagation.MapCarrier{}, time.Now(), telemetry.EndpointChat, "m")
 	if (tracer != nil) != r.f.rec.Trace.On() {
 		t.Fatal("the trace did not begin")
@@ -133,6 +155,7 @@ func relayAllocations(t *testing.T, tracer *telemetry.Tracer) {
 	writeEvents(t, r, &w, 11) // warm up: buffers reach their steady size
 	allocs := testing.AllocsPerRun(20, func() {
 		r.hold, r.f.computed = rewrite.FinishHold{Plan: r.f.plan}, false // each stream's usage event is spliced
+		r.f.timeline.Reset()                                             // each stream's timeline, in the room of the last
 		writeEvents(t, r, &w, 11)
 	})
 	if allocs != 0 {

@@ -185,6 +185,14 @@ type Answer struct {
 // On tells whether the request is traced.
 func (tr *Trace) On() bool { return tr.server != nil }
 
+// ID is the request's trace id in hex, or empty when it is not traced.
+func (tr *Trace) ID() string {
+	if tr.server == nil {
+		return ""
+	}
+	return tr.server.SpanContext().TraceID().String()
+}
+
 // Begin starts a measured request's SERVER span at its arrival, as a
 // child of the trace context incoming carries (traceparent, tracestate)
 // when there is one.

@@ -79,6 +79,8 @@ func configFrom(c *cli.Context) proxy.Config {
 		MaxEventSize:           c.Int("max-event-size"),
 		AdminListen:            c.String("admin-listen"),
 		AdminPprof:             c.Bool("admin-pprof"),
+		DebugRequests:          c.String("debug-requests"),
+		TraceURL:               c.String("trace-url"),
 		AccessLog:              c.Bool("access-log"),
 		KernelTimestamps:       c.Bool("kernel-timestamps"),
 		InjectUsage:            c.Bool("inject-usage"),

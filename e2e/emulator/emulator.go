@@ -51,6 +51,7 @@ const (
 	HeaderStatus         = "X-Emulator-Status"           // answer with this HTTP error status
 	HeaderErrorAfter     = "X-Emulator-Error-After"      // in-stream error event after this many token events
 	HeaderCutAfter       = "X-Emulator-Cut-After"        // drop the connection after this many token events
+	HeaderStall          = "X-Emulator-Stall"            // "N:duration": after N token events, pause this long more (a preemption)
 	HeaderRequestID      = "X-Request-Id"                // becomes the response id's suffix
 	HeaderStamp          = "X-Emulator-Stamp"            // "1": each token event's text is " @<send time, Unix ns>"
 	HeaderOutput         = "X-Emulator-Output"           // what the response holds: see OutputText and the others

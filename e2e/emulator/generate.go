@@ -69,6 +69,10 @@ type generation struct {
 	cached int
 	// faults, -1 when off
 	errorAfter, cutAfter int
+	// stallAfter is the token events after which the stream pauses
+	// stall more than its ITL (HeaderStall); -1 when it does not.
+	stallAfter int
+	stall      time.Duration
 	// stamp: token events carry their send time instead of words, so a
 	// load tool can measure each event's delivery delay.
 	stamp bool
@@ -235,7 +239,23 @@ func (g *generation) timingFor(h http.Header) (Timing, error) {
 	if v, err := strconv.Atoi(h.Get(HeaderCutAfter)); err == nil {
 		g.cutAfter = v
 	}
-	return t, nil
+	return t, g.parseStall(h.Get(HeaderStall))
+}
+
+// parseStall reads HeaderStall's "N:duration".
+func (g *generation) parseStall(v string) error {
+	g.stallAfter = -1
+	if v == "" {
+		return nil
+	}
+	n, d, ok := strings.Cut(v, ":")
+	after, err := strconv.Atoi(n)
+	stall, err2 := time.ParseDuration(d)
+	if !ok || err != nil || err2 != nil || after < 1 || stall < 0 {
+		return fmt.Errorf("%s: want N:duration, e.g. 3:300ms", HeaderStall)
+	}
+	g.stallAfter, g.stall = after, stall
+	return nil
 }
 
 // parse reads the request; it returns an error message for a 400. The

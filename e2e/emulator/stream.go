@@ -101,7 +101,11 @@ func (cs *chunkStream) sendTokens() bool {
 	g := cs.g
 	steps := g.stepper(g.timing.TokensPerEvent)
 	for events := 0; steps.more(); events++ {
-		if events > 0 && !g.wait(g.timing.ITL) {
+		pause := g.timing.ITL
+		if events == g.stallAfter {
+			pause += g.stall
+		}
+		if events > 0 && !g.wait(pause) {
 			return false
 		}
 		if cs.injectFault(events) {
