@@ -36,10 +36,10 @@ func debugPage(t *testing.T, p *Proxy, peer, query string) (int, requests.Page) 
 // is that pause, before the fourth token event, and no shorter than it;
 // the marks are in order; the filters keep it or leave it out.
 func TestDebugRequestsShowsAStall(t *testing.T) {
-	engine := startEmulator(t, emulator.Config{Timing: emulator.Timing{TTFT: 5 * time.Millisecond, ITL: 2 * time.Millisecond, OutputTokens: 8}})
+	engine := startEmulator(t, emulator.Config{PromptTokensDetails: true, Timing: emulator.Timing{TTFT: 5 * time.Millisecond, ITL: 2 * time.Millisecond, OutputTokens: 8}})
 	p, base := startSidecar(t, engine.URL(), nil, nil)
-	body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
-	resp := post(t, base+"/v1/chat/completions", body, map[string]string{emulator.HeaderStall: "3:300ms", "X-Request-Id": "stalled-1"})
+	body := `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`
+	resp := post(t, base+"/v1/chat/completions", body, map[string]string{emulator.HeaderStall: "3:300ms", "X-Request-Id": "stalled-1", emulator.HeaderCachedTokens: "0"})
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	code, page := debugPage(t, p, "127.0.0.1:40000", "")
@@ -71,6 +71,9 @@ func TestDebugRequestsShowsAStall(t *testing.T) {
 	}
 	if string(e.Metrics) == "null" || !strings.Contains(string(e.Metrics), `"max_itl_ms"`) {
 		t.Errorf("metrics %s", e.Metrics)
+	}
+	if e.CachedTokens == nil || *e.CachedTokens != 0 || e.Cache != "none" {
+		t.Errorf("the prompt cache: %v cached tokens, class %q", e.CachedTokens, e.Cache)
 	}
 	for query, want := range map[string]int{"id=stalled-1": 1, "id=other": 0, "model=m&status=200": 1, "status=500": 0, "leg=whole": 1, "cache=full": 0} {
 		if _, page := debugPage(t, p, "127.0.0.1:40000", query); len(page.Recent) != want {

@@ -69,8 +69,13 @@ type EntryView struct {
 	ClientStallMS float64         `json:"client_stall_ms"`
 	Marks         Marks           `json:"marks"`
 	Metrics       json.RawMessage `json:"metrics"`
-	Events        EventsView      `json:"events"`
-	TraceID       string          `json:"trace_id,omitempty"`
+	// CachedTokens and PrefillTokensPerSecond are the access log's
+	// figures of the prompt cache and prefill speed, which the metrics
+	// object does not carry; null where not known.
+	CachedTokens           *int64     `json:"cached_tokens"`
+	PrefillTokensPerSecond *float64   `json:"prefill_tokens_per_second"`
+	Events                 EventsView `json:"events"`
+	TraceID                string     `json:"trace_id,omitempty"`
 }
 
 // Marks are a request's clock marks in ms after its arrival; null where
@@ -203,6 +208,12 @@ func entryView(e *Entry) EntryView {
 	v.Marks = Marks{Accepted: mark(c.Accepted), FirstToken: mark(c.FirstToken), LastToken: mark(c.LastToken), Done: mark(c.Done)}
 	if e.Measured {
 		v.Metrics = e.Metrics.AppendJSON(nil)
+		if c := e.Metrics.CachedTokens; c.Set {
+			v.CachedTokens = &c.Value
+		}
+		if p := e.Metrics.PrefillTokensPerSecond; p.Set {
+			v.PrefillTokensPerSecond = &p.Value
+		}
 	}
 	t := &e.Timeline
 	v.Events = EventsView{Count: t.Events, Arrived: micros(t.Arrived), Written: micros(t.Written),

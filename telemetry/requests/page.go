@@ -178,7 +178,7 @@ func rowOf(e *EntryView, traceURL string) rowView {
 	if e.ClientStallMS >= stallMinMS {
 		r.ClientStall = "client stalled " + fmtMS(e.ClientStallMS)
 	}
-	r.Facts = factsOf(e, metricsOf(e.Metrics), traceURL)
+	r.Facts = factsOf(e, withCache(metricsOf(e.Metrics), e), traceURL)
 	return r
 }
 
@@ -198,6 +198,21 @@ func clockTime(s string) string {
 // metrics is a metrics object's members, read as they come: a member
 // absent or null is not shown.
 type metrics map[string]json.RawMessage
+
+// withCache adds to m the prompt cache's and prefill's figures the
+// entry has beside the metrics object.
+func withCache(m metrics, e *EntryView) metrics {
+	if m == nil {
+		return m
+	}
+	if e.CachedTokens != nil {
+		m["cached_tokens"] = json.RawMessage(strconv.FormatInt(*e.CachedTokens, 10))
+	}
+	if e.PrefillTokensPerSecond != nil {
+		m["prefill_tokens_per_second"] = json.RawMessage(strconv.FormatFloat(*e.PrefillTokensPerSecond, 'f', -1, 64))
+	}
+	return m
+}
 
 func metricsOf(raw json.RawMessage) metrics {
 	var m metrics
