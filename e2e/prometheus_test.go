@@ -169,7 +169,7 @@ func TestDashboardAndRulesInPrometheus(t *testing.T) {
 			}
 		}
 	}
-	awaitEveryArm(t, prom, []string{"stable", "canary"})
+	awaitEveryArm(t, prom, s, []string{"stable", "canary"})
 	checkPrefillPanel(t, prom, s, misses)
 
 	// Failures now: a stream the engine cuts (an upstream error), a
@@ -410,8 +410,10 @@ func awaitAllReturnData(t *testing.T, prom *promServer, mustReturn []string) {
 }
 
 // awaitEveryArm polls until each expression of the dashboard's Arms row
-// returns a number for every arm, for 30 s.
-func awaitEveryArm(t *testing.T, prom *promServer, arms []string) {
+// returns a number for every arm, for 30 s. Each round sends a stream
+// of each arm: the row's rates need each arm's counters to rise between
+// two scrapes, and a counter first scraped at its final value never does.
+func awaitEveryArm(t *testing.T, prom *promServer, s *sidecar, arms []string) {
 	t.Helper()
 	exprs := rowExpressions(t, "Arms")
 	if len(exprs) < 6 {
@@ -419,6 +421,11 @@ func awaitEveryArm(t *testing.T, prom *promServer, arms []string) {
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
+		for _, arm := range arms {
+			if r := send(t, s.base, true, 8, map[string]string{"X-Variant": arm}); r.status != 200 {
+				t.Fatalf("a stream of %s: %+v", arm, r)
+			}
+		}
 		var missing []string
 		for _, e := range exprs {
 			got := map[string]bool{}
