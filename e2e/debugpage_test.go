@@ -101,18 +101,7 @@ func TestDebugPageInABrowser(t *testing.T) {
 	band := stalledBand(t, string(dom))
 	checkBandAtTheStall(t, band, stalled)
 
-	shot := filepath.Join(dir, "debug-requests.png")
-	chromium(t, debugWindow, "--screenshot="+shot, "file://"+path)
-	raw, err := os.ReadFile(shot)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Left for a human to look at before anything is judged of it.
-	keep := filepath.Join(os.TempDir(), debugScreenshot)
-	if err := os.WriteFile(keep, raw, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("the screenshot, to look at: %s", keep)
+	raw := screenshot(t, dir, debugScreenshot, "file://"+path, debugWindow)
 	checkBandPixels(t, raw, band, gapColour(t, html))
 }
 
@@ -359,10 +348,7 @@ func checkBandPixels(t *testing.T, screenshot []byte, b gapBand, rgb [3]int) {
 func checkDebugIllegibleIsCaught(t *testing.T, dir, page string) {
 	t.Helper()
 	ticks := regexp.MustCompile(`<g class="ticks">.*?</g>`)
-	for _, c := range []struct {
-		name, want string
-		spoil      func(string) string
-	}{
+	checkSpoilsAreCaught(t, dir, page, []string{debugWindow}, []spoil{
 		{"an axis' tick labels on top of each other", "overlap", func(p string) string {
 			return ticks.ReplaceAllStringFunc(p, func(g string) string {
 				return regexp.MustCompile(`<text x="[0-9.]+"`).ReplaceAllString(g, `<text x="300"`)
@@ -371,18 +357,5 @@ func checkDebugIllegibleIsCaught(t *testing.T, dir, page string) {
 		{"a row's label past the waterfall's right edge", "outside its viewBox", func(p string) string {
 			return strings.ReplaceAll(p, `<text class="row" x="4"`, `<text class="row" x="790"`)
 		}},
-	} {
-		spoilt := c.spoil(page)
-		if spoilt == page {
-			t.Fatalf("%s: the page has nothing to spoil", c.name)
-		}
-		path := filepath.Join(dir, "spoilt.html")
-		if err := os.WriteFile(path, []byte(spoilt), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		dom := chromium(t, debugWindow, "--virtual-time-budget=2000", "--dump-dom", "file://"+path)
-		if legible := bodyAttribute(t, dom, "data-legible"); !strings.HasPrefix(legible, "no: ") || !strings.Contains(legible, c.want) {
-			t.Errorf("%s: the page says legible %q, want no, with %q", c.name, legible, c.want)
-		}
-	}
+	})
 }

@@ -200,18 +200,7 @@ func TestReportIsLegibleInABrowser(t *testing.T) {
 	}
 	boxes := plotBoxes(t, bodyAttribute(t, dom, "data-plot-boxes"))
 
-	shot := filepath.Join(dir, "report.png")
-	chromium(t, "--screenshot="+shot, "file://"+page)
-	raw, err := os.ReadFile(shot)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Left for a human to look at before anything is judged of it.
-	keep := filepath.Join(os.TempDir(), reportScreenshot)
-	if err := os.WriteFile(keep, raw, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("the screenshot, to look at: %s", keep)
+	raw := screenshot(t, dir, reportScreenshot, "file://"+page)
 	if len(boxes) != metrics {
 		t.Errorf("%d plots on the page, want %d", len(boxes), metrics)
 	}
@@ -245,10 +234,7 @@ func checkPlotsDrew(t *testing.T, screenshot []byte, boxes []image.Rectangle, mi
 func checkIllegibleIsCaught(t *testing.T, dir, page string) {
 	t.Helper()
 	xTicks := regexp.MustCompile(`<g class="ticks x">.*?</g>`)
-	for _, c := range []struct {
-		name, want string
-		spoil      func(string) string
-	}{
+	checkSpoilsAreCaught(t, dir, page, nil, []spoil{
 		{"tick labels on top of each other", "overlap", func(p string) string {
 			return xTicks.ReplaceAllStringFunc(p, func(g string) string {
 				return regexp.MustCompile(`<text x="[0-9.]+"`).ReplaceAllString(g, `<text x="300"`)
@@ -257,7 +243,41 @@ func checkIllegibleIsCaught(t *testing.T, dir, page string) {
 		{"an axis title below the plot", "outside its viewBox", func(p string) string {
 			return strings.ReplaceAll(p, `dy="-9" text-anchor="middle"`, `dy="30" text-anchor="middle"`)
 		}},
-	} {
+	})
+}
+
+// screenshot takes Chromium's screenshot of url (args before it, e.g. a
+// window size) and leaves a copy named keep in the temporary directory,
+// for a human to look at before anything is judged of it.
+func screenshot(t *testing.T, dir, keep, url string, args ...string) []byte {
+	t.Helper()
+	shot := filepath.Join(dir, "screenshot.png")
+	chromium(t, append(args, "--screenshot="+shot, url)...)
+	raw, err := os.ReadFile(shot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := filepath.Join(os.TempDir(), keep)
+	if err := os.WriteFile(kept, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the screenshot, to look at: %s", kept)
+	return raw
+}
+
+// spoil is a bad layout made of a good page, and the words the page's
+// legibility check must answer it with.
+type spoil struct {
+	name, want string
+	spoil      func(string) string
+}
+
+// checkSpoilsAreCaught renders each spoilt copy of page in Chromium
+// (with args before the page, e.g. a window size) and requires the
+// page's own check to answer "no", naming what is wrong.
+func checkSpoilsAreCaught(t *testing.T, dir, page string, args []string, spoils []spoil) {
+	t.Helper()
+	for _, c := range spoils {
 		spoilt := c.spoil(page)
 		if spoilt == page {
 			t.Fatalf("%s: the page has nothing to spoil", c.name)
@@ -266,7 +286,7 @@ func checkIllegibleIsCaught(t *testing.T, dir, page string) {
 		if err := os.WriteFile(path, []byte(spoilt), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		dom := chromium(t, "--virtual-time-budget=2000", "--dump-dom", "file://"+path)
+		dom := chromium(t, append(args, "--virtual-time-budget=2000", "--dump-dom", "file://"+path)...)
 		if legible := bodyAttribute(t, dom, "data-legible"); !strings.HasPrefix(legible, "no: ") || !strings.Contains(legible, c.want) {
 			t.Errorf("%s: the page says legible %q, want no, with %q", c.name, legible, c.want)
 		}

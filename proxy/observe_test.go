@@ -769,29 +769,9 @@ func TestAnErrorInsideAStreamIsAFailure(t *testing.T) {
 			if len(lines) != 1 || !strings.Contains(lines[0], `"upstream_error":"stream_error"`) {
 				t.Errorf("access log: %v", lines)
 			}
-			if n := upstreamErrors(t, p, telemetry.ErrorStream); n != 1 {
+			if n := counterValue(t, p, "timing_sidecar_upstream_errors_total", map[string]string{"kind": telemetry.ErrorStream}); n != 1 {
 				t.Errorf("stream_error counted %v times", n)
 			}
 		})
 	}
-}
-
-// upstreamErrors is timing_sidecar_upstream_errors_total of kind.
-func upstreamErrors(t *testing.T, p *Proxy, kind string) float64 {
-	t.Helper()
-	mfs, err := p.registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "timing_sidecar_upstream_errors_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if m.GetLabel()[0].GetValue() == kind {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
 }
