@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"net"
 	"syscall"
+	"unsafe"
 )
 
 // Alive reports whether a pooled connection is still open, with a
@@ -29,8 +30,10 @@ func Alive(c net.Conn) bool {
 	err = raw.Read(func(fd uintptr) bool {
 		// 0 bytes: the engine closed it; bytes: nothing should be
 		// there between responses; EAGAIN: open and quiet.
-		_, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		open = err == syscall.EAGAIN || err == syscall.EWOULDBLOCK
+		// Raw: a non-blocking peek never blocks (see socketWriter.writeRaw).
+		_, _, errno := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1,
+			syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
+		open = errno == syscall.EAGAIN || errno == syscall.EWOULDBLOCK
 		return true
 	})
 	return err == nil && open

@@ -34,10 +34,10 @@ type Conn struct {
 	// hold, when set (tests only), runs before each read: a reader that
 	// runs late, as under a CPU limit.
 	Hold func()
-	// sender, set on a client's connection, writes and sees a full send
-	// buffer (see socketWriter); stalled is how long the current
-	// response's writes waited on the client, and stallEnded when the
-	// latest wait ended. Only the write in progress touches them: writes
+	// sender writes to a socket raw and sees a full send buffer (see
+	// socketWriter); nil where c is no socket. Stalled is how long the
+	// current response's writes waited on the peer, and StallEnded when
+	// the latest wait ended. Only the write in progress touches them: writes
 	// come one at a time (under TLS, crypto/tls's own as well as the
 	// writer's).
 	sender     *socketWriter
@@ -59,12 +59,11 @@ func (r *Conn) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// SeeStalls makes writes go through the raw writer that sees a full send
-// buffer (where there is one: Unix sockets), calling onBlock when a write
-// first waits on the peer. For a client's connection; onBlock is bound
-// once, so a write allocates nothing.
+// SeeStalls calls onBlock when a write first waits on the peer (for a
+// client's connection, on Unix sockets). onBlock is bound once, so a
+// write allocates nothing.
 func (r *Conn) SeeStalls(onBlock func()) {
-	if r.sender = newSocketWriter(r.Conn); r.sender != nil {
+	if r.sender != nil {
 		r.sender.onBlock = onBlock
 	}
 }
@@ -72,7 +71,7 @@ func (r *Conn) SeeStalls(onBlock func()) {
 // New wraps c; with kernel, it asks the kernel to stamp what c
 // receives, and falls back to the clock at the read if it cannot.
 func New(c net.Conn, kernel bool) *Conn {
-	rc := &Conn{Conn: c}
+	rc := &Conn{Conn: c, sender: newSocketWriter(c)}
 	if kernel {
 		rc.kernel = newKernelReader(c)
 	}

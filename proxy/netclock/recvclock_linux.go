@@ -82,14 +82,15 @@ func (k *kernelReader) read(p []byte) (int, time.Time, error) {
 	return k.n, k.at, nil
 }
 
-// recvmsg is the raw read: false asks the poller to wait for data.
+// recvmsg is the raw read: false asks the poller to wait for data. The
+// socket is non-blocking, so it is a RawSyscall (see socketWriter.writeRaw).
 func (k *kernelReader) recvmsg(fd uintptr) bool {
 	k.iov.Base = &k.p[0]
 	k.iov.SetLen(len(k.p))
 	k.msg.Control = (*byte)(unsafe.Pointer(&k.oob[0]))
 	k.msg.SetControllen(len(k.oob) * 8)
 	for {
-		n, _, errno := syscall.Syscall(syscall.SYS_RECVMSG, fd, uintptr(unsafe.Pointer(&k.msg)), 0)
+		n, _, errno := syscall.RawSyscall(syscall.SYS_RECVMSG, fd, uintptr(unsafe.Pointer(&k.msg)), 0)
 		switch errno {
 		case syscall.EINTR:
 			continue
