@@ -9,6 +9,8 @@
 #                    would), sized: with no GOMAXPROCS and no CPU limit it
 #                    runs on its default parallelism of 2 (proxy/parallelism.go)
 #   sidecar-nolog    the same with --access-log=false
+#   sidecar-usage    the defaults with usage records on: a spool on this
+#                    machine's disk and a CloudEvents sink (e2e/bench/usagesink)
 #   sidecar-unsized  the same as sidecar with GOMAXPROCS=64: Go's own sizing
 #                    on a 64-core node with no CPU limit, what an unsized
 #                    sidecar would cost beside a GPU engine
@@ -21,6 +23,11 @@
 #
 #   e2e/bench/compare.sh     (installs nginx, haproxy, caddy and wrk with
 #                             apt-get if missing)
+#
+# With BEFORE=REV (a git revision), REV's sidecar is built too and run as
+# before and before-usage, the same as sidecar and sidecar-usage: a
+# change's before and after, from one run. TARGETS picks targets (all by
+# default; direct and nginx are always run: every ratio needs them).
 #
 # Settings (environment): STREAMS=200 ITL=20ms TOKENS=100 DURATION=10s ROUNDS=3
 # AB_ROUNDS=7 (rounds of the side-by-side access-log measurement)
@@ -50,9 +57,17 @@ bin=$work/timing-sidecar
 .ci/build "$bin"
 CGO_ENABLED=0 go build -o "$work/tcprelay" ./e2e/bench/tcprelay
 CGO_ENABLED=0 go build -o "$work/reverseproxy" ./e2e/bench/reverseproxy
+CGO_ENABLED=0 go build -o "$work/usagesink" ./e2e/bench/usagesink
+if [ -n "${BEFORE:-}" ]; then
+  mkdir "$work/before-src"
+  git archive "$BEFORE" | tar -x -C "$work/before-src"
+  (cd "$work/before-src" && VERSION=before COMMIT=$(git -C "$OLDPWD" rev-parse "$BEFORE") .ci/build "$work/timing-sidecar-before")
+fi
 ENGINE=127.0.0.1:18000 SIDECAR=127.0.0.1:18001 ADMIN=127.0.0.1:18002 NGINX=127.0.0.1:18003 RELAY=127.0.0.1:18004
 NOLOG=127.0.0.1:18008 NOLOG_ADMIN=127.0.0.1:18009 HAPROXY=127.0.0.1:18005 CADDY=127.0.0.1:18006 GORP=127.0.0.1:18007
-UNSIZED=127.0.0.1:18010 UNSIZED_ADMIN=127.0.0.1:18011
+UNSIZED=127.0.0.1:18010 UNSIZED_ADMIN=127.0.0.1:18011 SINK=127.0.0.1:18012
+USAGE=127.0.0.1:18013 USAGE_ADMIN=127.0.0.1:18014 BEFORE_ADDR=127.0.0.1:18015 BEFORE_ADMIN=127.0.0.1:18016
+BEFORE_USAGE=127.0.0.1:18017 BEFORE_USAGE_ADMIN=127.0.0.1:18018
 
 "$bin" emulate --listen "$ENGINE" 2>"$work/engine.log" & pids+=($!); engine_pid=$!
 # The defaults: the access log goes to a file, as a container runtime's
@@ -67,6 +82,21 @@ UNSIZED=127.0.0.1:18010 UNSIZED_ADMIN=127.0.0.1:18011
 # the wake-ups a big node would spread over other cores.
 GOMAXPROCS=64 "$bin" --listen "$UNSIZED" --admin-listen "$UNSIZED_ADMIN" --upstream "http://$ENGINE" \
   --readiness-interval 1h >"$work/access-unsized.log" 2>"$work/sidecar-unsized.log" & pids+=($!); unsized_pid=$!
+# Usage records on: the spool on this machine's disk (the manifests mount
+# an emptyDir), records sent to a sink that keeps up.
+"$work/usagesink" --listen "$SINK" 2>"$work/usagesink.log" & pids+=($!)
+usage_flags=(--usage-spool-dir "$work/spool" --usage-cloudevents-endpoint "http://$SINK/")
+mkdir "$work/spool" "$work/spool-before"
+"$bin" --listen "$USAGE" --admin-listen "$USAGE_ADMIN" --upstream "http://$ENGINE" --readiness-interval 1h "${usage_flags[@]}" \
+  >"$work/access-usage.log" 2>"$work/sidecar-usage.log" & pids+=($!); usage_pid=$!
+before_pid="" before_usage_pid=""
+if [ -n "${BEFORE:-}" ]; then
+  "$work/timing-sidecar-before" --listen "$BEFORE_ADDR" --admin-listen "$BEFORE_ADMIN" --upstream "http://$ENGINE" \
+    --readiness-interval 1h >"$work/access-before.log" 2>"$work/before.log" & pids+=($!); before_pid=$!
+  "$work/timing-sidecar-before" --listen "$BEFORE_USAGE" --admin-listen "$BEFORE_USAGE_ADMIN" --upstream "http://$ENGINE" \
+    --readiness-interval 1h --usage-spool-dir "$work/spool-before" --usage-cloudevents-endpoint "http://$SINK/" \
+    >"$work/access-before-usage.log" 2>"$work/before-usage.log" & pids+=($!); before_usage_pid=$!
+fi
 cat >"$work/haproxy.cfg" <<HAPROXY
 global
   maxconn 9000
@@ -136,12 +166,20 @@ cpu() { local p; for p in $(procs "$1"); do cat /proc/"$p"/task/*/schedstat 2>/d
 rss() { local k=0 v; for p in $(procs "$1"); do v=$(awk '/VmRSS/{print $2}' "/proc/$p/status" 2>/dev/null) && [ -n "$v" ] && k=$((k + v)); done; awk -v k="$k" 'BEGIN{printf "%.1f", k/1024}'; }
 field() { grep -o "\"$2\":[-0-9.e+]*" <<<"$1" | cut -d: -f2; }
 
-targets="direct sidecar sidecar-nolog sidecar-unsized nginx haproxy caddy go-rp go-relay"
+all="direct sidecar sidecar-nolog sidecar-usage sidecar-unsized nginx haproxy caddy go-rp go-relay"
+[ -z "${BEFORE:-}" ] || all="$all before before-usage"
+targets=""
+for t in $all; do
+  case " direct nginx ${TARGETS:-$all} " in *" $t "*) targets="$targets $t" ;; esac
+done
+targets=${targets# }
 declare -A url=([direct]="http://$ENGINE" [sidecar]="http://$SIDECAR" [sidecar-nolog]="http://$NOLOG"
-  [sidecar-unsized]="http://$UNSIZED" [nginx]="http://$NGINX" [haproxy]="http://$HAPROXY" [caddy]="http://$CADDY"
-  [go-rp]="http://$GORP" [go-relay]="http://$RELAY")
-declare -A pid=([direct]=$engine_pid [sidecar]=$sidecar_pid [sidecar-nolog]=$nolog_pid [sidecar-unsized]=$unsized_pid
-  [nginx]=$nginx_pid [haproxy]=$haproxy_pid [caddy]=$caddy_pid [go-rp]=$gorp_pid [go-relay]=$relay_pid)
+  [sidecar-usage]="http://$USAGE" [sidecar-unsized]="http://$UNSIZED" [nginx]="http://$NGINX" [haproxy]="http://$HAPROXY"
+  [caddy]="http://$CADDY" [go-rp]="http://$GORP" [go-relay]="http://$RELAY" [before]="http://$BEFORE_ADDR"
+  [before-usage]="http://$BEFORE_USAGE")
+declare -A pid=([direct]=$engine_pid [sidecar]=$sidecar_pid [sidecar-nolog]=$nolog_pid [sidecar-usage]=$usage_pid
+  [sidecar-unsized]=$unsized_pid [nginx]=$nginx_pid [haproxy]=$haproxy_pid [caddy]=$caddy_pid [go-rp]=$gorp_pid
+  [go-relay]=$relay_pid [before]=$before_pid [before-usage]=$before_usage_pid)
 # Each round's figures go to one file, a line per target and load; the
 # summary takes, for every figure and every ratio, the median over rounds,
 # and each ratio is taken within a round (the targets run back to back), so
@@ -184,33 +222,42 @@ for r in $(seq "$ROUNDS"); do
   done
 done
 
-# The access log's cost is a few percent, less than one round's noise
-# between targets run one after the other. So it is also measured with the
-# two sidecars under the same load at the same time, half the clients on
-# each: whatever disturbs the machine disturbs both alike, and each
-# round's ratio compares two figures taken over the same seconds. The
-# load that starts first alternates between rounds.
-echo "access log: sidecar and sidecar-nolog loaded side by side, $AB_ROUNDS rounds" >&2
-# side PATH CMD...: runs CMD against both sidecars at once, each given its
-# sidecar's URL with PATH appended as the last argument, writing their
-# outputs to ab-sidecar and ab-sidecar-nolog.
+# The access log's and the usage records' costs are a few percent, less
+# than one round's noise between targets run one after the other. So each
+# is also measured with two sidecars under the same load at the same time,
+# half the clients on each: whatever disturbs the machine disturbs both
+# alike, and each round's ratio compares two figures taken over the same
+# seconds. The load that starts first alternates between rounds. Pairs:
+# the sidecar and sidecar-nolog (the access log), sidecar-usage and the
+# sidecar (usage records), and with BEFORE the same two for REV.
+pairs="sidecar:sidecar-nolog sidecar-usage:sidecar"
+[ -z "${BEFORE:-}" ] || pairs="$pairs before-usage:before"
+# side A B PATH CMD...: runs CMD against sidecars A and B at once, each
+# given its URL with PATH appended as the last argument, writing their
+# outputs to ab-A and ab-B.
 side() {
-  local path=$1 order=(sidecar sidecar-nolog) p=() t
-  shift
-  [ $((r % 2)) = 1 ] || order=(sidecar-nolog sidecar)
+  local order=("$1" "$2") path=$3 p=() t
+  shift 3
+  [ $((r % 2)) = 1 ] || order=("${order[1]}" "${order[0]}")
   for t in "${order[@]}"; do "$@" "${url[$t]}$path" >"$work/ab-$t" 2>/dev/null & p+=($!); done
   wait "${p[@]}"
 }
-for r in $(seq "$AB_ROUNDS"); do
-  b1=$(cpu "$sidecar_pid") b2=$(cpu "$nolog_pid")
-  side "" "$bin" bench --json -c $((STREAMS / 2)) -d "$DURATION" --tokens "$TOKENS" --itl "$ITL"
-  a1=$(cpu "$sidecar_pid") a2=$(cpu "$nolog_pid")
-  echo "abstream $r $(field "$(cat "$work/ab-sidecar")" events) $b1 $a1 $(field "$(cat "$work/ab-sidecar-nolog")" events) $b2 $a2" >>"$results"
-  b1=$(cpu "$sidecar_pid") b2=$(cpu "$nolog_pid")
-  side /v1/chat/completions wrk -t1 -c$((UNARY_CLIENTS / 2)) -d"$DURATION" -s "$work/unary.lua"
-  a1=$(cpu "$sidecar_pid") a2=$(cpu "$nolog_pid")
-  echo "abunary $r $(awk '/requests in/{print $1}' "$work/ab-sidecar") $b1 $a1 $(awk '/requests in/{print $1}' "$work/ab-sidecar-nolog") $b2 $a2" >>"$results"
-  echo "  round $r: $(tail -2 "$results" | awk '{printf "%s %s/%s  ", $1, $3, $6}')" >&2
+for pair in $pairs; do
+  a=${pair%:*} b=${pair#*:}
+  case " $targets " in *" $a "*) ;; *) continue ;; esac
+  case " $targets " in *" $b "*) ;; *) continue ;; esac
+  echo "$a against $b, loaded side by side, $AB_ROUNDS rounds" >&2
+  for r in $(seq "$AB_ROUNDS"); do
+    b1=$(cpu "${pid[$a]}") b2=$(cpu "${pid[$b]}")
+    side "$a" "$b" "" "$bin" bench --json -c $((STREAMS / 2)) -d "$DURATION" --tokens "$TOKENS" --itl "$ITL"
+    a1=$(cpu "${pid[$a]}") a2=$(cpu "${pid[$b]}")
+    echo "abstream $a:$b $r $(field "$(cat "$work/ab-$a")" events) $b1 $a1 $(field "$(cat "$work/ab-$b")" events) $b2 $a2" >>"$results"
+    b1=$(cpu "${pid[$a]}") b2=$(cpu "${pid[$b]}")
+    side "$a" "$b" /v1/chat/completions wrk -t1 -c$((UNARY_CLIENTS / 2)) -d"$DURATION" -s "$work/unary.lua"
+    a1=$(cpu "${pid[$a]}") a2=$(cpu "${pid[$b]}")
+    echo "abunary $a:$b $r $(awk '/requests in/{print $1}' "$work/ab-$a") $b1 $a1 $(awk '/requests in/{print $1}' "$work/ab-$b") $b2 $a2" >>"$results"
+    echo "  round $r: $(tail -2 "$results" | awk '{printf "%s %s/%s  ", $1, $4, $7}')" >&2
+  done
 done
 
 echo "holding $HOLD open streams through the sidecar..." >&2
@@ -223,10 +270,11 @@ awk -v targets="$targets" -v rounds="$ROUNDS" -v hold="$HOLD" -v herr="$(field "
   -v streams="$STREAMS" -v itl="$ITL" '
 $1 == "stream" { p50[$2,$3] = $4; p99[$2,$3] = $5; cpuev[$2,$3] = ($8 - $7) * 1e6 / $6 }
 $1 == "unary" { rps[$2,$3] = $4; cpureq[$2,$3] = ($7 - $6) * 1e6 / $5 }
-# side by side: fields are round, then count, CPU before, CPU after for the
-# sidecar, then the same for sidecar-nolog
-$1 == "abstream" { ab++; abev[$2] = ($5 - $4) / $3 / (($8 - $7) / $6) }
-$1 == "abunary" { abrps[$2] = $3 / $6; abreq[$2] = ($5 - $4) / $3 / (($8 - $7) / $6) }
+# side by side: fields are the pair A:B, the round, then count, CPU
+# before, CPU after for A, then the same for B
+$1 ~ /^ab/ && !($2 in abn) { abn[$2] = 0; pairs[++npairs] = $2 }
+$1 == "abstream" { abn[$2]++; abev[$2,$3] = ($6 - $5) / $4 / (($9 - $8) / $7) }
+$1 == "abunary" { abrps[$2,$3] = $4 / $7; abreq[$2,$3] = ($6 - $5) / $4 / (($9 - $8) / $7) }
 # median(a, n), span(a, n): the median, and the lowest and highest, of the
 # n values in a[1..n] (a is left as it is)
 function median(a, n,   i, j, x, c) {
@@ -271,16 +319,19 @@ END {
   for (i = 1; i <= n; i++) { t = name[i]; if (t == "direct") continue
     a50 = ratio("p50", t, ng); a99 = ratio("p99", t, ng); c = ratio("cpu", t, ng); u = ratio("rps", t, ng)
     printf "%-16s %14.2f %14.2f %14.2f %14.2f\n", t, a50, a99, c, u
-    if (t ~ /^sidecar/ || t == "go-relay") continue # peers: nginx, haproxy, caddy, go-rp
+    if (t ~ /^(sidecar|before)/ || t == "go-relay") continue # peers: nginx, haproxy, caddy, go-rp
     if (best50 == "" || a50 < b50) { best50 = t; b50 = a50 }
     if (best99 == "" || a99 < b99) { best99 = t; b99 = a99 }
     if (bestcpu == "" || c < bc) { bestcpu = t; bc = c }
     if (bestrps == "" || u > bu) { bestrps = t; bu = u }
   }
   printf "best peer per column: added p50 %s, added p99 %s, CPU %s, unary %s\n", best50, best99, bestcpu, bestrps
-  printf "access log cost, run one after the other (sidecar / sidecar-nolog, median of the rounds): unary requests/s %.2f, CPU per event %.2f\n", \
-    ratio("rps", "sidecar", "sidecar-nolog"), ratio("cpu", "sidecar", "sidecar-nolog")
-  printf "access log cost, side by side (median of %d rounds, [lowest, highest]): unary requests/s %.3f [%s] (target >= 0.95), CPU per event %.3f [%s] (target <= 1.05), CPU per unary request %.3f [%s]\n", \
-    ab, median(abrps, ab), span(abrps, ab), median(abev, ab), span(abev, ab), median(abreq, ab), span(abreq, ab)
+  for (i = 1; i <= npairs; i++) { pr = pairs[i]; split(pr, ab, ":"); n = abn[pr]
+    for (r = 1; r <= n; r++) { x1[r] = abrps[pr,r]; x2[r] = abev[pr,r]; x3[r] = abreq[pr,r] }
+    printf "%s / %s, run one after the other (median of the rounds): unary requests/s %.2f, CPU per event %.2f\n", \
+      ab[1], ab[2], ratio("rps", ab[1], ab[2]), ratio("cpu", ab[1], ab[2])
+    printf "%s / %s, side by side (median of %d rounds, [lowest, highest]): unary requests/s %.3f [%s] (target >= 0.95), CPU per event %.3f [%s] (target <= 1.05), CPU per unary request %.3f [%s]\n", \
+      ab[1], ab[2], n, median(x1, n), span(x1, n), median(x2, n), span(x2, n), median(x3, n), span(x3, n)
+  }
   printf "%d open streams: sidecar RSS peak %.0f MB (target <= 256), %s errors\n", hold, hrss, herr
 }' "$results"
