@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bytes"
-	"iter"
 
 	"github.com/valyala/fasthttp"
 )
@@ -24,7 +23,8 @@ var hopHeaderBytes = func() (b [len(hopHeaders)][]byte) {
 
 // header is what fasthttp's request and response headers have in common.
 type header interface {
-	All() iter.Seq2[[]byte, []byte]
+	// PeekKeys, not All: an iterator through an interface allocates.
+	PeekKeys() [][]byte
 	PeekAll(key string) [][]byte
 	Del(key string)
 	ResetConnectionClose()
@@ -36,7 +36,7 @@ type header interface {
 func removeHopHeaders(h header) {
 	var found [len(hopHeaders)]bool
 	anyFound := false
-	for k := range h.All() {
+	for _, k := range h.PeekKeys() {
 		for i, name := range hopHeaderBytes {
 			if len(k) == len(name) && bytes.EqualFold(k, name) {
 				found[i], anyFound = true, true

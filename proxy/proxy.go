@@ -438,6 +438,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, accessLog io.Writer)
 type fasthttpLogger struct{ log *slog.Logger }
 
 func (l fasthttpLogger) Printf(format string, args ...any) {
+	if !l.log.Enabled(context.Background(), slog.LevelDebug) {
+		return // not formatted for nothing
+	}
 	l.log.Debug(redactRequestBytes(fmt.Sprintf(format, args...)), "source", "fasthttp")
 }
 

@@ -2,8 +2,9 @@
 
 package netclock
 
-import "net"
+// peeker exists on Unix only.
+type peeker struct{}
 
 // Alive cannot peek without blocking here; a stale connection is caught by
-// the retry in roundTrip instead.
-func Alive(net.Conn) bool { return true }
+// the retry in RoundTrip instead.
+func (c *Conn) Alive() bool { return true }

@@ -3,8 +3,6 @@
 package netclock
 
 import (
-	"crypto/tls"
-	"net"
 	"syscall"
 	"unsafe"
 )
@@ -12,29 +10,45 @@ import (
 // Alive reports whether a pooled connection is still open, with a
 // non-blocking peek: the engine may have closed it while it sat idle
 // (uvicorn drops idle keep-alive connections after 5 s), and a request
-// written to it would fail after the engine had closed its side.
-func Alive(c net.Conn) bool {
-	if tc, ok := c.(*tls.Conn); ok {
-		c = tc.NetConn()
+// written to it would fail after the engine had closed its side. Bytes
+// waiting on it, which nothing should send between responses, count as
+// not open too. Under TLS the peek is of the TCP connection below.
+func (c *Conn) Alive() bool {
+	if c.peek == nil {
+		if c.peek = newPeeker(c); c.peek == nil {
+			return true // not a socket: the retry in RoundTrip catches a stale one
+		}
 	}
-	sc, ok := c.(syscall.Conn)
-	if !ok {
-		return true
-	}
-	raw, err := sc.SyscallConn()
+	p := c.peek
+	p.open = false
+	return p.raw.Read(p.peekFD) == nil && p.open
+}
+
+// peeker is a connection's liveness peek, made once: its buffer and its
+// callback live with the connection, so a peek allocates nothing.
+type peeker struct {
+	raw    syscall.RawConn
+	buf    [1]byte
+	open   bool
+	peekFD func(fd uintptr) bool
+}
+
+func newPeeker(c *Conn) *peeker {
+	raw, err := c.SyscallConn()
 	if err != nil {
-		return false
+		return nil
 	}
-	open := false
-	var b [1]byte
-	err = raw.Read(func(fd uintptr) bool {
-		// 0 bytes: the engine closed it; bytes: nothing should be
-		// there between responses; EAGAIN: open and quiet.
-		// Raw: a non-blocking peek never blocks (see socketWriter.writeRaw).
-		_, _, errno := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1,
-			syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
-		open = errno == syscall.EAGAIN || errno == syscall.EWOULDBLOCK
-		return true
-	})
-	return err == nil && open
+	p := &peeker{raw: raw}
+	p.peekFD = p.peekRaw
+	return p
+}
+
+// peekRaw is the peek: 0 bytes, the engine closed it; bytes, something
+// is there that should not be; EAGAIN, open and quiet. Raw: a
+// non-blocking peek never blocks (see socketWriter.writeRaw).
+func (p *peeker) peekRaw(fd uintptr) bool {
+	_, _, errno := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&p.buf[0])), 1,
+		syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
+	p.open = errno == syscall.EAGAIN || errno == syscall.EWOULDBLOCK
+	return true
 }

@@ -31,6 +31,8 @@ type Conn struct {
 	// kernel reads through recvmsg with receive timestamps; nil reads
 	// the plain way and stamps with the clock at the read.
 	kernel *kernelReader
+	// peek is the pool's liveness peek (Alive), made at its first use.
+	peek *peeker
 	// hold, when set (tests only), runs before each read: a reader that
 	// runs late, as under a CPU limit.
 	Hold func()
@@ -80,10 +82,24 @@ func New(c net.Conn, kernel bool) *Conn {
 
 func (c *Conn) Read(p []byte) (int, error) {
 	if c.Hold != nil {
+		// A late reader does not make the request late: it goes first.
+		if held := c.takeHeld(); held != nil {
+			if _, err := c.Write(held); err != nil {
+				return 0, err
+			}
+		}
 		c.Hold()
 	}
 	if c.kernel != nil {
 		n, at, err := c.kernel.read(p)
+		if errors.Is(err, errHeldShort) {
+			// The socket had no room for the whole held request: the rest
+			// goes the ordinary way, waiting for room, then the read.
+			if _, err := c.Write(c.kernel.takeHeld()); err != nil {
+				return 0, err
+			}
+			n, at, err = c.kernel.read(p)
+		}
 		if n > 0 {
 			c.Received = at
 		}
@@ -91,8 +107,14 @@ func (c *Conn) Read(p []byte) (int, error) {
 			return n, err
 		}
 		// The socket cannot be read that way after all: plain reads
-		// from now on.
+		// from now on, after a request still held.
+		held := c.takeHeld()
 		c.kernel = nil
+		if held != nil {
+			if _, err := c.Write(held); err != nil {
+				return 0, err
+			}
+		}
 	}
 	n, err := c.Conn.Read(p)
 	if n > 0 {
@@ -100,6 +122,35 @@ func (c *Conn) Read(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+// SendWithNextRead holds p, a whole request, for the next Read to write
+// from inside its wait on the poller, and tells whether it does; where it
+// cannot (no receive-stamped reads), the caller writes p itself. Written
+// there, after the poller's readiness was reset for the read, the request
+// is followed by a wait for its answer with no read tried first: the
+// answer cannot come before the request, and the read that would find
+// nothing (EAGAIN) is a system call per request. p must stay as it is
+// until that Read returns.
+func (c *Conn) SendWithNextRead(p []byte) bool {
+	if c.kernel == nil || len(p) == 0 {
+		return false
+	}
+	c.kernel.held = p
+	return true
+}
+
+// DropHeld lets go of a request held for a read that did not come.
+func (c *Conn) DropHeld() { c.takeHeld() }
+
+func (c *Conn) takeHeld() []byte {
+	if c.kernel == nil {
+		return nil
+	}
+	return c.kernel.takeHeld()
+}
+
+// errHeldShort: the socket took only part of a held request at once.
+var errHeldShort = errors.New("the socket had no room for the whole held request")
 
 // SyscallConn reaches the socket (the pool's liveness peek uses it).
 func (c *Conn) SyscallConn() (syscall.RawConn, error) {

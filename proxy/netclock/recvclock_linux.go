@@ -32,6 +32,10 @@ type kernelReader struct {
 	// stamped: the latest read's time is the kernel's (its control
 	// messages carried one).
 	stamped bool
+	// held is a request to write before the next read waits
+	// (Conn.SendWithNextRead); short, that the socket took only part.
+	held  []byte
+	short bool
 }
 
 // newKernelReader turns on receive timestamps for c, or returns nil when c
@@ -63,10 +67,14 @@ func (k *kernelReader) read(p []byte) (int, time.Time, error) {
 	if len(p) == 0 {
 		return 0, time.Time{}, nil
 	}
-	k.p, k.n, k.errno = p, 0, 0
+	k.p, k.n, k.errno, k.short = p, 0, 0, false
 	err := k.raw.Read(k.readFD)
 	k.p = nil // the caller's buffer is not kept
 	k.iov.Base = nil
+	if k.short && err == nil {
+		return 0, time.Time{}, errHeldShort // held keeps the rest
+	}
+	k.held = nil // written, or gone with the connection
 	switch {
 	case err != nil:
 		// Closed, or past a deadline: the poller's error, as a plain
@@ -85,6 +93,17 @@ func (k *kernelReader) read(p []byte) (int, time.Time, error) {
 // recvmsg is the raw read: false asks the poller to wait for data. The
 // socket is non-blocking, so it is a RawSyscall (see socketWriter.writeRaw).
 func (k *kernelReader) recvmsg(fd uintptr) bool {
+	if len(k.held) > 0 {
+		switch k.writeHeld(fd) {
+		case heldWritten:
+			return false // wait for the answer: it cannot be here yet
+		case heldShort:
+			k.short = true
+			return true
+		}
+		// The write failed: the engine closed the connection, or
+		// answered early and closed; the read says which.
+	}
 	k.iov.Base = &k.p[0]
 	k.iov.SetLen(len(k.p))
 	k.msg.Control = (*byte)(unsafe.Pointer(&k.oob[0]))
@@ -106,6 +125,38 @@ func (k *kernelReader) recvmsg(fd uintptr) bool {
 		}
 		return true
 	}
+}
+
+// What writing a held request came to.
+const (
+	heldWritten = iota // all of it
+	heldShort          // part: the socket had no room for the rest
+	heldFailed         // the write failed
+)
+
+// writeHeld writes the held request, raw (see socketWriter.writeRaw).
+func (k *kernelReader) writeHeld(fd uintptr) int {
+	for len(k.held) > 0 {
+		n, _, errno := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&k.held[0])), uintptr(len(k.held)))
+		switch errno {
+		case 0:
+			k.held = k.held[n:]
+		case syscall.EINTR:
+		case syscall.EAGAIN:
+			return heldShort
+		default:
+			k.held = nil
+			return heldFailed
+		}
+	}
+	return heldWritten
+}
+
+// takeHeld returns what is left of a held request, and holds nothing.
+func (k *kernelReader) takeHeld() []byte {
+	held := k.held
+	k.held = nil
+	return held
 }
 
 // stamp is the receive time the last read's control messages carry, or

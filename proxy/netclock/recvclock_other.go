@@ -9,7 +9,12 @@ import (
 
 // kernelReader exists on 64-bit Linux only: elsewhere a read's time is the clock
 // at the read.
-type kernelReader struct{ stamped bool }
+type kernelReader struct {
+	stamped bool
+	held    []byte
+}
+
+func (*kernelReader) takeHeld() []byte { return nil }
 
 func newKernelReader(net.Conn) *kernelReader { return nil }
 

@@ -56,7 +56,7 @@ type Client struct {
 
 	// writers hold the request writers: a request is written whole at
 	// once, so an open stream needs none and a conn borrows one per send.
-	writers sync.Pool
+	writers sync.Pool // of *requestWriter
 }
 
 // Config is the engine client's settings (the --upstream-* flags).
@@ -93,7 +93,11 @@ func New(cfg Config) (*Client, error) {
 		maxHeader:     cfg.MaxHeaderSize,
 		kernelStamps:  cfg.KernelStamps && netclock.KernelTimestamps(),
 	}
-	u.writers.New = func() any { return bufio.NewWriterSize(nil, 4<<10) }
+	u.writers.New = func() any {
+		w := &requestWriter{}
+		w.bw = bufio.NewWriterSize(&w.sink, 4<<10)
+		return w
+	}
 	if addr.TLS {
 		host, _, _ := net.SplitHostPort(addr.Host)
 		u.TLS = &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}
@@ -165,7 +169,7 @@ func (u *Client) get() (*upstreamConn, error) {
 		// close, the peek finds bytes an engine sent after a complete
 		// response (a wrong Content-Length), which would otherwise be read
 		// as the next client's response. One non-blocking syscall.
-		if netclock.Alive(c.Conn) {
+		if c.recv.Alive() {
 			c.reused = true
 			return c, nil
 		}
@@ -362,6 +366,8 @@ type Exchange struct {
 	// early: the engine answered before it took the whole request, so
 	// its connection is not reused.
 	early bool
+	// body is the response body's reader (Body).
+	body idleReader
 }
 
 // Watcher watches a client's connection for the client leaving while
@@ -530,14 +536,17 @@ func (x *Exchange) send(c *upstreamConn, req *fasthttp.Request, resp *fasthttp.R
 	case x.out.Edit != nil && x.out.Edit.Len() > 0:
 		req.SetBodyStream(x.out.Edit.Reader(), x.out.Edit.Len())
 	}
-	bw := x.up.writers.Get().(*bufio.Writer)
-	bw.Reset(c.Conn)
-	err := req.Write(bw)
-	if err == nil {
-		err = bw.Flush()
-	}
-	bw.Reset(nil)
-	x.up.writers.Put(bw)
+	w := x.up.writers.Get().(*requestWriter)
+	defer func() {
+		// After the answer's head is read: a held request is sent by
+		// that read.
+		c.recv.DropHeld()
+		x.up.writers.Put(w)
+	}()
+	// A body streamed through goes as it comes, and a large one as it
+	// is read: held, only a body already whole and small.
+	hold := x.out.Stream == nil && (x.out.Edit == nil || x.out.Edit.Len() <= maxHeldRequest/2)
+	err := w.write(req, c, hold)
 	if err != nil {
 		// An engine may answer before it has read the whole body (an
 		// early 413 over its size limit, as llama.cpp's server does) and
@@ -558,6 +567,59 @@ func (x *Exchange) send(c *upstreamConn, req *fasthttp.Request, resp *fasthttp.R
 		x.client, x.watcher = x.watcher, nil // unwatched as any
 	}
 	return x.readHead(c, resp)
+}
+
+// maxHeldRequest bounds a request held to be sent with the read of its
+// answer (netclock.Conn.SendWithNextRead): the usual request whole, where
+// a larger one is written as it is made.
+const maxHeldRequest = 64 << 10
+
+// requestWriter writes a request to the engine: held whole while it is
+// small, to go out from inside the read of its answer, and written
+// through once it is not.
+type requestWriter struct {
+	bw   *bufio.Writer // into sink
+	sink requestSink
+}
+
+// write writes req to c, or, with hold, holds it for c's next read.
+func (w *requestWriter) write(req *fasthttp.Request, c *upstreamConn, hold bool) error {
+	w.sink = requestSink{conn: c.Conn, held: w.sink.held[:0], through: !hold}
+	w.bw.Reset(&w.sink)
+	err := req.Write(w.bw)
+	if err == nil {
+		err = w.bw.Flush()
+	}
+	if err != nil || w.sink.through || len(w.sink.held) == 0 {
+		return err
+	}
+	if c.recv == c.Conn && c.recv.SendWithNextRead(w.sink.held) {
+		return nil // not under TLS, whose records are its own to write
+	}
+	_, err = c.Conn.Write(w.sink.held)
+	return err
+}
+
+// requestSink takes a request's bytes: held up to maxHeldRequest, then
+// written through to conn.
+type requestSink struct {
+	conn    net.Conn
+	held    []byte
+	through bool
+}
+
+func (s *requestSink) Write(p []byte) (int, error) {
+	if !s.through && len(s.held)+len(p) <= maxHeldRequest {
+		s.held = append(s.held, p...)
+		return len(p), nil
+	}
+	if !s.through {
+		s.through = true
+		if _, err := s.conn.Write(s.held); err != nil {
+			return 0, err
+		}
+	}
+	return s.conn.Write(p)
 }
 
 // readHead reads the response's status and headers, every head checked
@@ -645,7 +707,8 @@ func (x *Exchange) IsAborted() bool {
 // body returns a reader of the response body that enforces the idle
 // timeout: a read that waits longer fails with a timeout error.
 func (x *Exchange) Body(resp *fasthttp.Response) io.Reader {
-	return idleReader{x: x, r: resp.BodyStream()}
+	x.body = idleReader{x: x, r: resp.BodyStream()}
+	return &x.body // the exchange's own: no reader made per response
 }
 
 type idleReader struct {
@@ -670,7 +733,7 @@ func (r idleReader) Read(p []byte) (int, error) {
 		}
 	}
 	n, err := r.r.Read(p)
-	if err != nil && isTrailerError(err) {
+	if err != nil && err != io.EOF && isTrailerError(err) {
 		// The body's last chunk came; the trailer after it is dropped.
 		// Its bytes stay unread, so the connection is not reused.
 		err = io.EOF
