@@ -56,7 +56,7 @@ type Client struct {
 
 	// writers hold the request writers: a request is written whole at
 	// once, so an open stream needs none and a conn borrows one per send.
-	writers sync.Pool // of *requestWriter
+	writers sync.Pool // of *bufio.Writer
 }
 
 // Config is the engine client's settings (the --upstream-* flags).
@@ -93,11 +93,7 @@ func New(cfg Config) (*Client, error) {
 		maxHeader:     cfg.MaxHeaderSize,
 		kernelStamps:  cfg.KernelStamps && netclock.KernelTimestamps(),
 	}
-	u.writers.New = func() any {
-		w := &requestWriter{}
-		w.bw = bufio.NewWriterSize(&w.sink, 4<<10)
-		return w
-	}
+	u.writers.New = func() any { return bufio.NewWriterSize(nil, 4<<10) }
 	if addr.TLS {
 		host, _, _ := net.SplitHostPort(addr.Host)
 		u.TLS = &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}
@@ -144,6 +140,8 @@ type upstreamConn struct {
 	idleSince time.Time
 	reused    bool
 	nread     int // bytes read since the current request was written
+	// sink takes the request being written (Exchange.write).
+	sink requestSink
 }
 
 func (c *upstreamConn) Read(p []byte) (int, error) {
@@ -536,17 +534,12 @@ func (x *Exchange) send(c *upstreamConn, req *fasthttp.Request, resp *fasthttp.R
 	case x.out.Edit != nil && x.out.Edit.Len() > 0:
 		req.SetBodyStream(x.out.Edit.Reader(), x.out.Edit.Len())
 	}
-	w := x.up.writers.Get().(*requestWriter)
-	defer func() {
-		// After the answer's head is read: a held request is sent by
-		// that read.
-		c.recv.DropHeld()
-		x.up.writers.Put(w)
-	}()
 	// A body streamed through goes as it comes, and a large one as it
 	// is read: held, only a body already whole and small.
-	hold := x.out.Stream == nil && (x.out.Edit == nil || x.out.Edit.Len() <= maxHeldRequest/2)
-	err := w.write(req, c, hold)
+	hold := x.out.Stream == nil && (x.out.Edit == nil || x.out.Edit.Len() < maxHeldRequest)
+	err := x.write(c, req, hold)
+	// After the answer's head is read: a held request is sent by that read.
+	defer c.recv.DropHeld()
 	if err != nil {
 		// An engine may answer before it has read the whole body (an
 		// early 413 over its size limit, as llama.cpp's server does) and
@@ -570,33 +563,31 @@ func (x *Exchange) send(c *upstreamConn, req *fasthttp.Request, resp *fasthttp.R
 }
 
 // maxHeldRequest bounds a request held to be sent with the read of its
-// answer (netclock.Conn.SendWithNextRead): the usual request whole, where
-// a larger one is written as it is made.
-const maxHeldRequest = 64 << 10
+// answer (netclock.Conn.SendWithNextRead), kept in its connection's own
+// buffer: a usual chat request fits, and an open stream holds no more than
+// one request writer's buffer.
+const maxHeldRequest = 4 << 10
 
-// requestWriter writes a request to the engine: held whole while it is
-// small, to go out from inside the read of its answer, and written
-// through once it is not.
-type requestWriter struct {
-	bw   *bufio.Writer // into sink
-	sink requestSink
-}
-
-// write writes req to c, or, with hold, holds it for c's next read.
-func (w *requestWriter) write(req *fasthttp.Request, c *upstreamConn, hold bool) error {
-	w.sink = requestSink{conn: c.Conn, held: w.sink.held[:0], through: !hold}
-	w.bw.Reset(&w.sink)
-	err := req.Write(w.bw)
+// write writes req to c, or, with hold, holds it for c's next read: in
+// the connection's own buffer, so the writer goes back to the pool at
+// once and thousands of streams starting together share a few.
+func (x *Exchange) write(c *upstreamConn, req *fasthttp.Request, hold bool) error {
+	c.sink = requestSink{conn: c.Conn, held: c.sink.held[:0], through: !hold}
+	bw := x.up.writers.Get().(*bufio.Writer)
+	bw.Reset(&c.sink)
+	err := req.Write(bw)
 	if err == nil {
-		err = w.bw.Flush()
+		err = bw.Flush()
 	}
-	if err != nil || w.sink.through || len(w.sink.held) == 0 {
+	bw.Reset(nil)
+	x.up.writers.Put(bw)
+	if err != nil || c.sink.through || len(c.sink.held) == 0 {
 		return err
 	}
-	if c.recv == c.Conn && c.recv.SendWithNextRead(w.sink.held) {
+	if c.recv == c.Conn && c.recv.SendWithNextRead(c.sink.held) {
 		return nil // not under TLS, whose records are its own to write
 	}
-	_, err = c.Conn.Write(w.sink.held)
+	_, err = c.Conn.Write(c.sink.held)
 	return err
 }
 
