@@ -50,23 +50,7 @@ func TestLegs(t *testing.T) {
 	if len(seen) != 4 {
 		t.Fatalf("access log lines for %v, want the four requests", seen)
 	}
-	families, err := p.registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	counted := map[string]float64{}
-	for _, mf := range families {
-		if mf.GetName() != "timing_sidecar_requests_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "leg" {
-					counted[l.GetValue()] += m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
+	counted := requestsBy(t, p, "leg")
 	if counted["whole"] != 2 || counted["prefill"] != 1 || counted["decode"] != 1 {
 		t.Errorf("requests_total by leg %v, want one each", counted)
 	}

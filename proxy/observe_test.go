@@ -467,16 +467,16 @@ func TestVariant(t *testing.T) {
 					t.Errorf("access-log line %d: variant %v, want %q", i, line["variant"], want)
 				}
 			}
-			if got := requestsByVariant(t, p); !maps.Equal(got, tc.series) {
+			if got := requestsBy(t, p, "variant"); !maps.Equal(got, tc.series) {
 				t.Errorf("requests by variant %v, want %v", got, tc.series)
 			}
 		})
 	}
 }
 
-// requestsByVariant sums timing_sidecar_requests_total by its variant
-// label; nil when no series has the label.
-func requestsByVariant(t *testing.T, p *Proxy) map[string]float64 {
+// requestsBy sums timing_sidecar_requests_total by one of its labels; nil
+// when no series has the label.
+func requestsBy(t *testing.T, p *Proxy, label string) map[string]float64 {
 	t.Helper()
 	mfs, err := p.registry.Gather()
 	if err != nil {
@@ -489,7 +489,7 @@ func requestsByVariant(t *testing.T, p *Proxy) map[string]float64 {
 		}
 		for _, m := range mf.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "variant" {
+				if l.GetName() == label {
 					if out == nil {
 						out = map[string]float64{}
 					}

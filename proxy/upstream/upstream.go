@@ -606,8 +606,10 @@ func (s *requestSink) Write(p []byte) (int, error) {
 	}
 	if !s.through {
 		s.through = true
-		if _, err := s.conn.Write(s.held); err != nil {
-			return 0, err
+		if len(s.held) > 0 {
+			if _, err := s.conn.Write(s.held); err != nil {
+				return 0, err
+			}
 		}
 	}
 	return s.conn.Write(p)
