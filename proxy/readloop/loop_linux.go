@@ -47,12 +47,17 @@ var (
 	sharedNext atomic.Uint32
 )
 
-// Shared returns one of the process's loops, one per CPU the runtime
-// uses, started at the first call; nil where epoll cannot be used. A
-// loop lives as long as the process, as Go's own poller does.
+// Shared returns one of the process's loops, started at the first call;
+// nil where epoll cannot be used. A loop lives as long as the process, as
+// Go's own poller does.
+//
+// There is one loop for every two CPUs the runtime uses, and at least
+// one: the other CPUs serve the rest (requests without a stream, the
+// clients' reads). On two CPUs, one loop took 5% less CPU per event than
+// two, measured side by side: it finds more streams ready at each wake.
 func Shared() *Loop {
 	sharedOnce.Do(func() {
-		for range runtime.GOMAXPROCS(0) {
+		for range max(1, runtime.GOMAXPROCS(0)/2) {
 			l, err := newLoop()
 			if err != nil {
 				shared = nil
