@@ -131,3 +131,35 @@ func TestOnALoopAWaitingReadEndsAsThePollersDo(t *testing.T) {
 		}
 	})
 }
+
+// On a loop, a read and its wait allocate nothing: the task, the wait
+// and the loop's resuming of it are made once per stream.
+func TestOnALoopAReadAllocatesNothing(t *testing.T) {
+	needKernelStamps(t)
+	w, rc := tcpPair(t, true)
+	buf := make([]byte, 64)
+	msg := []byte("data: x\n\n")
+	var allocs float64
+	done := onLoop(t, rc, func() error {
+		read := func() {
+			w.Write(msg) //nolint:errcheck
+			for got := 0; got < len(msg); {
+				n, err := rc.Read(buf)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				got += n
+			}
+		}
+		read() // the socket's first wait registers it
+		allocs = testing.AllocsPerRun(50, read)
+		return nil
+	})
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if allocs != 0 {
+		t.Errorf("a write and its read on a loop allocate %v times, want 0", allocs)
+	}
+}

@@ -99,6 +99,9 @@ func (t *Task) finish() {
 	if r := recover(); r != nil {
 		t.panicked = r
 	}
+	// A connection left pointing at it (fn panicked) reads the ordinary
+	// way from now on.
+	t.attached = false
 	t.unregister()
 }
 
