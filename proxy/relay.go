@@ -453,11 +453,22 @@ func (r *eventRelay) SupportsBodyWriteTo() bool { return true }
 // reads waiting on the loop. Otherwise, and once a write waits on the
 // client, it runs on the connection's goroutine.
 func (r *eventRelay) WriteTo(w io.Writer) (written int64, err error) {
-	l, c := r.p.streamLoop(), r.f.client
-	if l == nil || c == nil || !r.x.LoopReads(nil) || !c.LoopWrites(nil) {
-		return r.writeTo(w)
+	if l := r.loop(); l != nil {
+		return r.writeOnLoop(l, r.f.client, w)
 	}
-	return r.writeOnLoop(l, c, w)
+	return r.writeTo(w)
+}
+
+// loop is the loop the stream runs on, or nil: without --stream-loop, or
+// where a connection does not allow it, or with a read-ahead already
+// running (the client's socket was full for the headers), whose reads
+// wait the ordinary way, as a loop must not.
+func (r *eventRelay) loop() *readloop.Loop {
+	c := r.f.client
+	if !r.p.cfg.StreamLoop || c == nil || r.src.ahead != nil || !r.x.LoopReads(nil) || !c.LoopWrites(nil) {
+		return nil
+	}
+	return readloop.Shared()
 }
 
 // writeOnLoop is writeTo run on l, its reads of the engine on the loop,
@@ -471,15 +482,6 @@ func (r *eventRelay) writeOnLoop(l *readloop.Loop, c *clientconn.Conn, w io.Writ
 		r.x.LoopReads(nil)
 	})
 	return written, err
-}
-
-// streamLoop is the loop for the next event stream; nil without
-// --stream-loop, or where there are none.
-func (p *Proxy) streamLoop() *readloop.Loop {
-	if !p.cfg.StreamLoop {
-		return nil
-	}
-	return readloop.Shared()
 }
 
 func (r *eventRelay) writeTo(w io.Writer) (written int64, err error) {

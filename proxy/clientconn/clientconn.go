@@ -441,8 +441,8 @@ func CloseAfterError(ctx *fasthttp.RequestCtx) {
 }
 
 // LoopWrites makes a write that finds the client's socket full take t
-// off its loop first (nil undoes it), and tells whether it can (nil:
-// asks): over
+// off its loop first, or undoes that for nil, and tells whether it can:
+// over
 // plain TCP only, where the writer is the only one to write (crypto/tls
 // writes from within a read too). For the writer, between writes.
 func (c *Conn) LoopWrites(t *readloop.Task) bool {

@@ -68,7 +68,8 @@ func (c *Conn) SetDeadline(t time.Time) error {
 }
 
 // Close closes c; a read waiting on a loop returns net.ErrClosed. The
-// socket closes once that read has returned, as Go's poller has it.
+// socket closes once that read has returned, as Go's poller has it: so
+// a task on a loop must not close another's connection (see readloop).
 func (c *Conn) Close() error {
 	c.loop.stop.Store(true)
 	c.loop.task.Load().Wake()

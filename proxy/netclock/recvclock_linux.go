@@ -111,7 +111,8 @@ func (k *kernelReader) read(p []byte) (int, time.Time, error) {
 //
 // On a loop (LoopReads), the wait is the loop's, and a read follows the
 // loop's word that bytes came: after a read that took all there was, the
-// next waits first, so an arrival costs one read, and none finds nothing.
+// next waits first, so an arrival costs one read; one finds nothing only
+// after a spurious wake.
 // The loop's set is level-triggered: bytes already there are its word at
 // once.
 func (k *kernelReader) recvmsg(fd uintptr) bool {

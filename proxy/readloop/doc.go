@@ -14,7 +14,15 @@
 // holds no thread.
 //
 // A stream that must block on anything else (a client that does not
-// read: its socket's buffer full) first leaves its loop (Task.Detach):
+// read: its socket's buffer full) first leaves its loop (Task.Leave):
 // the goroutine that called Run carries it on, the ordinary way, to its
 // end, and the loop's other streams never wait on it.
+//
+// What runs on a loop must never wait on another of its tasks: closing
+// a connection whose read waits on a loop waits until the loop has
+// resumed that read (netclock.Conn.Close), so a task that closed another
+// stream's connection could stall its loop for good. Closes come from the
+// stream's own goroutine, the client watcher, or Shutdown. Nor may a task
+// call runtime.Goexit (t.FailNow in a test): iter.Pull passes it on to
+// the loop's goroutine.
 package readloop

@@ -64,8 +64,7 @@ func Shared() *Loop {
 		for range runtime.GOMAXPROCS(0) {
 			l, err := newLoop()
 			if err != nil {
-				shared = nil
-				return
+				return // the loops made serve; none, and there are none
 			}
 			shared = append(shared, l)
 			go l.run()
@@ -74,7 +73,7 @@ func Shared() *Loop {
 	if len(shared) == 0 {
 		return nil
 	}
-	return shared[int(sharedNext.Add(1))%len(shared)]
+	return shared[sharedNext.Add(1)%uint32(len(shared))]
 }
 
 func newLoop() (*Loop, error) {
@@ -153,7 +152,9 @@ func (l *Loop) resumeSlot(slot, gen uint32) {
 		return
 	}
 	if t := l.slots[slot]; t != nil && t.waiting.Load() {
+		t.readable = true
 		l.resume(t)
+		t.readable = false
 	}
 }
 

@@ -14,16 +14,20 @@ type Task struct {
 	stop  func()
 	yield func(reason) bool
 	back  chan struct{} // to Run: the task ended, or left its loop
-	// slot is its place in the loop's table; started and ended are the
-	// loop's to write, and Run reads ended once back says so.
+	// slot is its place in the loop's table. started is the loop's;
+	// ended the loop's until back says the task ended or left, then
+	// Run's.
 	slot           uint32
 	started, ended bool
-	// attached: the loop runs it. Only the task's own code reads it,
-	// or writes it (Leave).
-	attached bool
+	// attached: the loop runs it. The task's own code clears it
+	// (Leave, finish); a connection's other readers read it too (a
+	// read-ahead after Leave).
+	attached atomic.Bool
 	// waiting: it waits on the loop for a read, and Wake may resume it;
-	// woken: a Wake is queued.
+	// woken: a Wake is queued. readable: the loop resumes it for its
+	// socket, not a Wake.
 	waiting, woken atomic.Bool
+	readable       bool
 	// reg is the socket in the loop's set, and regFD its descriptor.
 	reg   syscall.RawConn
 	regFD int
@@ -74,7 +78,8 @@ func sinceEpoch() int64 { return int64(time.Since(epoch)) }
 // only for reads, then, if fn leaves l, on the calling goroutine. A panic
 // in fn is raised again here.
 func (l *Loop) Run(fn func(*Task)) {
-	t := &Task{loop: l, attached: true, back: make(chan struct{}, 1)}
+	t := &Task{loop: l, back: make(chan struct{}, 1)}
+	t.attached.Store(true)
 	pull(t, fn)
 	l.ring(t)
 	<-t.back
@@ -101,13 +106,12 @@ func (t *Task) finish() {
 	}
 	// A connection left pointing at it (fn panicked) reads the ordinary
 	// way from now on.
-	t.attached = false
+	t.attached.Store(false)
 	t.unregister()
 }
 
-// Attached tells whether the loop runs t; false for nil. For t's own
-// code.
-func (t *Task) Attached() bool { return t != nil && t.attached }
+// Attached tells whether the loop runs t; false for nil.
+func (t *Task) Attached() bool { return t != nil && t.attached.Load() }
 
 // WaitReadable waits on the loop until fd is readable, the deadline in
 // *deadline (Deadline's; 0 for none) passes or *stop is set, and says
@@ -134,6 +138,11 @@ func (t *Task) WaitReadable(raw syscall.RawConn, fd uintptr, stop *atomic.Bool, 
 		return out
 	}
 	t.yield(readable) // the loop clears waiting as it resumes
+	if t.readable && !stop.Load() {
+		// Bytes came: read them, as Go's poller would, even if the loop
+		// got to it past the deadline.
+		return Ready
+	}
 	return t.due(stop, deadline)
 }
 
@@ -184,7 +193,7 @@ func (t *Task) Leave() {
 	if !t.Attached() {
 		return
 	}
-	t.attached = false
+	t.attached.Store(false)
 	t.unregister()
 	t.yield(leave)
 }

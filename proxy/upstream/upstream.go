@@ -692,9 +692,8 @@ func (x *Exchange) Buffered() int {
 // the mark of whatever that read completed.
 func (x *Exchange) Received() time.Time { return x.Recv.Received }
 
-// LoopReads makes the response's reads wait on t's loop (nil undoes it),
-// and tells whether they can (nil: asks): over plain TCP with kernel
-// stamps. Under
+// LoopReads makes the response's reads wait on t's loop, or undoes that
+// for nil, and tells whether they can: over plain TCP with kernel stamps. Under
 // TLS a read may write (crypto/tls answers from within Read), which a
 // loop must not wait on. For the response's reader, between reads.
 func (x *Exchange) LoopReads(t *readloop.Task) bool {
