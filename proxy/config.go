@@ -60,7 +60,6 @@ const (
 	DefaultAdminListen           = ":9101"
 	DefaultAccessLog             = true
 	DefaultKernelTimestamps      = true
-	DefaultStreamLoop            = true
 	DefaultInjectUsage           = true
 	DefaultMaxModelLabels        = 32
 	DefaultMaxTenantLabels       = 32
@@ -165,12 +164,6 @@ type Config struct {
 	// the bytes that completed it, where the platform gives one (Linux);
 	// off, or elsewhere, a mark is the clock at the read.
 	KernelTimestamps bool
-	// StreamLoop relays event streams on epoll loops (proxy/readloop),
-	// one read per arrival and no goroutine woken per event, where the
-	// engine's and the client's connections are plain TCP with kernel
-	// stamps; off, or elsewhere, each stream's goroutine waits in Go's
-	// poller.
-	StreamLoop bool
 	// InjectUsage asks the engine for usage on streams whose client did
 	// not, and removes that usage event before it reaches the client.
 	InjectUsage bool
@@ -265,7 +258,6 @@ func DefaultConfig() Config {
 		AdminListen:            DefaultAdminListen,
 		AccessLog:              DefaultAccessLog,
 		KernelTimestamps:       DefaultKernelTimestamps,
-		StreamLoop:             DefaultStreamLoop,
 		InjectUsage:            DefaultInjectUsage,
 		MaxModelLabels:         DefaultMaxModelLabels,
 		MaxTenantLabels:        DefaultMaxTenantLabels,

@@ -12,8 +12,6 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/timing-sidecar/timing-sidecar/proxy/clientconn"
-	"github.com/timing-sidecar/timing-sidecar/proxy/readloop"
 	"github.com/timing-sidecar/timing-sidecar/proxy/upstream"
 	"github.com/timing-sidecar/timing-sidecar/rewrite"
 	"github.com/timing-sidecar/timing-sidecar/telemetry/requests"
@@ -447,44 +445,7 @@ func (r *eventRelay) SupportsBodyWriteTo() bool { return true }
 // WriteTo hands each event to fasthttp's chunk writer straight from the
 // event buffer, one flushed chunk per Write: no copy into a chunk buffer,
 // and no 4 KiB chunk buffer held for the life of every open stream.
-//
-// With --stream-loop it runs on a loop (proxy/readloop), where both the
-// engine's and the client's connections allow it: the same code, its
-// reads waiting on the loop. Otherwise, and once a write waits on the
-// client, it runs on the connection's goroutine.
 func (r *eventRelay) WriteTo(w io.Writer) (written int64, err error) {
-	if l := r.loop(); l != nil {
-		return r.writeOnLoop(l, r.f.client, w)
-	}
-	return r.writeTo(w)
-}
-
-// loop is the loop the stream runs on, or nil: without --stream-loop, or
-// where a connection does not allow it, or with a read-ahead already
-// running (the client's socket was full for the headers), whose reads
-// wait the ordinary way, as a loop must not.
-func (r *eventRelay) loop() *readloop.Loop {
-	c := r.f.client
-	if !r.p.cfg.StreamLoop || c == nil || r.src.ahead != nil || !r.x.LoopReads(nil) || !c.LoopWrites(nil) {
-		return nil
-	}
-	return readloop.Shared()
-}
-
-// writeOnLoop is writeTo run on l, its reads of the engine on the loop,
-// and a write that waits on the client, c, taking it off.
-func (r *eventRelay) writeOnLoop(l *readloop.Loop, c *clientconn.Conn, w io.Writer) (written int64, err error) {
-	l.Run(func(t *readloop.Task) {
-		r.x.LoopReads(t)
-		c.LoopWrites(t)
-		written, err = r.writeTo(w)
-		c.LoopWrites(nil)
-		r.x.LoopReads(nil)
-	})
-	return written, err
-}
-
-func (r *eventRelay) writeTo(w io.Writer) (written int64, err error) {
 	defer r.p.recoverRead(r.f, &err)
 	for {
 		if err := r.fill(); err != nil {

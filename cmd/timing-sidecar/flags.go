@@ -71,8 +71,6 @@ func serveFlags() []cli.Flag {
 			Usage: "Write one JSON line per request to standard output (never the prompt, the output or credentials)."},
 		&cli.BoolFlag{Name: "kernel-timestamps", EnvVars: env("kernel-timestamps"), Value: proxy.DefaultKernelTimestamps,
 			Usage: "Take each timing mark from the kernel's receive time of the bytes that completed it (Linux), so a mark does not move when the sidecar's goroutines run late on a busy node; false, or where the platform gives none, uses the clock at the read."},
-		&cli.BoolFlag{Name: "stream-loop", EnvVars: env("stream-loop"), Value: proxy.DefaultStreamLoop,
-			Usage: "Relay event streams on epoll loops (Linux; plain TCP, kernel timestamps on): one read per event, no goroutine woken for it. false: each stream's goroutine waits in Go's poller."},
 		&cli.BoolFlag{Name: "inject-usage", EnvVars: env("inject-usage"), Value: proxy.DefaultInjectUsage,
 			Usage: "For streams whose client did not ask for usage, ask the engine for it (exact token counts for Prometheus and the access log) and remove that usage event before it reaches the client."},
 		&cli.BoolFlag{Name: "force-include-usage", EnvVars: env("force-include-usage"),

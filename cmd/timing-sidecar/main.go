@@ -83,7 +83,6 @@ func configFrom(c *cli.Context) proxy.Config {
 		TraceURL:               c.String("trace-url"),
 		AccessLog:              c.Bool("access-log"),
 		KernelTimestamps:       c.Bool("kernel-timestamps"),
-		StreamLoop:             c.Bool("stream-loop"),
 		InjectUsage:            c.Bool("inject-usage"),
 		UpgradeNonStreaming:    c.Bool("upgrade-non-streaming"),
 		ForwardIncludeMetrics:  c.Bool("forward-include-metrics"),

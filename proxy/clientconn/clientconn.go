@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/timing-sidecar/timing-sidecar/proxy/netclock"
-	"github.com/timing-sidecar/timing-sidecar/proxy/readloop"
 	"github.com/valyala/fasthttp"
 )
 
@@ -438,18 +437,6 @@ func CloseAfterError(ctx *fasthttp.RequestCtx) {
 	if c, ok := ctx.Conn().(*Conn); ok {
 		c.linger.Store(true)
 	}
-}
-
-// LoopWrites makes a write that finds the client's socket full take t
-// off its loop first, or undoes that for nil, and tells whether it can:
-// over
-// plain TCP only, where the writer is the only one to write (crypto/tls
-// writes from within a read too). For the writer, between writes.
-func (c *Conn) LoopWrites(t *readloop.Task) bool {
-	if _, plain := c.Conn.(*socket); !plain {
-		return false
-	}
-	return c.recv.LoopWrites(t)
 }
 
 // Close closes the connection; after CloseAfterError it sends the FIN at

@@ -45,8 +45,6 @@ type Conn struct {
 	sender     *socketWriter
 	Stalled    time.Duration
 	StallEnded time.Time
-	// loop is what a read on a loop needs (LoopReads).
-	loop loopRead
 }
 
 // Write writes p, through sender when there is one, adding the time it
@@ -77,7 +75,7 @@ func (r *Conn) SeeStalls(onBlock func()) {
 func New(c net.Conn, kernel bool) *Conn {
 	rc := &Conn{Conn: c, sender: newSocketWriter(c)}
 	if kernel {
-		rc.kernel = newKernelReader(c, &rc.loop)
+		rc.kernel = newKernelReader(c)
 	}
 	return rc
 }

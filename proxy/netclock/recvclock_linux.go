@@ -9,8 +9,6 @@ import (
 	"syscall"
 	"time"
 	"unsafe"
-
-	"github.com/timing-sidecar/timing-sidecar/proxy/readloop"
 )
 
 // kernelReader reads a TCP socket with recvmsg, receive timestamps on
@@ -38,22 +36,11 @@ type kernelReader struct {
 	// (Conn.SendWithNextRead); short, that the socket took only part.
 	held  []byte
 	short bool
-	// loop is the connection's, for a read on a loop: the task, and
-	// what ends its wait. On a loop, drained says the last read took
-	// all the socket had, so the next waits for the loop's word before
-	// it reads; streak counts the reads in a row that did not; loopErr
-	// is how a wait on the loop ended, if not with bytes.
-	loop    *loopRead
-	drained bool
-	streak  int
-	loopErr error
-	// recvmsgs counts the reads made, for tests.
-	recvmsgs int
 }
 
 // newKernelReader turns on receive timestamps for c, or returns nil when c
 // is not a socket that takes them.
-func newKernelReader(c net.Conn, loop *loopRead) *kernelReader {
+func newKernelReader(c net.Conn) *kernelReader {
 	sc, ok := c.(syscall.Conn)
 	if !ok {
 		return nil
@@ -68,7 +55,7 @@ func newKernelReader(c net.Conn, loop *loopRead) *kernelReader {
 	}); err != nil || serr != nil {
 		return nil
 	}
-	k := &kernelReader{raw: raw, loop: loop}
+	k := &kernelReader{raw: raw}
 	k.msg.Iov = &k.iov
 	k.msg.Iovlen = 1
 	k.readFD = k.recvmsg
@@ -84,9 +71,6 @@ func (k *kernelReader) read(p []byte) (int, time.Time, error) {
 	err := k.raw.Read(k.readFD)
 	k.p = nil // the caller's buffer is not kept
 	k.iov.Base = nil
-	if k.loopErr != nil {
-		err, k.loopErr = k.loopErr, nil
-	}
 	if k.short && err == nil {
 		return 0, time.Time{}, errHeldShort // held keeps the rest
 	}
@@ -108,25 +92,11 @@ func (k *kernelReader) read(p []byte) (int, time.Time, error) {
 
 // recvmsg is the raw read: false asks the poller to wait for data. The
 // socket is non-blocking, so it is a RawSyscall (see socketWriter.writeRaw).
-//
-// On a loop (LoopReads), the wait is the loop's, and a read follows the
-// loop's word that bytes came: after a read that took all there was, the
-// next waits first, so an arrival costs one read; one finds nothing only
-// after a spurious wake.
-// The loop's set is level-triggered: bytes already there are its word at
-// once.
 func (k *kernelReader) recvmsg(fd uintptr) bool {
-	task := k.loop.task.Load()
-	onLoop := task.Attached()
-	wait := onLoop && (k.drained || k.streak >= maxStreak)
 	if len(k.held) > 0 {
 		switch k.writeHeld(fd) {
 		case heldWritten:
-			// Wait for the answer: it cannot be here yet.
-			if !onLoop {
-				return false
-			}
-			wait = true
+			return false // wait for the answer: it cannot be here yet
 		case heldShort:
 			k.short = true
 			return true
@@ -139,25 +109,14 @@ func (k *kernelReader) recvmsg(fd uintptr) bool {
 	k.msg.Control = (*byte)(unsafe.Pointer(&k.oob[0]))
 	k.msg.SetControllen(len(k.oob) * 8)
 	for {
-		if wait && k.waitOnLoop(task, fd) {
-			return true
-		}
 		n, _, errno := syscall.RawSyscall(syscall.SYS_RECVMSG, fd, uintptr(unsafe.Pointer(&k.msg)), 0)
-		k.recvmsgs++
 		switch errno {
 		case syscall.EINTR:
-			wait = false
 			continue
 		case syscall.EAGAIN:
-			if task.Attached() {
-				wait = true
-				continue
-			}
 			return false
 		case 0:
 			k.n = int(n)
-			k.drained = k.n < len(k.p)
-			k.streak++
 			if n > 0 {
 				k.at = k.stamp()
 			}
@@ -166,21 +125,6 @@ func (k *kernelReader) recvmsg(fd uintptr) bool {
 		}
 		return true
 	}
-}
-
-// waitOnLoop waits on task's loop for fd to be readable, and tells
-// whether the read is over without reading: closed, or past its deadline.
-func (k *kernelReader) waitOnLoop(task *readloop.Task, fd uintptr) bool {
-	k.streak = 0
-	switch task.WaitReadable(k.raw, fd, &k.loop.stop, &k.loop.deadline) {
-	case readloop.Stopped:
-		k.loopErr = errLoopClosed
-		return true
-	case readloop.TimedOut:
-		k.loopErr = errLoopTimeout
-		return true
-	}
-	return false
 }
 
 // What writing a held request came to.

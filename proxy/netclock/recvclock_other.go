@@ -16,7 +16,7 @@ type kernelReader struct {
 
 func (*kernelReader) takeHeld() []byte { return nil }
 
-func newKernelReader(net.Conn, *loopRead) *kernelReader { return nil }
+func newKernelReader(net.Conn) *kernelReader { return nil }
 
 func (*kernelReader) read([]byte) (int, time.Time, error) { return 0, time.Time{}, errNoKernelRead }
 

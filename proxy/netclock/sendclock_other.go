@@ -5,16 +5,11 @@ package netclock
 import (
 	"net"
 	"time"
-
-	"github.com/timing-sidecar/timing-sidecar/proxy/readloop"
 )
 
 // socketWriter is the Unix raw writer that sees a full send buffer; other
 // platforms write as net.Conn does and report no wait.
-type socketWriter struct {
-	onBlock func()
-	task    *readloop.Task
-}
+type socketWriter struct{ onBlock func() }
 
 func newSocketWriter(net.Conn) *socketWriter { return nil }
 

@@ -7,8 +7,6 @@ import (
 	"syscall"
 	"time"
 	"unsafe"
-
-	"github.com/timing-sidecar/timing-sidecar/proxy/readloop"
 )
 
 // socketWriter writes to a socket and tells how long a write waited
@@ -27,8 +25,6 @@ type socketWriter struct {
 	// onBlock, when set, runs when a write first finds no room, inside
 	// the write; it must not block.
 	onBlock func()
-	// task is the loop task the writer runs on, if any (LoopWrites).
-	task *readloop.Task
 }
 
 // newSocketWriter returns nil when c is not a socket it can write raw.
@@ -80,9 +76,6 @@ func (w *socketWriter) writeRaw(fd uintptr) bool {
 			w.n += int(n)
 		case syscall.EINTR:
 		case syscall.EAGAIN:
-			// The wait for room is the client's pace: off the loop first,
-			// so that the loop's other streams do not wait with it.
-			w.task.Leave()
 			if w.blocked.IsZero() {
 				w.blocked = time.Now()
 				if w.onBlock != nil {

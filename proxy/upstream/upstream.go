@@ -20,7 +20,6 @@ import (
 
 	"github.com/timing-sidecar/timing-sidecar/proxy/framing"
 	"github.com/timing-sidecar/timing-sidecar/proxy/netclock"
-	"github.com/timing-sidecar/timing-sidecar/proxy/readloop"
 )
 
 // maxIdleConns bounds the pooled idle connections to the engine:
@@ -691,20 +690,6 @@ func (x *Exchange) Buffered() int {
 // received is when the bytes of the latest read of the response arrived:
 // the mark of whatever that read completed.
 func (x *Exchange) Received() time.Time { return x.Recv.Received }
-
-// LoopReads makes the response's reads wait on t's loop, or undoes that
-// for nil, and tells whether they can: over plain TCP with kernel stamps. Under
-// TLS a read may write (crypto/tls answers from within Read), which a
-// loop must not wait on. For the response's reader, between reads.
-func (x *Exchange) LoopReads(t *readloop.Task) bool {
-	x.mu.Lock()
-	c := x.conn
-	x.mu.Unlock()
-	if c == nil || c.Conn != net.Conn(c.recv) {
-		return false
-	}
-	return c.recv.LoopReads(t)
-}
 
 func (x *Exchange) IsAborted() bool {
 	x.mu.Lock()
