@@ -118,6 +118,13 @@ const DefaultMaxModelLen = 8192
 // DefaultTiming is a small, fast model.
 var DefaultTiming = Timing{TTFT: 50 * time.Millisecond, ITL: 10 * time.Millisecond, TokensPerEvent: 1, OutputTokens: 16}
 
+// keptRecords is how many requests' records a Server keeps: the latest,
+// for Wait and Last. A long-lived engine (timing-sidecar emulate, the
+// benchmarks' tens of thousands of requests a second) would otherwise
+// grow by every request's body and headers, and its collector's work with
+// it, beside what it measures.
+const keptRecords = 10_000
+
 // Record is what the engine did for one request.
 type Record struct {
 	ID     string
@@ -169,7 +176,8 @@ type Server struct {
 	mu      sync.Mutex
 	seq     int
 	records map[string]*entry
-	order   []string
+	order   []*entry // records, oldest first
+	keep    int      // records kept: keptRecords
 	counts  map[string]int
 
 	srv   *http.Server
@@ -196,7 +204,7 @@ func New(cfg Config) *Server {
 	if cfg.MaxModelLen < 1 {
 		cfg.MaxModelLen = DefaultMaxModelLen
 	}
-	s := &Server{cfg: cfg, created: time.Now().Unix(), records: map[string]*entry{}, counts: map[string]int{}}
+	s := &Server{cfg: cfg, created: time.Now().Unix(), records: map[string]*entry{}, counts: map[string]int{}, keep: keptRecords}
 	s.srv = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second,
 		ConnState: func(c net.Conn, state http.ConnState) {
 			switch state {
@@ -299,7 +307,7 @@ func (s *Server) Last(ctx context.Context) (Record, error) {
 		s.mu.Unlock()
 		return Record{}, errors.New("no request yet")
 	}
-	id := s.order[len(s.order)-1]
+	id := s.order[len(s.order)-1].rec.ID
 	s.mu.Unlock()
 	return s.Wait(ctx, id)
 }

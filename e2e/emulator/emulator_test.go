@@ -349,3 +349,29 @@ func TestContextLength(t *testing.T) {
 		}
 	})
 }
+
+// The engine keeps the latest records only: a long run does not grow it
+// by every request's body and headers.
+func TestTheEngineKeepsTheLatestRecords(t *testing.T) {
+	s := start(t, Config{Timing: Timing{OutputTokens: 2}})
+	s.keep = 3
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for i := 1; i <= 5; i++ {
+		id := fmt.Sprint("r", i)
+		call(t, s, "/v1/completions", `{"model":"m","prompt":"hi"}`, HeaderRequestID, id)
+		if _, err := s.Wait(ctx, "cmpl-"+id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, kept := range []bool{false, false, true, true, true} {
+		if _, ok := s.records[fmt.Sprint("cmpl-r", i+1)]; ok != kept {
+			t.Errorf("request %d: kept %v, want %v", i+1, ok, kept)
+		}
+	}
+	if len(s.order) != 3 {
+		t.Errorf("%d records in order, want 3", len(s.order))
+	}
+}

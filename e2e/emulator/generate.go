@@ -160,8 +160,27 @@ func (s *Server) begin(r *http.Request, body []byte) *entry {
 		ID: prefix + suffix, Path: r.URL.Path, Body: body, Header: r.Header.Clone(), Received: time.Now(),
 	}}
 	s.records[e.rec.ID] = e
-	s.order = append(s.order, e.rec.ID)
+	s.order = append(s.order, e)
+	s.forgetOldRecords()
 	return e
+}
+
+// forgetOldRecords drops the oldest finished records past s.keep.
+// Callers hold mu.
+func (s *Server) forgetOldRecords() {
+	for len(s.order) > s.keep {
+		e := s.order[0]
+		select {
+		case <-e.done:
+		default:
+			return // still running: kept, and those after it
+		}
+		if s.records[e.rec.ID] == e { // not an id a later request took
+			delete(s.records, e.rec.ID)
+		}
+		s.order[0] = nil
+		s.order = s.order[1:]
+	}
 }
 
 func (g *generation) finish() {
