@@ -104,14 +104,19 @@ func (p *Proxy) begin(ctx *fasthttp.RequestCtx, arrival time.Time) *flight {
 		f = new(flight)
 	}
 	cc, _ := ctx.Conn().(*clientconn.Conn)
-	timeline := f.timeline
+	// The flight is cleared in place and filled field by field: a
+	// composite literal of it (4 KB) would be built on the stack first,
+	// and that frame alone would double every connection's goroutine
+	// stack, 8 KB more for each open stream.
+	timeline, body, edit := f.timeline, f.body[:0], f.edit
 	timeline.Reset()
-	*f = flight{clock: timing.Clock{Arrival: arrival}, route: routeOf(ctx.Path()), body: f.body[:0], edit: f.edit, client: cc, timeline: timeline}
-	f.rec = telemetry.Record{
-		Method:   string(ctx.Method()),
-		Path:     string(ctx.Path()),
-		Endpoint: f.route.label,
-	}
+	*f = flight{}
+	f.clock.Arrival = arrival
+	f.route = routeOf(ctx.Path())
+	f.body, f.edit, f.client, f.timeline = body, edit, cc, timeline
+	f.rec.Method = string(ctx.Method())
+	f.rec.Path = string(ctx.Path())
+	f.rec.Endpoint = f.route.label
 	if id := ctx.Request.Header.PeekBytes(requestIDHeader); len(id) > 0 {
 		f.rec.ID = string(id)
 	} else {
