@@ -36,6 +36,9 @@ const (
 	// maxSlowKeys bounds the endpoint and model pairs with slow requests
 	// kept: the model label's own bound times a few endpoints.
 	maxSlowKeys = 128
+	// maxFree bounds the free entries kept: a finished request lets go
+	// of about one (the ring's oldest) as it takes one.
+	maxFree = 16
 )
 
 // Buckets are the latency buckets of the slowest sets, by the request's
@@ -52,6 +55,10 @@ type Entry struct {
 	Timeline timing.Timeline
 	// TraceID is the request's trace, when traced.
 	TraceID string
+	// holders is how many of the store's sets hold the entry (the
+	// recent ring, the slow sets); at none it is free for the next
+	// request.
+	holders int
 }
 
 // Stage is the last mark a running request has passed.
@@ -109,6 +116,10 @@ type Store struct {
 	next    int
 	slow    map[slowKey][]*Entry
 	running map[*Running]struct{}
+	// free is entries no set holds any more, for the next requests: an
+	// entry is a few KB, and a request allocating one would be most of
+	// what a non-streaming request allocates.
+	free []*Entry
 }
 
 type slowKey struct {
@@ -141,19 +152,50 @@ func (s *Store) Begin(r *Running) {
 // timeline is reused), and stops showing r as running. rec's strings are
 // the recorder's, already cleaned and bounded.
 func (s *Store) Finish(r *Running, rec *telemetry.Record, clock *timing.Clock, timeline *timing.Timeline, traceID string) {
-	e := &Entry{Record: *rec, Clock: *clock, Timeline: timeline.Clone(), TraceID: traceID}
-	e.Record.Trace = telemetry.Trace{} // spans are the exporter's, not the page's
 	now := clock.Arrival.Add(rec.Elapsed)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.running, r)
+	e := s.entry()
+	e.Record = *rec
+	e.Record.Trace = telemetry.Trace{} // spans are the exporter's, not the page's
+	e.Clock, e.TraceID = *clock, traceID
+	copyTimeline(&e.Timeline, timeline)
+	e.holders = 1 // the ring
 	if len(s.recent) < s.opts.Recent {
 		s.recent = append(s.recent, e)
 	} else {
+		s.release(s.recent[s.next])
 		s.recent[s.next] = e
 	}
 	s.next = (s.next + 1) % s.opts.Recent
 	s.keepIfSlow(e, now)
+}
+
+// entry is a free entry, or a new one.
+func (s *Store) entry() *Entry {
+	if n := len(s.free); n > 0 {
+		e := s.free[n-1]
+		s.free[n-1] = nil
+		s.free = s.free[:n-1]
+		return e
+	}
+	return new(Entry)
+}
+
+// release lets go of one set's hold on e; the last frees it.
+func (s *Store) release(e *Entry) {
+	if e.holders--; e.holders == 0 && len(s.free) < maxFree {
+		s.free = append(s.free, e)
+	}
+}
+
+// copyTimeline copies src into dst, reusing dst's room.
+func copyTimeline(dst, src *timing.Timeline) {
+	arrived, written := dst.Arrived[:0], dst.Written[:0]
+	*dst = *src
+	dst.Arrived = append(arrived, src.Arrived...)
+	dst.Written = append(written, src.Written...)
 }
 
 // keepIfSlow keeps e among the slowest of its endpoint, model and bucket
@@ -167,10 +209,21 @@ func (s *Store) keepIfSlow(e *Entry, now time.Time) {
 			return
 		}
 	}
-	kept = slices.DeleteFunc(kept, func(o *Entry) bool { return now.Sub(o.Clock.Arrival) > s.opts.Window })
+	kept = slices.DeleteFunc(kept, func(o *Entry) bool {
+		stale := now.Sub(o.Clock.Arrival) > s.opts.Window
+		if stale {
+			s.release(o)
+		}
+		return stale
+	})
+	e.holders++
 	kept = append(kept, e)
 	slices.SortFunc(kept, func(a, b *Entry) int { return int(b.Elapsed - a.Elapsed) })
 	if len(kept) > s.opts.Slowest {
+		for _, o := range kept[s.opts.Slowest:] {
+			s.release(o)
+		}
+		clear(kept[s.opts.Slowest:])
 		kept = kept[:s.opts.Slowest]
 	}
 	s.slow[k] = kept
@@ -181,6 +234,9 @@ func (s *Store) keepIfSlow(e *Entry, now time.Time) {
 func (s *Store) evictStale(now time.Time) {
 	for k, kept := range s.slow {
 		if !slices.ContainsFunc(kept, func(o *Entry) bool { return now.Sub(o.Clock.Arrival) <= s.opts.Window }) {
+			for _, o := range kept {
+				s.release(o)
+			}
 			delete(s.slow, k)
 		}
 	}
@@ -197,7 +253,8 @@ func bucketOf(d time.Duration) int {
 // Snapshot is what the store holds now: the running requests, oldest
 // first, read while the lock keeps them registered (a finished request's
 // Running is reused); the recent ones newest first; and the slowest ones
-// of the window, slowest first.
+// of the window, slowest first. The entries are copies: the store reuses
+// its own once it lets go of them.
 func (s *Store) Snapshot(now time.Time) (running []RunningView, recent, slowest []*Entry) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -206,17 +263,24 @@ func (s *Store) Snapshot(now time.Time) (running []RunningView, recent, slowest 
 	}
 	slices.SortFunc(running, func(a, b RunningView) int { return cmp.Compare(b.ElapsedMS, a.ElapsedMS) })
 	for i := range len(s.recent) {
-		recent = append(recent, s.recent[(s.next-1-i+2*len(s.recent))%len(s.recent)])
+		recent = append(recent, copyEntry(s.recent[(s.next-1-i+2*len(s.recent))%len(s.recent)]))
 	}
 	seen := map[*Entry]bool{}
 	for _, kept := range s.slow {
 		for _, e := range kept {
 			if now.Sub(e.Clock.Arrival) <= s.opts.Window && !seen[e] {
 				seen[e] = true
-				slowest = append(slowest, e)
+				slowest = append(slowest, copyEntry(e))
 			}
 		}
 	}
 	slices.SortFunc(slowest, func(a, b *Entry) int { return int(b.Elapsed - a.Elapsed) })
 	return running, recent, slowest
+}
+
+// copyEntry is a copy of e that shares nothing with it.
+func copyEntry(e *Entry) *Entry {
+	c := *e
+	c.Timeline = e.Timeline.Clone()
+	return &c
 }

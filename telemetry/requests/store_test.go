@@ -97,3 +97,57 @@ func TestStoreMemoryIsBounded(t *testing.T) {
 		t.Errorf("the heap grew from %d KiB to %d KiB between 50,000 and 100,000 requests", at50k>>10, at100k>>10)
 	}
 }
+
+// TestStoreReusesTheEntriesItLetsGo: once the ring is full, a finished
+// request takes the entry of the one it pushes out, timeline room
+// included, and allocates nothing.
+func TestStoreReusesTheEntriesItLetsGo(t *testing.T) {
+	s := New(Options{Recent: 4, Slowest: 2, Window: time.Minute})
+	t0 := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	r := &Running{ID: "r"}
+	var tl timing.Timeline
+	for i := range 20 {
+		tl.Event(time.Duration(i)*time.Millisecond, time.Duration(i)*time.Millisecond)
+	}
+	rec := telemetry.Record{ID: "r", Endpoint: "chat_completions", Model: "m", Status: 200, Elapsed: time.Second}
+	clock := timing.Clock{Arrival: t0}
+	for range 10 {
+		s.Begin(r)
+		s.Finish(r, &rec, &clock, &tl, "")
+	}
+	allocs := testing.AllocsPerRun(100, func() {
+		s.Begin(r)
+		s.Finish(r, &rec, &clock, &tl, "")
+	})
+	if allocs != 0 {
+		t.Errorf("a finished request allocates %.1f times in steady state", allocs)
+	}
+	if _, recent, _ := s.Snapshot(t0); len(recent) != 4 || len(recent[0].Timeline.Arrived) != 20 {
+		t.Errorf("recent %d, the newest with %d events", len(recent), len(recent[0].Timeline.Arrived))
+	}
+}
+
+// TestSnapshotsAreTheirOwn: what a snapshot returned stays as it was when
+// the store reuses the entries it copied.
+func TestSnapshotsAreTheirOwn(t *testing.T) {
+	s := New(Options{Recent: 2, Slowest: 1, Window: time.Minute})
+	t0 := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	finish(s, "a", "chat_completions", "m", t0, time.Second, 3)
+	finish(s, "b", "chat_completions", "m", t0, 2*time.Second, 5)
+	_, recent, slowest := s.Snapshot(t0)
+	events := fmt.Sprint(recent[0].Timeline.Arrived)
+	var late timing.Timeline
+	for i := range 3 { // within the room of the entries it reuses
+		late.Event(time.Duration(100+i)*time.Millisecond, time.Duration(100+i)*time.Millisecond)
+	}
+	for i := range 10 {
+		r := &Running{ID: fmt.Sprint("late-", i)}
+		s.Begin(r)
+		rec := telemetry.Record{ID: r.ID, Endpoint: "chat_completions", Model: "m", Status: 200, Elapsed: 3 * time.Second}
+		s.Finish(r, &rec, &timing.Clock{Arrival: t0}, &late, "")
+	}
+	if recent[0].ID != "b" || recent[1].ID != "a" || slowest[0].ID != "b" || fmt.Sprint(recent[0].Timeline.Arrived) != events {
+		t.Errorf("the snapshot changed: recent %s (events %v, were %s), %s; slowest %s",
+			recent[0].ID, recent[0].Timeline.Arrived, events, recent[1].ID, slowest[0].ID)
+	}
+}
