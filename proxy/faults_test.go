@@ -296,6 +296,44 @@ func TestClientThatStopsReadingIsCut(t *testing.T) {
 	})
 }
 
+// TestClientThatStopsReadingOnAKeptConnectionIsCut: the bound holds on a
+// connection's later responses as on its first: after an answer in full,
+// a stream on the same connection whose client stops reading is cut.
+func TestClientThatStopsReadingOnAKeptConnectionIsCut(t *testing.T) {
+	engine := newFakeEngine(t)
+	_, base := startSidecar(t, engine.URL(), func(c *Config) { c.ClientWriteTimeout = 300 * time.Millisecond }, nil)
+	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.(*net.TCPConn).SetReadBuffer(4 << 10) //nolint:errcheck // a small window fills sooner
+	br := bufio.NewReader(c)
+	first := `{"model":"m","messages":[]}`
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(first), first)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadAll(resp.Body); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("first answer: %d, %v", resp.StatusCode, err)
+	}
+	engine.next(t)
+	body := `{"model":"m","stream":true,"messages":[]}`
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Fake-Tokens: 200000\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	if _, err := io.ReadFull(br, make([]byte, 1024)); err != nil {
+		t.Fatal(err)
+	}
+	fr := engine.next(t)
+	select {
+	case <-fr.Gone:
+	case <-fr.Finished:
+		t.Fatal("the engine finished the stream: nothing held it")
+	case <-time.After(20 * time.Second):
+		t.Fatal("the engine still serves a client that stopped reading")
+	}
+}
+
 // TestClientThatPausesIsCountedApart: a client that stops reading
 // mid-stream, long enough for the relay to wait on it, then reads on, gets
 // every event; the relay's wait is recorded (client_stall_ms) and the
