@@ -26,9 +26,14 @@ import (
 // reading stalls only that goroutine: past maxPending bytes, lines are
 // dropped, counted in timing_sidecar_access_log_dropped_total, and
 // reported at most once a minute on the operational log.
+//
+// flushSize sets how often a busy sidecar writes: every write to a file or
+// a pipe may block, so it hands the goroutine's thread off and wakes
+// another, and at 9,000 requests/s (lines of about 1 KB) 64 KiB batches
+// take 4-5% more CPU per request than 256 KiB ones.
 const (
 	flushInterval = 100 * time.Millisecond
-	flushSize     = 64 << 10
+	flushSize     = 256 << 10
 	maxPending    = 4 << 20
 	// maxKeptBuffer: a buffer grown past this by a burst is not kept.
 	maxKeptBuffer = 1 << 20
