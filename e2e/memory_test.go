@@ -191,3 +191,66 @@ func peakRSS(t *testing.T, pid int) int64 {
 	t.Fatal("no VmHWM in /proc status")
 	return 0
 }
+
+// TestAStreamKeepsAGoroutinesFirstStack: a stream's deepest calls (a
+// classification, then the metrics spliced into its held finishing
+// event) fit in the 8 KB stack a goroutine starts with, so a connection
+// that has carried a stream holds no more than that. 200 streams at once,
+// their metrics on the finishing event (the client asked for none of the
+// usage), then their connections kept open: each connection's goroutine
+// keeps the stack it grew to, as no collection runs to shrink one
+// (GOGC=off). The release build, as the race detector's frames are
+// larger. A connection holds its goroutine's stack and its read-ahead's
+// (4 KB): 12 KB and a share of the sidecar's own goroutines, where a
+// goroutine at 16 KB, the next size, would make it 20.
+func TestAStreamKeepsAGoroutinesFirstStack(t *testing.T) {
+	t.Parallel()
+	engine := startEngineProcess(t)
+	sc := startSidecar(t, []string{"--upstream", engine, "--access-log=false", "--admin-pprof"}, "GOGC=off")
+	const streams = 200
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: streams}}
+	defer client.CloseIdleConnections()
+	var wg sync.WaitGroup
+	errs := make(chan error, streams)
+	for range streams {
+		wg.Go(func() {
+			body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":8,"stream":true,"include_metrics":true}`
+			req, _ := http.NewRequest("POST", sc.base+"/v1/chat/completions", strings.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			// Every stream waits for its first token long enough for all
+			// to be open at once, each on a connection of its own.
+			req.Header.Set("X-Emulator-TTFT", "500ms")
+			resp, err := client.Do(req)
+			if err != nil {
+				errs <- err
+				return
+			}
+			events, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 || !bytes.Contains(events, []byte(`"metrics":{`)) || !bytes.Contains(events, []byte("data: [DONE]")) {
+				errs <- fmt.Errorf("status %d, %.300s", resp.StatusCode, events)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	resp, err := http.Get(sc.admin + "/debug/pprof/heap?debug=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	profile, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var stack int64
+	for line := range strings.Lines(string(profile)) {
+		if v, ok := strings.CutPrefix(line, "# Stack = "); ok {
+			stack, _ = strconv.ParseInt(strings.Fields(v)[0], 10, 64)
+		}
+	}
+	t.Logf("goroutine stacks after %d streams, their connections open: %d KiB, %.1f KiB a connection", streams, stack>>10, float64(stack)/1024/streams)
+	if stack == 0 || stack > streams*16<<10 {
+		t.Errorf("goroutine stacks %d KiB, over 16 KiB for each of %d connections", stack>>10, streams)
+	}
+}

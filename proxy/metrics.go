@@ -28,10 +28,18 @@ func (f *flight) markEnd(t time.Time) {
 func (f *flight) done(t time.Time, engine timing.EngineTiming) *timing.Metrics {
 	if !f.computed {
 		f.clock.Done = t
-		f.result = timing.Compute(&f.clock, f.counts(), f.streamed(), engine.WithHeaders(f.engineHeaders))
-		f.computed, f.doneClock = true, f.clock
+		f.compute(engine)
 	}
 	return &f.result
+}
+
+// compute computes the metrics, once, in place: done's callers lie on a
+// stream's deepest path (see eventRelay.take).
+func (f *flight) compute(engine timing.EngineTiming) {
+	u, e := f.counts(), engine.WithHeaders(f.engineHeaders)
+	timing.ComputeInto(&f.result, &f.clock, &u, f.streamed(), &e)
+	f.computed = true
+	f.doneClock = f.clock
 }
 
 // counts is the engine's usage, with the cached prompt tokens of its

@@ -407,6 +407,8 @@ type eventRelay struct {
 	pending []byte                   // the rest of the current event, not yet handed out
 	queued  []byte                   // the event to hand out after pending
 	held    []byte                   // the event held back, a copy; nil if none
+	// heldEvent is held's classification, as it came.
+	heldEvent rewrite.Event
 	// pendingAt, queuedAt and heldAt are when those events arrived from
 	// the engine, for the relay delay.
 	pendingAt, queuedAt, heldAt time.Time
@@ -568,8 +570,18 @@ func (r *eventRelay) noteDelivery() {
 // in, the event removed or held back, and a held event released ahead of
 // it.
 func (r *eventRelay) inspect(raw []byte, at time.Time) {
+	r.take(raw, r.f.route.api.ClassifyEvent(raw), at)
+}
+
+// take is inspect's work on raw, classified as ev, in a frame of its own:
+// the classification runs on inspect's small one. A stream's deepest
+// calls, a classification and the metrics spliced into a held event, then
+// stay within a goroutine's first 8 KB of stack, so an open stream holds
+// no more (debug.SetMaxStack(8192) finds any that does not).
+//
+//go:noinline
+func (r *eventRelay) take(raw []byte, ev rewrite.Event, at time.Time) {
 	f := r.f
-	ev := f.route.api.ClassifyEvent(raw)
 	if ev.Kind == rewrite.EventToken {
 		f.clock.MarkOutput(at, ev.Output)
 		if f.liveOn {
@@ -618,6 +630,7 @@ func (r *eventRelay) inspect(raw []byte, at time.Time) {
 	case rewrite.ActHold:
 		r.heldBuf = append(r.heldBuf[:0], raw...)
 		r.held, r.pending, r.heldAt = r.heldBuf, nil, at
+		r.heldEvent = ev.In(r.heldBuf)
 	}
 	if released != nil {
 		r.pending, r.queued = released, r.pending
@@ -673,8 +686,8 @@ func (r *eventRelay) sendHeld(withMetrics bool, done time.Time) []byte {
 // spliceHeld splices the metrics, the request done at done, into the
 // held event, when it is an object that can take them.
 func (r *eventRelay) spliceHeld(held []byte, done time.Time) ([]byte, bool) {
-	ev := r.f.route.api.ClassifyEvent(held)
-	if !rewrite.TakesMetrics(ev) {
+	ev := &r.heldEvent
+	if !rewrite.TakesMetrics(*ev) {
 		return nil, false
 	}
 	engine := rewrite.EngineTimingOf(ev.Target())
@@ -691,7 +704,7 @@ func (r *eventRelay) spliceHeld(held []byte, done time.Time) ([]byte, bool) {
 		r.metrics = rewrite.AppendMergedMetrics(r.metrics, r.metrics[:n], r.engineMetrics)
 		metrics = r.metrics[n:]
 	}
-	out, ok := rewrite.AppendEventWithMetrics(r.heldOut[:0], held, ev, metrics)
+	out, ok := rewrite.AppendEventWithMetrics(r.heldOut[:0], held, *ev, metrics)
 	if ok {
 		r.heldOut = out
 		r.hold.Carried()

@@ -154,6 +154,15 @@ func ClassifyEvent(raw []byte) Event {
 	return ev
 }
 
+// In is ev, classified from raw's bytes, for an identical copy of them:
+// its data in the copy. A held event keeps its classification so.
+func (ev Event) In(raw []byte) Event {
+	if ev.Data != nil {
+		ev.Data = raw[ev.dataAt : ev.dataAt+len(ev.Data)]
+	}
+	return ev
+}
+
 // CompletionCount is the completion count ev carries, running or final,
 // for Clock.CountOutput.
 func (ev Event) CompletionCount() timing.Count {

@@ -492,7 +492,16 @@ func (e EngineTiming) WithHeaders(h EngineTiming) EngineTiming {
 // carries them and its record get the same value.
 func Compute(c *Clock, u Usage, streamed bool, e EngineTiming) Metrics {
 	var m Metrics
-	m.Engine = e
+	ComputeInto(&m, c, &u, streamed, &e)
+	return m
+}
+
+// ComputeInto is Compute, into m: the metrics object is 784 bytes, and a
+// caller on a deep path (a stream's last event) keeps it, its arguments
+// and its copies off the stack.
+func ComputeInto(m *Metrics, c *Clock, u *Usage, streamed bool, e *EngineTiming) {
+	*m = Metrics{}
+	m.Engine = *e
 	m.E2ELatency = number(span(c.Arrival, c.Done))
 	m.TimeToFirstByte = number(span(c.Arrival, c.Accepted))
 	if e.Reported && e.Total.Set && m.E2ELatency.Set {
@@ -500,7 +509,7 @@ func Compute(c *Clock, u Usage, streamed bool, e EngineTiming) Metrics {
 	}
 	if streamed {
 		var from time.Time
-		m.TTFTFrom, from = origin(c, e)
+		m.TTFTFrom, from = origin(c, *e)
 		if m.TTFTFrom != FromArrival {
 			m.QueueTime = number(span(c.Arrival, from))
 		}
@@ -515,8 +524,7 @@ func Compute(c *Clock, u Usage, streamed bool, e EngineTiming) Metrics {
 			m.MaxITL = Number{ms(c.maxGap), true}
 		}
 	}
-	m.count(c, u, streamed)
-	return m
+	m.count(c, *u, streamed)
 }
 
 // from is the origin's mark on c, as Compute chose it.
