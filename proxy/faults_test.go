@@ -268,28 +268,8 @@ func TestEngineResponseHeaderLimit(t *testing.T) {
 func TestClientThatStopsReadingIsCut(t *testing.T) {
 	engine := newFakeEngine(t)
 	p, base := startSidecar(t, engine.URL(), func(c *Config) { c.ClientWriteTimeout = 300 * time.Millisecond }, nil)
-	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.(*net.TCPConn).SetReadBuffer(4 << 10) //nolint:errcheck // a small window fills sooner
-	body := `{"model":"m","stream":true,"messages":[]}`
-	// 200,000 events of ~150 bytes: far more than the sockets between
-	// the engine and this client hold.
-	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Fake-Tokens: 200000\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-	if _, err := io.ReadFull(c, make([]byte, 1024)); err != nil {
-		t.Fatal(err)
-	}
-	// The client reads no more.
-	fr := engine.next(t)
-	select {
-	case <-fr.Gone:
-	case <-fr.Finished:
-		t.Fatal("the engine finished the stream: nothing held it")
-	case <-time.After(20 * time.Second):
-		t.Fatal("the engine still serves a client that stopped reading")
-	}
+	c := dialSmallWindow(t, base)
+	stopReadingMidStream(t, engine, c, c)
 	// The engine sees the abort before the sidecar records the request.
 	eventually(t, "one client disconnect counted", func() bool {
 		return counterValue(t, p, "timing_sidecar_client_disconnects_total", nil) == 1
@@ -302,12 +282,7 @@ func TestClientThatStopsReadingIsCut(t *testing.T) {
 func TestClientThatStopsReadingOnAKeptConnectionIsCut(t *testing.T) {
 	engine := newFakeEngine(t)
 	_, base := startSidecar(t, engine.URL(), func(c *Config) { c.ClientWriteTimeout = 300 * time.Millisecond }, nil)
-	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.(*net.TCPConn).SetReadBuffer(4 << 10) //nolint:errcheck // a small window fills sooner
+	c := dialSmallWindow(t, base)
 	br := bufio.NewReader(c)
 	first := `{"model":"m","messages":[]}`
 	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(first), first)
@@ -319,9 +294,31 @@ func TestClientThatStopsReadingOnAKeptConnectionIsCut(t *testing.T) {
 		t.Fatalf("first answer: %d, %v", resp.StatusCode, err)
 	}
 	engine.next(t)
+	stopReadingMidStream(t, engine, c, br)
+}
+
+// dialSmallWindow connects to the sidecar at base with a small receive
+// buffer, which a stream fills sooner.
+func dialSmallWindow(t *testing.T, base string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.(*net.TCPConn).SetReadBuffer(4 << 10) //nolint:errcheck // a small window fills sooner
+	return c
+}
+
+// stopReadingMidStream asks on w for a stream far longer than the sockets
+// between the engine and this client hold (200,000 events of ~150 bytes),
+// reads its first KB from r and no more, and waits for the engine to see
+// its request aborted.
+func stopReadingMidStream(t *testing.T, engine *fakeEngine, w io.Writer, r io.Reader) {
+	t.Helper()
 	body := `{"model":"m","stream":true,"messages":[]}`
-	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Fake-Tokens: 200000\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-	if _, err := io.ReadFull(br, make([]byte, 1024)); err != nil {
+	fmt.Fprintf(w, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Fake-Tokens: 200000\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	if _, err := io.ReadFull(r, make([]byte, 1024)); err != nil {
 		t.Fatal(err)
 	}
 	fr := engine.next(t)

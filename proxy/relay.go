@@ -577,7 +577,7 @@ func (r *eventRelay) inspect(raw []byte, at time.Time) {
 // the classification runs on inspect's small one. A stream's deepest
 // calls, a classification and the metrics spliced into a held event, then
 // stay within a goroutine's first 8 KB of stack, so an open stream holds
-// no more (debug.SetMaxStack(8192) finds any that does not).
+// no more (e2e's TestAStreamKeepsAGoroutinesFirstStack).
 //
 //go:noinline
 func (r *eventRelay) take(raw []byte, ev rewrite.Event, at time.Time) {

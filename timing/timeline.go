@@ -52,10 +52,18 @@ func (t *Timeline) Event(arrived, written time.Duration) {
 
 // Clone is a copy that shares nothing with t.
 func (t *Timeline) Clone() Timeline {
-	c := *t
-	c.Arrived = append([]uint32(nil), t.Arrived...)
-	c.Written = append([]uint32(nil), t.Written...)
+	var c Timeline
+	c.CopyFrom(t)
 	return c
+}
+
+// CopyFrom makes t a copy of src that shares nothing with it, in t's own
+// room: a reused timeline allocates only until it has held the longest.
+func (t *Timeline) CopyFrom(src *Timeline) {
+	arrived, written := t.Arrived[:0], t.Written[:0]
+	*t = *src
+	t.Arrived = append(arrived, src.Arrived...)
+	t.Written = append(written, src.Written...)
 }
 
 // micros is d in whole microseconds, clamped to a uint32.

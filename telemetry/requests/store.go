@@ -160,7 +160,7 @@ func (s *Store) Finish(r *Running, rec *telemetry.Record, clock *timing.Clock, t
 	e.Record = *rec
 	e.Record.Trace = telemetry.Trace{} // spans are the exporter's, not the page's
 	e.Clock, e.TraceID = *clock, traceID
-	copyTimeline(&e.Timeline, timeline)
+	e.Timeline.CopyFrom(timeline)
 	e.holders = 1 // the ring
 	if len(s.recent) < s.opts.Recent {
 		s.recent = append(s.recent, e)
@@ -188,14 +188,6 @@ func (s *Store) release(e *Entry) {
 	if e.holders--; e.holders == 0 && len(s.free) < maxFree {
 		s.free = append(s.free, e)
 	}
-}
-
-// copyTimeline copies src into dst, reusing dst's room.
-func copyTimeline(dst, src *timing.Timeline) {
-	arrived, written := dst.Arrived[:0], dst.Written[:0]
-	*dst = *src
-	dst.Arrived = append(arrived, src.Arrived...)
-	dst.Written = append(written, src.Written...)
 }
 
 // keepIfSlow keeps e among the slowest of its endpoint, model and bucket
